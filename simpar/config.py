@@ -1,0 +1,130 @@
+"""RunConfig: everything a training run needs, and `validate`, every rule a layout must obey.
+
+`validate` runs on every rank before any MPI traffic, on the same inputs, so every rank reaches the
+same verdict: a bad configuration ends the whole job with one clear line instead of a hang.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+class SimparError(Exception):
+    """A problem the user can fix; reported as one line `simpar: error: ...`, exit status 2."""
+
+
+DATASETS = ("digits", "synthetic", "mnist")
+OPTIMIZERS = ("sgd", "adam")
+DTYPES = ("float32", "float64")
+ACTIVATIONS = ("relu", "tanh", "gelu")
+SCHEDULES = ("naive", "gpipe", "1f1b")
+COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
+KERNELS = ("auto", "numpy", "numba", "cuda")
+DATA_SOURCES = ("local", "root")
+
+
+@dataclass
+class RunConfig:
+    # model
+    layers: list[int] = field(default_factory=lambda: [64, 128, 128, 128, 10])
+    activation: str = "relu"
+    dtype: str = "float32"
+    seed: int = 0
+    # data
+    dataset: str = "digits"
+    samples: int = 4096            # synthetic only
+    data_dir: str | None = None    # mnist only
+    data_source: str = "local"     # local: every rank reads its own rows; root: rank 0 scatters them
+    # optimisation
+    batch: int = 64                # GLOBAL batch (all data-parallel ranks together)
+    steps: int | None = None
+    epochs: int | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    optimizer: str = "sgd"
+    grad_accum: int = 1
+    # layout
+    dp: int | None = None          # None: whatever is left of the world after tp*pp
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    stage_layers: list[int] | None = None
+    bucket_mb: float = 1.0
+    overlap: bool = True
+    collectives: str = "ring"
+    kernels: str = "auto"
+    # output
+    metrics_out: str | None = None
+    weights_out: str | None = None
+    trace: str | None = None
+    quiet: bool = False
+    eval_every_epoch: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers) - 1
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise SimparError(message)
+
+
+def validate(cfg: RunConfig, world_size: int) -> RunConfig:
+    """Check every rule; fill in dp from the world size. Raises SimparError naming the first problem."""
+    _require(len(cfg.layers) >= 2, "--layers needs at least an input and an output width, e.g. 64,128,10")
+    _require(all(w >= 1 for w in cfg.layers), f"--layers widths must be positive, got {cfg.layers}")
+    _require(cfg.dataset in DATASETS, f"unknown dataset {cfg.dataset!r} (choose from {', '.join(DATASETS)})")
+    _require(cfg.optimizer in OPTIMIZERS, f"unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+    _require(cfg.dtype in DTYPES, f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    _require(cfg.activation in ACTIVATIONS, f"unknown activation {cfg.activation!r}")
+    _require(cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})")
+    _require(cfg.collectives in COLLECTIVES, f"unknown collectives {cfg.collectives!r}")
+    _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
+    _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
+    _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
+    _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
+    _require(cfg.grad_accum >= 1, "--grad-accum must be at least 1")
+    _require(cfg.steps is None or cfg.steps >= 1, "--steps must be at least 1")
+    _require(cfg.epochs is None or cfg.epochs >= 1, "--epochs must be at least 1")
+    _require(cfg.samples >= 2, "--samples must be at least 2")
+    _require(cfg.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {cfg.zero}")
+    _require(cfg.microbatches >= 1, "--microbatches must be at least 1")
+    _require(cfg.bucket_mb > 0, "--bucket-mb must be positive")
+    _require(cfg.tp >= 1 and cfg.pp >= 1, "--tp and --pp must be at least 1")
+    if cfg.dataset == "mnist":
+        _require(cfg.data_dir is not None, "--dataset mnist needs --data-dir DIR with the four IDX files")
+
+    model_ranks = cfg.tp * cfg.pp
+    if cfg.dp is None:
+        _require(world_size % model_ranks == 0,
+                 f"world size {world_size} is not divisible by tp*pp = {cfg.tp}*{cfg.pp} = {model_ranks}")
+        cfg.dp = world_size // model_ranks
+    _require(cfg.dp >= 1, "--dp must be at least 1")
+    _require(cfg.dp * model_ranks == world_size,
+             f"world size {world_size} does not factor into dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = "
+             f"{cfg.dp * model_ranks}; launch with mpiexec -n {cfg.dp * model_ranks} or change the layout")
+    _require(cfg.batch >= cfg.dp * cfg.grad_accum,
+             f"--batch {cfg.batch} is smaller than dp*grad-accum = {cfg.dp * cfg.grad_accum}: "
+             "some rank would get no rows")
+    if cfg.tp > 1:
+        hidden = cfg.layers[1:-1]
+        bad = [w for w in hidden if w % cfg.tp]
+        _require(not bad, f"hidden widths {bad} are not divisible by --tp {cfg.tp}")
+    if cfg.pp > 1:
+        _require(cfg.pp <= cfg.n_layers,
+                 f"--pp {cfg.pp} asks for more pipeline stages than the model has layers ({cfg.n_layers})")
+        _require(cfg.batch >= cfg.microbatches * cfg.dp,
+                 f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel ranks")
+    if cfg.stage_layers is not None:
+        _require(len(cfg.stage_layers) == cfg.pp and all(n >= 1 for n in cfg.stage_layers)
+                 and sum(cfg.stage_layers) == cfg.n_layers,
+                 f"--stage-layers {cfg.stage_layers} must give {cfg.pp} positive counts summing to {cfg.n_layers}")
+    if cfg.zero:
+        _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
+    return cfg

@@ -1,0 +1,212 @@
+"""A multilayer perceptron from scratch: every layer is an explicit forward and backward function.
+
+    y = act(x @ W + b)            x: (batch, fan_in)   W: (fan_in, fan_out)   b: (fan_out,)
+
+Backward of one linear layer, given dL/dz for z = x @ W + b:
+    dL/dx = dz @ W.T      dL/dW = x.T @ dz      dL/db = sum over the batch of dz
+
+The loss is softmax cross-entropy averaged over the GLOBAL batch: a shard of B_local rows divides by
+B_global, so summing the shards' gradients (the data-parallel all-reduce) gives the serial gradient
+exactly -- no averaging step that could be forgotten or done twice.
+
+Weights come from (seed, layer index) on the FULL shape, so a tensor-parallel shard is a slice of
+exactly the numbers the serial model starts from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import kernels
+
+# -- activations: forward(z) -> y, backward(dy, z, y) -> dz -------------------------------------
+
+def relu(z):
+    return np.maximum(z, 0)
+
+
+def relu_backward(dy, z, y):
+    return dy * (z > 0)
+
+
+def tanh(z):
+    return np.tanh(z)
+
+
+def tanh_backward(dy, z, y):
+    return dy * (1 - y * y)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(z):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in sec. 2)."""
+    return 0.5 * z * (1 + np.tanh(_GELU_C * (z + 0.044715 * z ** 3)))
+
+
+def gelu_backward(dy, z, y):
+    inner = _GELU_C * (z + 0.044715 * z ** 3)
+    t = np.tanh(inner)
+    dinner = _GELU_C * (1 + 3 * 0.044715 * z * z)
+    return dy * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * dinner)
+
+
+def identity(z):
+    return z
+
+
+def identity_backward(dy, z, y):
+    return dy
+
+
+ACTIVATIONS = {
+    "relu": (relu, relu_backward),
+    "tanh": (tanh, tanh_backward),
+    "gelu": (gelu, gelu_backward),
+    "none": (identity, identity_backward),
+}
+
+
+# -- linear layer ----------------------------------------------------------------------------------
+
+def linear_forward(x, W, b):
+    return x @ W + b
+
+
+def linear_backward(dz, x, W, need_dx=True):
+    """(dx, dW, db) for z = x @ W + b. The first layer skips dx (nothing upstream wants it)."""
+    dx = dz @ W.T if need_dx else None
+    return dx, x.T @ dz, dz.sum(axis=0)
+
+
+# -- loss ------------------------------------------------------------------------------------------
+
+def softmax_cross_entropy(logits, labels, global_batch):
+    """Loss of these rows divided by the global batch size, and dL/dlogits for them.
+
+    Returns (loss_share, dlogits): summing loss_share over all shards gives the mean loss.
+    """
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    sum_exp = exp.sum(axis=1, keepdims=True)
+    log_probs = shifted - np.log(sum_exp)
+    rows = np.arange(len(labels))
+    loss_share = -log_probs[rows, labels].sum() / global_batch
+    dlogits = exp / sum_exp
+    dlogits[rows, labels] -= 1
+    dlogits /= logits.dtype.type(global_batch)
+    return float(loss_share), dlogits
+
+
+# -- parameters --------------------------------------------------------------------------------------
+
+def init_layer(seed: int, layer_index: int, fan_in: int, fan_out: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Full-shape (W, b) of layer `layer_index`: He-normal W, small normal b, drawn in float64.
+
+    Every layout calls this with the full shape and slices its shard, so all start identical.
+    """
+    rng = np.random.default_rng([seed, layer_index])
+    W = rng.standard_normal((fan_in, fan_out)) * math.sqrt(2.0 / fan_in)
+    b = rng.standard_normal(fan_out) * 0.01
+    return W.astype(dtype), b.astype(dtype)
+
+
+def parameter_count(widths: list[int]) -> int:
+    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+
+
+@dataclass
+class Linear:
+    """One (possibly sharded) linear layer + activation. W, b, dW, db are views into flat buffers."""
+    index: int            # position in the full model (0 = first layer)
+    W: np.ndarray
+    b: np.ndarray
+    dW: np.ndarray
+    db: np.ndarray
+    act: str
+
+
+@dataclass
+class Context:
+    """What forward keeps for backward: the input and the pre-activation."""
+    x: np.ndarray
+    z: np.ndarray
+    y: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        # y is the next layer's x (or the logits): counted there, or as the output.
+        return self.x.nbytes + (self.z.nbytes if self.z is not self.y else 0)
+
+
+def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.ndarray, Context]:
+    """y = act(x @ W + b); `bias=False` leaves the bias out (a row-parallel shard adds it after g)."""
+    z, y = kernels.active().linear_act_forward(x, layer.W, layer.b if bias else None, layer.act)
+    return y, Context(x, z, y)
+
+
+def layer_backward(layer: Linear, ctx: Context, dy: np.ndarray, need_dx: bool = True,
+                   bias: bool = True) -> np.ndarray | None:
+    """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx."""
+    dx, dW, db = kernels.active().linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
+    layer.dW += dW
+    if bias:
+        layer.db += db
+    return dx
+
+
+@dataclass
+class ParamStore:
+    """All of a rank's parameters in one flat buffer, gradients in another, layers as views.
+
+    Flat buffers let data parallelism all-reduce gradients in large buckets and let ZeRO cut the
+    model into equal shards without caring where one layer ends.
+    """
+    params: np.ndarray
+    grads: np.ndarray
+    layers: list[Linear] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, pieces: list[tuple[int, np.ndarray, np.ndarray, str]], dtype) -> "ParamStore":
+        """pieces: (layer index, W, b, activation) for each layer this rank holds."""
+        total = sum(W.size + b.size for _, W, b, _ in pieces)
+        params = np.zeros(total, dtype=dtype)
+        grads = np.zeros(total, dtype=dtype)
+        store = cls(params, grads)
+        offset = 0
+        for index, W, b, act in pieces:
+            views = []
+            for arr in (W, b):
+                n = arr.size
+                params[offset:offset + n] = arr.reshape(-1)
+                views.append((params[offset:offset + n].reshape(arr.shape),
+                              grads[offset:offset + n].reshape(arr.shape)))
+                offset += n
+            (Wv, dWv), (bv, dbv) = views
+            store.layers.append(Linear(index, Wv, bv, dWv, dbv, act))
+        return store
+
+    def zero_grad(self) -> None:
+        self.grads.fill(0)
+
+
+def activation_of(layer_index: int, n_layers: int, activation: str) -> str:
+    """Hidden layers use the chosen activation; the last layer emits raw logits."""
+    return "none" if layer_index == n_layers - 1 else activation
+
+
+def serial_store(widths: list[int], activation: str, seed: int, dtype) -> ParamStore:
+    n = len(widths) - 1
+    return ParamStore.build([(i, *init_layer(seed, i, widths[i], widths[i + 1], dtype),
+                              activation_of(i, n, activation)) for i in range(n)], dtype)
+
+
+def predict(weights: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, activation: str) -> np.ndarray:
+    """Logits of the full model given full-shape (W, b) pairs (used for validation accuracy)."""
+    n = len(weights)
+    for i, (W, b) in enumerate(weights):
+        x = ACTIVATIONS[activation_of(i, n, activation)][0](linear_forward(x, W, b))
+    return x

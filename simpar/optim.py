@@ -1,0 +1,64 @@
+"""Optimizers that update arrays in place, element by element.
+
+Because every update is elementwise, it does not matter how the parameters are grouped: a whole
+flat buffer (data parallelism), a tensor-parallel shard, or a ZeRO slice of 1/p of the model all
+get exactly the numbers the serial run gets. The optimizer state (momentum, Adam moments) lives
+beside the shard it updates -- which is precisely what ZeRO-1 exploits to cut memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class SGD:
+    """SGD with (heavy-ball) momentum, as in PyTorch:  v <- mu*v + g ;  w <- w - lr*v."""
+
+    def __init__(self, lr: float, momentum: float = 0.9):
+        self.lr, self.momentum = lr, momentum
+        self.velocity: dict[int, np.ndarray] = {}
+
+    def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+        for i, (w, g) in enumerate(zip(params, grads)):
+            if self.momentum:
+                v = self.velocity.get(i)
+                if v is None:
+                    v = self.velocity[i] = np.zeros_like(w)
+                v *= w.dtype.type(self.momentum)
+                v += g
+                g = v
+            w -= w.dtype.type(self.lr) * g
+
+    def state_nbytes(self) -> int:
+        return sum(v.nbytes for v in self.velocity.values())
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015, Algorithm 1) with bias correction."""
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
+        self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
+        self.m: dict[int, np.ndarray] = {}
+        self.v: dict[int, np.ndarray] = {}
+        self.t = 0
+
+    def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+        self.t += 1
+        for i, (w, g) in enumerate(zip(params, grads)):
+            t = w.dtype.type
+            if i not in self.m:
+                self.m[i], self.v[i] = np.zeros_like(w), np.zeros_like(w)
+            m, v = self.m[i], self.v[i]
+            m *= t(self.beta1)
+            m += t(1 - self.beta1) * g
+            v *= t(self.beta2)
+            v += t(1 - self.beta2) * (g * g)
+            m_hat_scale = t(1 / (1 - self.beta1 ** self.t))
+            v_hat_scale = t(1 / (1 - self.beta2 ** self.t))
+            w -= t(self.lr) * (m * m_hat_scale) / (np.sqrt(v * v_hat_scale) + t(self.eps))
+
+    def state_nbytes(self) -> int:
+        return sum(a.nbytes for a in self.m.values()) + sum(a.nbytes for a in self.v.values())
+
+
+def make_optimizer(name: str, lr: float, momentum: float):
+    return SGD(lr, momentum) if name == "sgd" else Adam(lr)

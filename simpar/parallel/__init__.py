@@ -1,0 +1,24 @@
+"""Parallel strategies. Each file is one layout, readable alone:
+
+  data.py      data parallelism (DDP): gradient buckets all-reduced while backward still runs
+  zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
+  tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
+  pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B)
+
+`build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
+"""
+from __future__ import annotations
+
+
+def build_strategy(cfg, mesh):
+    if cfg.zero:
+        from .zero import ZeroDataParallel
+        return ZeroDataParallel(cfg, mesh)
+    if cfg.pp > 1:
+        from .pipeline import PipelineParallel
+        return PipelineParallel(cfg, mesh)
+    if cfg.tp > 1:
+        from .tensor import TensorParallel
+        return TensorParallel(cfg, mesh)
+    from .data import DataParallel
+    return DataParallel(cfg, mesh)

@@ -1,0 +1,137 @@
+"""Data parallelism (DDP): every rank holds the whole model and a shard of every batch.
+
+    forward + backward on my rows  ->  all-reduce (SUM) the gradients  ->  identical optimizer step
+
+Why SUM and not mean: the loss divides by the GLOBAL batch size (model.softmax_cross_entropy), so a
+rank's gradient is already its share of the serial gradient and the shares just add up. This is the
+step the widely copied snippet gets wrong (averaging per-rank means is off when shards are uneven).
+
+Buckets (as in PyTorch DDP, Li et al. 2020, sec. 3.2): gradients are grouped, from the LAST layer
+backwards, into buckets of about --bucket-mb. Backward produces the last layer's gradients first,
+so as soon as every layer of a bucket is done its all-reduce starts, and it progresses while the
+earlier layers are still being differentiated (--no-overlap waits until backward ends instead).
+
+Gradient accumulation (--grad-accum K): K micro-steps add into the same gradient buffers; only the
+last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes_per_element.
+"""
+from __future__ import annotations
+
+from .. import collectives
+from ..model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
+from ..optim import make_optimizer
+from .base import ActivationMeter, NonFiniteWatch, memory_report
+
+
+class GradientBuckets:
+    """Groups a ParamStore's flat gradients into buckets and all-reduces each as soon as it is ready."""
+
+    def __init__(self, store, comm, bucket_bytes: float, algorithm: str = "ring", overlap: bool = True):
+        self.store, self.comm, self.algorithm, self.overlap = store, comm, algorithm, overlap
+        self.buckets: list[list] = []        # each: layer indices, last layer first
+        self.ranges: list[tuple[int, int]] = []
+        current, size = [], 0
+        offsets = self._layer_offsets()
+        for layer in reversed(store.layers):
+            current.append(layer.index)
+            size += (layer.W.size + layer.b.size) * store.grads.itemsize
+            if size >= bucket_bytes:
+                self._close(current, offsets)
+                current, size = [], 0
+        if current:
+            self._close(current, offsets)
+        self.pending: dict[int, collectives.Pending] = {}
+        self.ready: set[int] = set()
+
+    def _layer_offsets(self) -> dict[int, tuple[int, int]]:
+        out, offset = {}, 0
+        for layer in self.store.layers:
+            n = layer.W.size + layer.b.size
+            out[layer.index] = (offset, offset + n)
+            offset += n
+        return out
+
+    def _close(self, layer_indices, offsets) -> None:
+        self.buckets.append(list(layer_indices))
+        lo = min(offsets[i][0] for i in layer_indices)
+        hi = max(offsets[i][1] for i in layer_indices)
+        self.ranges.append((lo, hi))       # layers are contiguous in the flat buffer
+
+    def _start(self, b: int) -> None:
+        lo, hi = self.ranges[b]
+        self.pending[b] = collectives.start_allreduce(self.comm, self.store.grads[lo:hi], "model",
+                                                      "grad-allreduce", self.algorithm)
+
+    def grads_ready(self, layer_index: int) -> None:
+        """Backward has finished this layer: start its bucket if complete, and push the others along."""
+        if self.comm.size == 1:
+            return
+        self.ready.add(layer_index)
+        if self.overlap:
+            for b, layers in enumerate(self.buckets):
+                if b not in self.pending and all(i in self.ready for i in layers):
+                    self._start(b)
+            for p in self.pending.values():
+                p.progress()
+
+    def finish(self) -> None:
+        """Start whatever has not started (all of it under --no-overlap), then wait for all."""
+        if self.comm.size > 1:
+            for b in range(len(self.buckets)):
+                if b not in self.pending:
+                    self._start(b)
+            for p in self.pending.values():
+                p.wait()
+        self.pending.clear()
+        self.ready.clear()
+
+
+class DataParallel:
+    """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial."""
+
+    def __init__(self, cfg, mesh):
+        self.cfg, self.mesh = cfg, mesh
+        self.store = serial_store(cfg.layers, cfg.activation, cfg.seed, cfg.dtype)
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
+        self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
+                                       cfg.collectives, cfg.overlap)
+        self.meter = ActivationMeter()
+        self.watch = NonFiniteWatch()
+
+    def train_step(self, micro_steps, global_batch: int) -> float:
+        self.store.zero_grad()
+        self.watch.reset()
+        loss = 0.0
+        for k, (x, y) in enumerate(micro_steps):
+            communicate = k == len(micro_steps) - 1   # accumulate locally, sync on the last micro-step
+            loss += self._forward_backward(x, y, global_batch, communicate)
+        self.buckets.finish()
+        self.optimizer.step([self.store.params], [self.store.grads])
+        return loss
+
+    def _forward_backward(self, x, y, global_batch, communicate) -> float:
+        contexts = []
+        h = x
+        for layer in self.store.layers:
+            h, ctx = layer_forward(layer, h)
+            self.watch.check(layer.index, h)
+            contexts.append(ctx)
+            self.meter.keep(ctx)
+        loss, grad = softmax_cross_entropy(h, y, global_batch)
+        for layer, ctx in zip(reversed(self.store.layers), reversed(contexts)):
+            grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
+            self.meter.release(ctx)
+            if communicate:
+                self.buckets.grads_ready(layer.index)
+        return loss
+
+    @property
+    def first_nonfinite(self):
+        return self.watch.first
+
+    def full_weights(self):
+        if self.mesh.world.rank != 0:
+            return None
+        return [(layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
+
+    def memory(self) -> dict:
+        return memory_report(self.store, self.optimizer, self.meter)

@@ -1,0 +1,134 @@
+"""The tour: every layout that fits the world size, on the same model and data, side by side.
+
+    mpiexec -n 4 python -m mpi4py -m simpar            (or: ... -m simpar tour --quick)
+
+Each layout runs on its own sub-communicator with a fresh ledger (the serial reference runs on
+rank 0 alone while the others wait), and is checked against the serial run: the largest difference
+of any step's loss must stay within the dtype's tolerance (float64 1e-10, float32 1e-4 relative).
+Writes simpar-out/<layout>.json for each layout, then the comparison plots.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+
+from . import report
+from .comm import Communicator, Ledger
+from .config import RunConfig, SimparError
+
+TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
+
+
+def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
+    """(name, overrides) of every layout to show on this many ranks, the serial reference first."""
+    n = world_size
+    hidden_ok = lambda t: all(w % t == 0 for w in cfg.layers[1:-1])
+    candidates = [("serial", dict(dp=1))]
+    if n > 1:
+        candidates.append((f"dp{n}", dict(dp=n)))
+        for stage in (1, 2, 3):
+            candidates.append((f"dp{n}-zero{stage}", dict(dp=n, zero=stage)))
+        if hidden_ok(n):
+            candidates.append((f"tp{n}", dict(dp=1, tp=n)))
+        if n <= cfg.n_layers:
+            candidates.append((f"pp{n}-gpipe", dict(dp=1, pp=n, schedule="gpipe")))
+            candidates.append((f"pp{n}-1f1b", dict(dp=1, pp=n, schedule="1f1b")))
+        if n % 2 == 0 and n > 2:
+            if hidden_ok(2):
+                candidates.append((f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2)))
+            if 2 <= cfg.n_layers:
+                candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
+            if hidden_ok(2) and n == 4:
+                candidates.append(("tp2xpp2", dict(dp=1, tp=2, pp=2)))
+    return [c for c in candidates if _available(c[1])]
+
+
+def _available(overrides: dict) -> bool:
+    """Layouts whose strategy module exists in this version of simpar."""
+    import importlib.util
+    module = ("zero" if overrides.get("zero") else "pipeline" if overrides.get("pp", 1) > 1
+              else "tensor" if overrides.get("tp", 1) > 1 else "data")
+    return importlib.util.find_spec(f"simpar.parallel.{module}") is not None
+
+
+def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:
+    from mpi4py import MPI
+    from .train import run_training
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if base.steps is None and base.epochs is None:
+        base.steps = 20 if quick else 150
+    problem = None
+    if rank == 0:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            problem = f"--out {out_dir}: {exc.strerror}"
+    problem = world.bcast(problem, root=0)
+    if problem:
+        raise SimparError(problem)
+
+    results = []
+    for name, overrides in layouts_for(size, base):
+        cfg = copy.deepcopy(base)
+        for key, value in overrides.items():
+            setattr(cfg, key, value)
+        cfg.quiet = True
+        cfg.metrics_out = cfg.weights_out = None
+        need = (cfg.dp or 1) * cfg.tp * cfg.pp
+        sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
+        metrics = None
+        if sub != MPI.COMM_NULL:
+            started = time.perf_counter()
+            metrics = run_training(cfg, Communicator(sub, Ledger(), name))
+            sub.Free()
+            if metrics is not None:
+                metrics.pop("_weights"), metrics.pop("_trace")
+                metrics["tour_wall_s"] = time.perf_counter() - started
+                report.write_json(os.path.join(out_dir, f"{name}.json"), metrics)
+                results.append((name, metrics))
+                print(f"  {name:<14} done in {metrics['tour_wall_s']:.1f} s", file=sys.stderr, flush=True)
+        world.Barrier()
+
+    if rank == 0:
+        ok = print_tour_table(results, base.dtype)
+        _plots(results, out_dir)
+        print(f"\nmetrics and plots in {out_dir}/")
+        if not ok:
+            raise SimparError("a layout did not match the serial run (see the table above)")
+    return 0
+
+
+def print_tour_table(results, dtype: str) -> bool:
+    serial = results[0][1]["losses"]
+    tol = TOLERANCE[dtype]
+    print(f"\nsimpar tour: {len(results)} layouts, same model and data, {len(serial)} steps, {dtype}")
+    head = (f"{'layout':<14} {'ranks':>5} {'final loss':>10} {'max|dloss|':>10} {'acc':>6} "
+            f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'step ms':>8}")
+    print(head)
+    print("-" * len(head))
+    all_ok = True
+    for name, m in results:
+        diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(m["losses"], serial))
+        ok = diff <= tol
+        all_ok &= ok
+        per = m["comm"]["per_step"]
+        mem = max(sum(r[k] for k in ("params", "grads", "optimizer", "activations_peak")) for r in m["memory"]["ranks"])
+        acc = m.get("accuracy")
+        print(f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
+              f"{(acc if acc is not None else float('nan')):>6.3f} {report.fmt_bytes(per['data']):>10} "
+              f"{report.fmt_bytes(per['model']):>10} {report.fmt_bytes(per['activation']):>10} "
+              f"{report.fmt_bytes(mem):>10} {1000 * m['time']['step_s']:>8.2f}")
+    print(f"(bytes: sent by all ranks together per step; max|dloss|: largest relative difference of any "
+          f"step's loss from serial, tolerance {tol:g})")
+    return all_ok
+
+
+def _plots(results, out_dir):
+    try:
+        from . import plots
+    except ImportError:
+        return
+    plots.tour_plots(results, out_dir)

@@ -1,0 +1,211 @@
+"""One training loop for every layout.
+
+    validate (all ranks, no traffic) -> mesh -> data -> strategy -> for each step:
+        rows of the global batch (same on every rank) -> this rank's micro-steps -> strategy.train_step
+        -> loss reduced over the world (control traffic) -> NaN check, progress bar, epoch summary
+    -> final weights gathered to rank 0 -> accuracy -> metrics JSON, weights, tables
+
+Run it:
+    python -m simpar train --dtype float64 --steps 20
+    mpiexec -n 4 python -m mpi4py -m simpar train --dp 4 --metrics-out m.json
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import report
+from .comm import Communicator, Ledger
+from .config import RunConfig, SimparError, validate
+from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
+from .mesh import Mesh
+from .model import parameter_count, predict
+
+
+def init_mpi():
+    from mpi4py import MPI
+    return Communicator(MPI.COMM_WORLD, Ledger(), "world")
+
+
+def select_kernels(cfg: RunConfig) -> str:
+    import kernels
+    name = cfg.kernels
+    if name == "auto":
+        chooser = getattr(kernels, "choose_auto", None)
+        name = chooser(cfg.layers, cfg.batch, cfg.dtype) if chooser else "numpy"
+    kernels.use(name)
+    return name
+
+
+def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset | None, int]:
+    """Every rank must agree on success or failure, or some would wait forever for the others.
+
+    local: every rank loads (identical inputs give identical errors). root: only rank 0 loads and
+    tells the others the outcome and the number of training rows (control traffic).
+    """
+    if cfg.data_source == "local" or world.size == 1:
+        data = load_dataset(cfg)
+        return data, len(data.x_train)
+    data, outcome = None, None
+    if world.rank == 0:
+        try:
+            data = load_dataset(cfg)
+            outcome = len(data.x_train)
+        except SimparError as exc:
+            outcome = str(exc)
+    outcome = world.bcast_object(outcome, root=0)
+    if isinstance(outcome, str):
+        raise SimparError(outcome)
+    return data, outcome
+
+
+def evaluate(weights, data: Dataset, activation: str) -> float:
+    logits = predict(weights, data.x_val, activation)
+    return float(np.mean(np.argmax(logits, axis=1) == data.y_val))
+
+
+class Progress:
+    """A tqdm bar on rank 0 (nothing elsewhere, nothing under --quiet)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
+
+    def update(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_training(cfg: RunConfig, world: Communicator) -> dict | None:
+    """Train one layout on all ranks of `world`; returns the metrics dict on rank 0 (None elsewhere)."""
+    validate(cfg, world.size)
+    _check_outputs(cfg, world)
+    kernels_name = select_kernels(cfg)
+    data, n_train = load_data_collectively(cfg, world)
+    mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
+    from .parallel import build_strategy
+    strategy = build_strategy(cfg, mesh)
+    feeder = BatchFeeder(data, cfg, mesh, cfg.dtype)
+
+    steps = total_steps(cfg, n_train)
+    per_epoch = steps_per_epoch(n_train, cfg.batch)
+    is_root = world.rank == 0
+    show = is_root and not cfg.quiet
+    progress = Progress(steps, show)
+    losses, epoch_log = [], []
+    tracer = _tracer(cfg, world)
+
+    world.barrier()
+    start = time.perf_counter()
+    epoch_start, epoch_samples = start, 0
+    for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
+        micro = feeder.get(rows)
+        loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
+        if not math.isfinite(loss):
+            _raise_nonfinite(loss, step, strategy, world)
+        losses.append(loss)
+        progress.update(loss)
+        epoch_samples += cfg.batch
+        if (step + 1) % per_epoch == 0 or step + 1 == steps:
+            now = time.perf_counter()
+            entry = {"epoch": epoch + 1, "step": step + 1, "loss": loss,
+                     "samples_per_s": epoch_samples / max(now - epoch_start, 1e-9)}
+            if cfg.eval_every_epoch:       # every rank joins: gathering weights may be collective
+                weights = strategy.full_weights()
+                if is_root and data is not None:
+                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation)
+            if show:
+                acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
+                progress.write(f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
+                               f"  {entry['samples_per_s']:.0f} samples/s")
+            epoch_log.append(entry)
+            epoch_start, epoch_samples = time.perf_counter(), 0
+    world.barrier()
+    elapsed = time.perf_counter() - start
+    progress.close()
+
+    # Everything below is bookkeeping: snapshot the training traffic before control traffic adds up.
+    ledger = world.ledger.snapshot()
+    weights = strategy.full_weights()
+    gathered = world.gather_object({"rank": world.rank, "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
+                                    "ledger": ledger, "memory": strategy.memory(),
+                                    "trace": tracer.events if tracer else None}, root=0)
+    if not is_root:
+        return None
+    metrics = report.build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
+                                   gathered, elapsed, steps, kernels_name)
+    if data is not None:
+        metrics["accuracy"] = evaluate(weights, data, cfg.activation)
+    metrics["_weights"] = weights
+    metrics["_trace"] = [g["trace"] for g in gathered]
+    return metrics
+
+
+def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
+    """Fail before training, not after it, if rank 0 will not be able to write an output file."""
+    problem = None
+    if world.rank == 0:
+        for flag, path in (("--metrics-out", cfg.metrics_out), ("--weights-out", cfg.weights_out),
+                           ("--trace", cfg.trace)):
+            if path and not report.writable(path):
+                problem = f"{flag} {path}: folder does not exist or is not writable"
+                break
+    problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
+    if problem:
+        raise SimparError(problem)
+
+
+def _tracer(cfg, world):
+    if not cfg.trace:
+        return None
+    try:
+        from .trace import Tracer
+    except ImportError:
+        return None
+    return Tracer.install(world.rank)
+
+
+def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator) -> None:
+    """All ranks see the same reduced loss, so all get here together; find who went bad first."""
+    mine = strategy.first_nonfinite
+    first = world.allreduce_scalar(mine if mine is not None else math.inf, op=_mpi_min())
+    where = f"the output of layer {int(first)} was the first to hold NaN/inf" if math.isfinite(first) \
+        else "no layer output was non-finite, so the loss itself overflowed"
+    raise SimparError(f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
+                      f"(now {strategy.cfg.lr}) or --dtype float64")
+
+
+def _mpi_min():
+    from mpi4py import MPI
+    return MPI.MIN
+
+
+def train_main(cfg: RunConfig) -> int:
+    world = init_mpi()
+    metrics = run_training(cfg, world)
+    if metrics is not None:
+        weights, trace = metrics.pop("_weights"), metrics.pop("_trace")
+        if not cfg.quiet:
+            report.print_summary(metrics)
+        if cfg.metrics_out:
+            report.write_json(cfg.metrics_out, metrics)
+        if cfg.weights_out:
+            report.write_weights(cfg.weights_out, weights)
+        if cfg.trace:
+            report.write_trace(cfg.trace, trace)
+    return 0

@@ -1,0 +1,58 @@
+"""Launch real MPI jobs from tests: `mpiexec -n K python -m mpi4py -m simpar ...` in a subprocess.
+
+`python -m mpi4py` turns an uncaught exception on any rank into MPI_Abort, so a broken rank ends
+the job instead of hanging it; the timeout is the last line of defence.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        e[var] = "1"
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 120, module: str = "simpar",
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m mpi4py -m <module> args` on n ranks (n=0: plain python, no mpiexec)."""
+    cmd = [sys.executable, "-m", "mpi4py", "-m", module, *args]
+    if n:
+        cmd = [mpiexec(), "-n", str(n), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=cwd)
+
+
+def run_script(n: int, script: str | os.PathLike, args: list[str] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a Python file on n ranks under `python -m mpi4py`."""
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def train_json(n: int, args: list[str], tmp_path, name: str = "m", timeout: float = 120) -> dict:
+    """Run `simpar train` on n ranks with --metrics-out and --weights-out; return the metrics dict
+    with the final weights loaded under key "weights" (list of (W, b))."""
+    import numpy as np
+    metrics = Path(tmp_path) / f"{name}.json"
+    weights = Path(tmp_path) / f"{name}.npz"
+    res = run_mpi(n, ["train", *args, "--quiet", "--metrics-out", str(metrics), "--weights-out", str(weights)],
+                  timeout=timeout)
+    assert res.returncode == 0, f"exit {res.returncode}\nSTDOUT:\n{res.stdout[-3000:]}\nSTDERR:\n{res.stderr[-3000:]}"
+    out = json.loads(metrics.read_text())
+    with np.load(weights) as z:
+        out["weights"] = [(z[f"W{i}"], z[f"b{i}"]) for i in range(len(z.files) // 2)]
+    return out
