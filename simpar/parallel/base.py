@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import Context
+from ..model import Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
 
 
 class ActivationMeter:
@@ -56,3 +56,39 @@ class NonFiniteWatch:
 def memory_report(store, optimizer, meter: ActivationMeter, extra_params: int = 0) -> dict:
     return {"params": int(store.params.nbytes + extra_params), "grads": int(store.grads.nbytes),
             "optimizer": int(optimizer.state_nbytes()), "activations_peak": int(meter.peak)}
+
+
+class SerialStack:
+    """Consecutive whole layers of the model on one rank (the serial model, or one pipeline stage).
+
+    forward/backward run the layers with no communication; `on_layer_done(index)` is called as soon
+    as a layer's gradients are final, so data parallelism can start that bucket's all-reduce.
+    """
+
+    def __init__(self, cfg, layer_indices: list[int]):
+        n = cfg.n_layers
+        self.store = ParamStore.build(
+            [(i, *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype),
+              activation_of(i, n, cfg.activation)) for i in layer_indices], cfg.dtype)
+
+    def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
+        contexts = []
+        for layer in self.store.layers:
+            x, ctx = layer_forward(layer, x)
+            watch.check(layer.index, x)
+            meter.keep(ctx)
+            contexts.append(ctx)
+        return x, contexts
+
+    def backward(self, contexts, grad, meter: ActivationMeter, on_layer_done=None):
+        """Returns dL/d(input of the stack), or None when the stack starts at the model's first layer."""
+        for layer, ctx in zip(reversed(self.store.layers), reversed(contexts)):
+            grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
+            meter.release(ctx)
+            if on_layer_done is not None:
+                on_layer_done(layer.index)
+        return grad
+
+    def full_pieces(self):
+        """[(layer index, W, b)] full-shape copies of this stack's layers."""
+        return [(layer.index, layer.W.copy(), layer.b.copy()) for layer in self.store.layers]

@@ -17,9 +17,9 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 from __future__ import annotations
 
 from .. import collectives
-from ..model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
+from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, memory_report
+from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
 
 
 class GradientBuckets:
@@ -90,7 +90,8 @@ class DataParallel:
 
     def __init__(self, cfg, mesh):
         self.cfg, self.mesh = cfg, mesh
-        self.store = serial_store(cfg.layers, cfg.activation, cfg.seed, cfg.dtype)
+        self.stack = SerialStack(cfg, list(range(cfg.n_layers)))
+        self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
         self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
                                        cfg.collectives, cfg.overlap)
@@ -109,19 +110,9 @@ class DataParallel:
         return loss
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
-        contexts = []
-        h = x
-        for layer in self.store.layers:
-            h, ctx = layer_forward(layer, h)
-            self.watch.check(layer.index, h)
-            contexts.append(ctx)
-            self.meter.keep(ctx)
-        loss, grad = softmax_cross_entropy(h, y, global_batch)
-        for layer, ctx in zip(reversed(self.store.layers), reversed(contexts)):
-            grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
-            self.meter.release(ctx)
-            if communicate:
-                self.buckets.grads_ready(layer.index)
+        logits, contexts = self.stack.forward(x, self.meter, self.watch)
+        loss, grad = softmax_cross_entropy(logits, y, global_batch)
+        self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
 
     @property
