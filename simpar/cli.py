@@ -17,9 +17,11 @@ import argparse
 import os
 import sys
 
-from .config import RunConfig, SimparError
+from .config import (ACTIVATIONS, COLLECTIVES, DATA_SOURCES, DATASETS, DTYPES, KERNELS, OPTIMIZERS,
+                     SCHEDULES, RunConfig, SimparError)
 
 SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot")
+DEFAULT_LAYERS = {"digits": [64, 128, 128, 128, 10], "mnist": [784, 256, 256, 10]}  # synthetic: say --layers
 
 
 def int_list(text: str) -> list[int]:
@@ -42,15 +44,15 @@ class _Parser(argparse.ArgumentParser):
 def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     d = RunConfig()
     g = p.add_argument_group("model")
-    g.add_argument("--layers", type=int_list, default=None, help="widths, input first (default 64,128,128,128,10 for digits)")
-    g.add_argument("--activation", default=d.activation, help="relu | tanh | gelu")
-    g.add_argument("--dtype", default=d.dtype, help="float32 | float64")
+    g.add_argument("--layers", type=int_list, default=None, help="widths, input first (default 64,128,128,128,10 for digits, 784,256,256,10 for mnist)")
+    g.add_argument("--activation", default=d.activation, choices=ACTIVATIONS)
+    g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default=d.dataset, help="digits | synthetic | mnist")
+    g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
     g.add_argument("--samples", type=int, default=d.samples, help="synthetic: number of samples")
     g.add_argument("--data-dir", default=None, help="mnist: folder with the four IDX files")
-    g.add_argument("--data-source", default=d.data_source,
+    g.add_argument("--data-source", default=d.data_source, choices=DATA_SOURCES,
                    help="local: each rank reads its own rows (no traffic); root: rank 0 scatters every batch (data traffic)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch", type=int, default=d.batch, help="global batch size")
@@ -58,7 +60,7 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument("--epochs", type=int, default=None)
     g.add_argument("--lr", type=float, default=d.lr)
     g.add_argument("--momentum", type=float, default=d.momentum)
-    g.add_argument("--optimizer", default=d.optimizer, help="sgd | adam")
+    g.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS)
     g.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
     g = p.add_argument_group("layout")
     if not tour:
@@ -67,12 +69,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         g.add_argument("--pp", type=int, default=1, help="pipeline stages")
         g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (with data parallelism)")
         g.add_argument("--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1")
-    g.add_argument("--schedule", default=d.schedule, help="naive | gpipe | 1f1b")
+    g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--microbatches", type=int, default=d.microbatches)
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MiB")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients only after backward")
-    g.add_argument("--collectives", default=d.collectives, help="ring | rabenseifner | tree | ps | mpi")
-    g.add_argument("--kernels", default=d.kernels, help="auto | numpy | numba | cuda")
+    g.add_argument("--collectives", default=d.collectives, choices=COLLECTIVES, help="all-reduce algorithm")
+    g.add_argument("--kernels", default=d.kernels, choices=KERNELS, help="compute kernels")
     g = p.add_argument_group("output")
     g.add_argument("--metrics-out", default=None, help="write the metrics JSON here (rank 0)")
     g.add_argument("--weights-out", default=None, help="write the final full-shape weights (.npz, rank 0)")
@@ -83,7 +85,7 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     layers = args.layers
     if layers is None:
-        layers = RunConfig().layers if args.dataset == "digits" else None
+        layers = DEFAULT_LAYERS.get(args.dataset)
     cfg = RunConfig(
         layers=layers or [], activation=args.activation, dtype=args.dtype, seed=args.seed,
         dataset=args.dataset, samples=args.samples, data_dir=args.data_dir, data_source=args.data_source,
@@ -117,27 +119,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _finish_error(message: str) -> int:
     """Print the one line (rank 0 only), shut MPI down cleanly, exit 2 without an MPI abort."""
-    rank = 0
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         rank = mpi.COMM_WORLD.Get_rank()
+    else:  # failed before MPI started (e.g. a bad option): the launcher tells us who we are
+        rank = next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+                     if v in os.environ), 0)
     if rank == 0:
         print(f"simpar: error: {message}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        # Every rank is here together (errors are collective), so a clean Finalize cannot hang.
+        # Finalizing first matters: MPICH's mpiexec kills the other ranks (and prints a banner) when
+        # one leaves non-zero while they are still inside MPI; `python -m mpi4py` then sees MPI
+        # finalised and lets the exit status through instead of calling MPI_Abort.
         mpi.Finalize()
-        # `python -m mpi4py` turns a non-zero SystemExit into MPI_Abort (and an extra stderr line);
-        # MPI is already finalised here, so leave directly with the status.
-        os._exit(2)
     return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in SUBCOMMANDS + ("-h", "--help"):
-        argv = ["tour", *argv]
     try:
+        if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+            raise SimparError(f"unknown command {argv[0]!r} (choose from {', '.join(SUBCOMMANDS)})")
+        if not argv or argv[0] not in SUBCOMMANDS + ("-h", "--help"):
+            argv = ["tour", *argv]        # no command: the tour, with whatever options were given
         if argv[0] in ("plan", "bench", "plot"):
             return _dispatch(argv[0], argv[1:])
         args = build_parser().parse_args(argv)

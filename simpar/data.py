@@ -74,6 +74,8 @@ def read_idx(path: str) -> np.ndarray:
     if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
         raise SimparError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise SimparError(f"{path} is truncated or corrupt: the header is cut short")
     dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
     offset = 4 + 4 * ndim
     if len(raw) - offset != int(np.prod(dims)):

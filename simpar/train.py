@@ -93,6 +93,13 @@ class Progress:
 
 def run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     """Train one layout on all ranks of `world`; returns the metrics dict on rank 0 (None elsewhere)."""
+    # Overflow is detected where it matters (a non-finite loss, blamed on a layer): NumPy's own
+    # warnings would only print the same news once per rank, in the middle of the progress bar.
+    with np.errstate(all="ignore"):
+        return _run_training(cfg, world)
+
+
+def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     validate(cfg, world.size)
     _check_outputs(cfg, world)
     kernels_name = select_kernels(cfg)

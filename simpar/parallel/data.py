@@ -16,7 +16,7 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 """
 from __future__ import annotations
 
-from .. import collectives
+from .. import collectives, trace
 from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
 from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
@@ -76,11 +76,12 @@ class GradientBuckets:
     def finish(self) -> None:
         """Start whatever has not started (all of it under --no-overlap), then wait for all."""
         if self.comm.size > 1:
-            for b in range(len(self.buckets)):
-                if b not in self.pending:
-                    self._start(b)
-            for p in self.pending.values():
-                p.wait()
+            with trace.span("allreduce", "allreduce"):      # a bar in the --trace timeline
+                for b in range(len(self.buckets)):
+                    if b not in self.pending:
+                        self._start(b)
+                for p in self.pending.values():
+                    p.wait()
         self.pending.clear()
         self.ready.clear()
 

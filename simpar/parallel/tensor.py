@@ -1,0 +1,216 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, sec. 3 and Fig. 3): one layer split over t ranks.
+
+Layers are taken in PAIRS. For a pair (A, B) computing  Y = act(X A + a),  Z = act'(Y B + b):
+
+  column-parallel A   A = [A_1 ... A_t] split by output columns (a split the same way). Rank k computes
+                      Y_k = act(X A_k + a_k) with no communication: act is elementwise, so it may be
+                      applied to a column shard alone (Megatron eq. 3 -- why A is split by columns).
+  row-parallel B      B split by input rows to match Y's columns. Rank k computes the partial product
+                      Y_k B_k; the sum over k is  Y B  (Megatron eq. 3's second half). The bias b is
+                      replicated and added ONCE, after the sum; act' follows it.
+
+The two conjugate operators of Fig. 3 carry all the activation traffic:
+  f  before A:  forward identity (every rank already holds X),   backward all-reduce of dL/dX
+                (each rank's  dY_k A_k^T  is only one term of  dY A^T).
+  g  after B:   forward all-reduce of the partials Y_k B_k,       backward identity (dL/dZ is replicated).
+Both use simpar's counted collectives (ring by default, --collectives picks another), category
+"activation", ops "tp-f-allreduce" and "tp-g-allreduce".
+
+Pairing rule (also inside a pipeline stage): pairs are formed greedily from the FIRST layer of the list
+given to TensorParallelStack: (l0, l1), (l2, l3), ...; with an odd count the LAST layer is replicated:
+every tp rank holds it whole, computes it redundantly on the replicated input, and gets identical
+gradients, so it needs no communication at all. In a pair, A's output width is B's input width and is
+never the model's input or output width, so only hidden widths must divide by t (config.validate).
+
+Traffic per rank per micro-step (N = rows x width elements, ring all-reduce over t ranks sends
+2N - chunk_r - chunk_{r+1} elements from rank r, i.e. 2(t-1)/t*N, exactly 2(t-1)*N over the group):
+  each pair (c, c+1):  g: all-reduce of B_local x layers[c+2]       (the pair's output width)
+                       f: all-reduce of B_local x layers[c]         (the pair's input width),
+                          skipped when c == 0: nothing upstream wants dL/dX of the model's input.
+  replicated layer:    nothing.
+No "model" traffic inside a tp group: each rank updates its own shard. With dp > 1 the gradient
+buckets all-reduce only the local shard over the dp group: 2(dp-1)/dp * P_local * bpe per rank.
+
+Input: every rank of a tp group needs the same rows. With --data-source local each reads them itself
+(no traffic); with --data-source root rank 0 sends them to every tp rank (the BatchFeeder's "data").
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import collectives
+from ..model import (ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward,
+                     layer_forward, softmax_cross_entropy)
+from ..optim import make_optimizer
+from .base import ActivationMeter, NonFiniteWatch, memory_report
+from .data import GradientBuckets
+
+COLUMN, ROW, REPLICATED = "column", "row", "replicated"
+
+
+# -- the conjugate operators f and g (Megatron Fig. 3) ------------------------------------------
+
+def f_forward(x: np.ndarray) -> np.ndarray:
+    """f, forward: identity -- every tp rank already holds the whole input X."""
+    return x
+
+
+def f_backward(dx_partial: np.ndarray, comm, algorithm: str = "ring") -> np.ndarray:
+    """f, backward: all-reduce dL/dX = sum_k dY_k A_k^T over the tp group (in place, replicated after)."""
+    dx = np.ascontiguousarray(dx_partial)
+    return collectives.allreduce(comm, dx, "activation", "tp-f-allreduce", algorithm)
+
+
+def g_forward(partial: np.ndarray, comm, algorithm: str = "ring") -> np.ndarray:
+    """g, forward: all-reduce Y B = sum_k Y_k B_k over the tp group (in place, replicated after)."""
+    z = np.ascontiguousarray(partial)
+    return collectives.allreduce(comm, z, "activation", "tp-g-allreduce", algorithm)
+
+
+def g_backward(dz: np.ndarray) -> np.ndarray:
+    """g, backward: identity -- dL/dZ is the same on every rank, and each needs all of it for dB_k."""
+    return dz
+
+
+def pair_kinds(layer_indices: list[int]) -> list[str]:
+    """The pairing rule: column, row, column, row, ... and a trailing odd layer replicated."""
+    kinds = [COLUMN if i % 2 == 0 else ROW for i in range(len(layer_indices))]
+    if len(kinds) % 2:
+        kinds[-1] = REPLICATED
+    return kinds
+
+
+class TensorParallelStack:
+    """Consecutive layers split over mesh.tp_comm; the same interface as base.SerialStack.
+
+    `store` holds this rank's shards only: a column layer's W[:, cols] and b[cols], a row layer's
+    W[rows, :] and the whole (replicated) b, a replicated layer whole.
+    """
+
+    def __init__(self, cfg, mesh, layer_indices: list[int]):
+        self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
+        t, k = self.comm.size, self.comm.rank
+        self.kinds = pair_kinds(layer_indices)
+        pieces = []
+        for i, kind in zip(layer_indices, self.kinds):
+            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype)   # full, then slice
+            if kind == COLUMN:
+                cols = slice(k * W.shape[1] // t, (k + 1) * W.shape[1] // t)
+                W, b = W[:, cols], b[cols]
+            elif kind == ROW:
+                rows = slice(k * W.shape[0] // t, (k + 1) * W.shape[0] // t)
+                W = W[rows, :]
+            pieces.append((i, W, b, activation_of(i, cfg.n_layers, cfg.activation)))
+        self.store = ParamStore.build(pieces, cfg.dtype)
+
+    # -- one layer of each kind -----------------------------------------------------------------
+    def _row_forward(self, layer, x_shard):
+        # The kernel must not add b or apply act: both belong AFTER the sum g computes.
+        partial, _ = layer_forward(dataclasses.replace(layer, act="none"), x_shard, bias=False)
+        z = g_forward(partial, self.comm, self.algorithm)
+        z += layer.b                                  # once, on the full sum (b is replicated)
+        y = ACTIVATIONS[layer.act][0](z)
+        return y, Context(x_shard, z, y)
+
+    def _row_backward(self, layer, ctx, dy):
+        dz = ACTIVATIONS[layer.act][1](g_backward(dy), ctx.z, ctx.y)
+        # dB_k = Y_k^T dZ (this rank's rows), db = sum dZ (identical on every rank), dY_k = dZ B_k^T.
+        return layer_backward(dataclasses.replace(layer, act="none"), Context(ctx.x, dz, dz), dz)
+
+    # -- the SerialStack interface --------------------------------------------------------------
+    def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
+        """y is replicated on every tp rank (a column layer's output shard is never the stack's output)."""
+        contexts = []
+        for layer, kind in zip(self.store.layers, self.kinds):
+            if kind == ROW:
+                x, ctx = self._row_forward(layer, x)
+            else:                                     # column: f is the identity; replicated: plain
+                x, ctx = layer_forward(layer, f_forward(x) if kind == COLUMN else x)
+            watch.check(layer.index, x)               # a column shard: the world-wide MIN finds the layer
+            meter.keep(ctx)
+            contexts.append(ctx)
+        return x, contexts
+
+    def backward(self, contexts, grad, meter: ActivationMeter, on_layer_done=None):
+        """Returns dL/d(input) replicated on every tp rank, or None when the stack starts at layer 0."""
+        for layer, kind, ctx in zip(reversed(self.store.layers), reversed(self.kinds), reversed(contexts)):
+            if kind == ROW:
+                grad = self._row_backward(layer, ctx, grad)
+            else:
+                grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
+            meter.release(ctx)
+            # The shard's gradients are final now: let data parallelism start its bucket BEFORE the
+            # f all-reduce below, so gradient and activation traffic overlap.
+            if on_layer_done is not None:
+                on_layer_done(layer.index)
+            if kind == COLUMN and grad is not None:
+                grad = f_backward(grad, self.comm, self.algorithm)
+        return grad
+
+    def full_pieces(self):
+        """On tp rank 0: [(layer index, W, b)] full shape, gathered (control traffic); None elsewhere."""
+        mine = [(layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
+        shards = self.comm.gather_object(mine, root=0)
+        if self.comm.rank != 0:
+            return None
+        out = []
+        for n, (layer, kind) in enumerate(zip(self.store.layers, self.kinds)):
+            Ws = [s[n][0] for s in shards]
+            if kind == COLUMN:
+                W, b = np.concatenate(Ws, axis=1), np.concatenate([s[n][1] for s in shards])
+            elif kind == ROW:
+                W, b = np.concatenate(Ws, axis=0), shards[0][n][1]
+            else:
+                W, b = shards[0][n]
+            out.append((layer.index, W, b))
+        return out
+
+
+class TensorParallel:
+    """The whole model tensor-parallel over mesh.tp_comm; with dp > 1, shard gradients DP-all-reduced."""
+
+    def __init__(self, cfg, mesh):
+        self.cfg, self.mesh = cfg, mesh
+        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        self.store = self.stack.store
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)   # on the flat shard only
+        # Same-position shards of different dp replicas are summed; a size-1 dp group sends nothing.
+        self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
+                                       cfg.collectives, cfg.overlap)
+        self.meter = ActivationMeter()
+        self.watch = NonFiniteWatch()
+
+    def train_step(self, micro_steps, global_batch: int) -> float:
+        self.store.zero_grad()
+        self.watch.reset()
+        loss = 0.0
+        for k, (x, y) in enumerate(micro_steps):
+            communicate = k == len(micro_steps) - 1   # gradient accumulation: DP-sync on the last only
+            logits, contexts = self.stack.forward(x, self.meter, self.watch)
+            share, grad = softmax_cross_entropy(logits, y, global_batch)
+            self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
+            loss += share
+        self.buckets.finish()
+        self.optimizer.step([self.store.params], [self.store.grads])
+        # Every tp rank computed the same logits; report the loss once per tp group, or the
+        # world-wide sum would count it t times.
+        return loss if self.mesh.tp_index == 0 else 0.0
+
+    @property
+    def first_nonfinite(self):
+        return self.watch.first
+
+    def full_weights(self):
+        """World rank 0 gets [(W, b), ...] full shape. dp replicas are identical, so only dp index 0
+        gathers (inside its tp group); everyone else just returns None."""
+        if self.mesh.dp_index != 0:
+            return None
+        pieces = self.stack.full_pieces()
+        if self.mesh.world.rank != 0:
+            return None
+        return [(W, b) for _, W, b in pieces]
+
+    def memory(self) -> dict:
+        return memory_report(self.store, self.optimizer, self.meter)

@@ -1,0 +1,123 @@
+"""Gradients of every layer type against finite differences (float64), and the optimizers' updates."""
+import numpy as np
+import pytest
+
+import kernels
+from simpar import model, optim
+
+
+def numeric_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        i = it.multi_index
+        old = x[i]
+        x[i] = old + eps
+        fp = f()
+        x[i] = old - eps
+        fm = f()
+        x[i] = old
+        g[i] = (fp - fm) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "gelu", "none"])
+def test_activation_backward_matches_finite_differences(act):
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((4, 5))
+    z[np.abs(z) < 1e-3] = 0.1          # keep away from ReLU's kink
+    fwd, bwd = model.ACTIVATIONS[act]
+    dy = rng.standard_normal(z.shape)
+    analytic = bwd(dy, z, fwd(z))
+    numeric = numeric_grad(lambda: float((fwd(z) * dy).sum()), z)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_softmax_cross_entropy_gradient_and_value():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((6, 4))
+    labels = np.array([0, 3, 1, 1, 2, 0])
+    loss, d = model.softmax_cross_entropy(logits, labels, global_batch=6)
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    assert loss == pytest.approx(-np.log(p[np.arange(6), labels]).mean(), rel=1e-12)
+    numeric = numeric_grad(lambda: model.softmax_cross_entropy(logits, labels, 6)[0], logits)
+    np.testing.assert_allclose(d, numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_loss_shares_of_shards_add_up_to_the_mean():
+    rng = np.random.default_rng(2)
+    logits, labels = rng.standard_normal((10, 3)), rng.integers(0, 3, 10)
+    whole, dwhole = model.softmax_cross_entropy(logits, labels, 10)
+    parts = [model.softmax_cross_entropy(logits[s], labels[s], 10) for s in (slice(0, 3), slice(3, 10))]
+    assert sum(p[0] for p in parts) == pytest.approx(whole, rel=1e-14)
+    np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), dwhole, rtol=1e-14)
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "gelu"])
+def test_whole_mlp_gradient_matches_finite_differences(act):
+    kernels.use("numpy")
+    store = model.serial_store([5, 7, 6, 3], act, seed=3, dtype=np.float64)
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
+
+    def loss_only():
+        h = x
+        for layer in store.layers:
+            h, _ = model.layer_forward(layer, h)
+        return model.softmax_cross_entropy(h, y, 8)[0]
+
+    store.zero_grad()
+    h, ctxs = x, []
+    for layer in store.layers:
+        h, ctx = model.layer_forward(layer, h)
+        ctxs.append(ctx)
+    _, g = model.softmax_cross_entropy(h, y, 8)
+    for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
+        g = model.layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+    numeric = numeric_grad(loss_only, store.params)
+    np.testing.assert_allclose(store.grads, numeric, rtol=1e-5, atol=1e-8)
+
+
+def test_init_is_a_function_of_seed_and_layer_only():
+    W1, b1 = model.init_layer(5, 2, 8, 6, np.float64)
+    W2, b2 = model.init_layer(5, 2, 8, 6, np.float64)
+    W3, _ = model.init_layer(5, 3, 8, 6, np.float64)
+    assert np.array_equal(W1, W2) and np.array_equal(b1, b2) and not np.array_equal(W1, W3)
+    W32, _ = model.init_layer(5, 2, 8, 6, np.float32)
+    assert W32.dtype == np.float32 and np.allclose(W32, W1, rtol=1e-6)
+
+
+def test_parameter_count():
+    assert model.parameter_count([64, 128, 128, 128, 10]) == 64 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 10 + 10
+
+
+def test_sgd_momentum_matches_hand_computation():
+    w, g = np.array([1.0, 2.0]), np.array([0.5, -1.0])
+    opt = optim.SGD(lr=0.1, momentum=0.9)
+    opt.step([w], [g])
+    np.testing.assert_allclose(w, [0.95, 2.1])
+    opt.step([w], [g])          # v = 0.9*g + g = 1.9 g
+    np.testing.assert_allclose(w, [0.95 - 0.095, 2.1 + 0.19])
+    assert opt.state_nbytes() == 16
+
+
+def test_adam_matches_hand_computation_and_keeps_dtype():
+    w = np.array([1.0, -1.0], dtype=np.float32)
+    g = np.array([0.2, -0.4], dtype=np.float32)
+    opt = optim.Adam(lr=0.01)
+    opt.step([w], [g])
+    # first step: m_hat = g, v_hat = g^2 -> update = lr * sign(g) (up to eps)
+    np.testing.assert_allclose(w, [0.99, -0.99], rtol=1e-6)
+    assert w.dtype == np.float32 and opt.m[0].dtype == np.float32
+    assert opt.state_nbytes() == 2 * 2 * 4
+
+
+def test_elementwise_optimizer_is_independent_of_grouping():
+    rng = np.random.default_rng(0)
+    w, g = rng.standard_normal(10), rng.standard_normal(10)
+    a, b = w.copy(), w.copy()
+    oa, ob = optim.Adam(0.01), optim.Adam(0.01)
+    for _ in range(3):
+        oa.step([a], [g])
+        ob.step([b[:4], b[4:]], [g[:4], g[4:]])
+    np.testing.assert_array_equal(a, b)
