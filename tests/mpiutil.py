@@ -1,43 +1,29 @@
 """Launch real MPI jobs from tests: `mpiexec -n K python -m mpi4py -m simpar ...` in a subprocess.
 
 `python -m mpi4py` turns an uncaught exception on any rank into MPI_Abort, so a broken rank ends
-the job instead of hanging it; the timeout is the last line of defence.
+the job instead of hanging it; the timeout is the last line of defence. The launching itself is
+simpar.launch's (the same code the notebooks use).
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from simpar.launch import _env as env
+from simpar.launch import mpiexec_path as mpiexec
+from simpar.launch import run as _run
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else (shutil.which("mpiexec") or "mpiexec")
+def run_mpi(n: int, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m mpi4py -m simpar ARGS` on n ranks (n=0: plain python, no mpiexec)."""
+    return _run(n, list(args), timeout=timeout)
 
 
-def env() -> dict:
-    e = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        e[var] = "1"
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
-
-
-def run_mpi(n: int, args: list[str], timeout: float = 120, module: str = "simpar",
-            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m mpi4py -m <module> args` on n ranks (n=0: plain python, no mpiexec)."""
-    cmd = [sys.executable, "-m", "mpi4py", "-m", module, *args]
-    if n:
-        cmd = [mpiexec(), "-n", str(n), *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=cwd)
-
-
-def run_script(n: int, script: str | os.PathLike, args: list[str] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+def run_script(n: int, script, args=(), timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a Python file on n ranks under `python -m mpi4py`."""
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
