@@ -114,15 +114,17 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     is_root = world.rank == 0
     show = is_root and not cfg.quiet
     progress = Progress(steps, show)
-    losses, epoch_log = [], []
+    losses, epoch_log, step_times = [], [], []
     tracer = _tracer(cfg, world)
 
     world.barrier()
     start = time.perf_counter()
     epoch_start, epoch_samples = start, 0
     for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
+        step_start = time.perf_counter()
         micro = feeder.get(rows)
         loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
+        step_times.append(time.perf_counter() - step_start)
         if not math.isfinite(loss):
             _raise_nonfinite(loss, step, strategy, world)
         losses.append(loss)
@@ -155,7 +157,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     if not is_root:
         return None
     metrics = report.build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
-                                   gathered, elapsed, steps, kernels_name)
+                                   gathered, elapsed, steps, kernels_name, step_times)
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
     metrics["_weights"] = weights
