@@ -11,14 +11,18 @@ parallel.schedules.ideal_timeline: the bubble there is the textbook (S-1)/(M+S-1
 Measured bubble = 1 - busy compute time / (ranks x makespan), per step: makespan runs from the
 first event of the step on any rank to the last one; compute = forward + backward spans. Over
 several steps the busy times and the rank x makespan areas are summed; the first step is left
-out when there are more (it pays for first-touch allocations and warm-up).
+out when there are more (it pays for first-touch allocations and warm-up). With tp > 1 the tensor-
+parallel all-reduces inside a stage's forward/backward count as compute (they are part of the F/B bar).
+On an oversubscribed machine (more ranks than cores) a rank waiting in a receive still spins on a
+core, so the measured bubble is inflated there: compare runs with one core per rank.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from pathlib import Path
+
+from .config import SimparError
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#8C8C8C", "allreduce": "#8172B2",
            "other": "#CCCCCC"}
@@ -28,8 +32,11 @@ COMPUTE = ("forward", "backward")
 def load_events(source) -> list[dict]:
     """Complete ("X") events from a trace file path, a {"traceEvents": [...]} dict, or a list."""
     if isinstance(source, (str, Path)):
-        with open(source) as f:
-            source = json.load(f)
+        try:
+            with open(source) as f:
+                source = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise SimparError(f"cannot read trace {source}: {exc}") from None
     if isinstance(source, dict):
         source = source.get("traceEvents", [])
     return [e for e in source if e.get("ph") == "X"]
@@ -99,7 +106,7 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     M = M or info["microbatches"]
     compute_steps = sorted({_step(e) for e in events if _kind(e) in COMPUTE})
     if not compute_steps:
-        raise ValueError("the trace has no forward/backward events to draw")
+        raise SimparError("the trace has no forward/backward events to draw (was it a --pp run with --trace?)")
     step = compute_steps[-1] if step is None else step
     overall = measured_bubble(events)
     this_step = measured_bubble(events, [step])
@@ -135,7 +142,7 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
                   f"(all steps{' but the first' if len(compute_steps) > 1 else ''}: {overall:.1%}), "
                   f"{len(ranks)} ranks")
     top.legend(handles=[Patch(color=COLOURS[k], label=k) for k in ("forward", "backward", "comm", "allreduce")],
-               loc="upper right", fontsize=8, ncol=4)
+               loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
     ideal = None
     if has_ideal:
@@ -159,10 +166,14 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     return {"measured_bubble": overall, "step_bubble": this_step, "ideal_bubble": ideal, "step": step}
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                 # one line from the CLI, not usage + exit
+        raise SimparError(message)
+
+
 def timeline_main(argv: list[str]) -> int:
     """`simpar plot --timeline trace.json -o timeline.png [--schedule 1f1b --stages 4 --microbatches 8]`."""
-    p = argparse.ArgumentParser(prog="simpar plot --timeline",
-                                description="Draw a --trace file as a pipeline timeline.")
+    p = _Parser(prog="simpar plot --timeline", description="Draw a --trace file as a pipeline timeline.")
     p.add_argument("trace", nargs="?", help="the Chrome trace JSON written by `simpar train --trace`")
     p.add_argument("--timeline", dest="trace_opt", help="same as the positional trace path")
     p.add_argument("-o", "--out", default="timeline.png")

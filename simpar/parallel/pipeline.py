@@ -3,6 +3,9 @@
     stage 0 --activations--> stage 1 --activations--> ... --> stage S-1 (loss)
             <--gradients----         <--gradients----  ...
 
+Which layers a stage gets: schedules.partition_layers -- contiguous runs, balanced by parameter
+count (the split whose largest stage is smallest); --stage-layers 2,1,1 overrides it.
+
 Each rank's rows of a step are cut into M micro-batches (np.array_split: uneven is fine) so that
 stages can work on different micro-batches at once. In which order a stage does its forwards,
 backwards, sends and receives is the *schedule* (schedules.py: naive, GPipe, 1F1B), a plain list

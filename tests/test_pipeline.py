@@ -1,0 +1,195 @@
+"""Pipeline parallelism (simpar/parallel/pipeline.py) against the serial model, its traffic and memory.
+
+* Equivalence: every schedule (naive, GPipe, 1F1B) with M in {1, 3, 4, 8} micro-batches on 2 and
+  4 stages trains the serial model (float64: 1e-12 relative, float32: 1e-5). To keep this cheap the
+  whole matrix for one stage count runs inside ONE MPI job (MATRIX_SCRIPT calls run_training once
+  per case, the serial reference on rank 0 over COMM_SELF); the hybrid layouts go through the CLI.
+* Traffic: per rank per step, exactly B_r*h_out forward (unless last stage) + B_r*h_in backward
+  (unless first stage) bytes of "activation"; no "model" bytes unless dp > 1.
+* Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simpar.parallel.schedules import partition_layers
+
+from .mpiutil import run_script, train_json
+
+LAYERS = [64, 32, 32, 32, 10]
+STEPS, BATCH = 3, 50          # 50 rows: 3, 4 and 8 micro-batches are uneven, on purpose
+BASE = dict(layers=LAYERS, dtype="float64", steps=STEPS, batch=BATCH, kernels="numpy", quiet=True,
+            eval_every_epoch=False)
+CLI = ["--layers", ",".join(map(str, LAYERS)), "--dtype", "float64", "--steps", str(STEPS),
+       "--batch", str(BATCH), "--kernels", "numpy"]
+
+MATRIX_SCRIPT = r'''
+import json, sys
+import numpy as np
+from mpi4py import MPI
+from simpar.comm import Communicator, Ledger
+from simpar.config import RunConfig
+from simpar.train import run_training
+
+LAYOUT = ("pp", "dp", "schedule", "microbatches", "stage_layers", "grad_accum")
+cases = json.load(open(sys.argv[1]))
+rank = MPI.COMM_WORLD.Get_rank()
+serial, out = {}, {}
+for name, kw in cases:
+    metrics = run_training(RunConfig(**kw), Communicator(MPI.COMM_WORLD, Ledger(), "world"))
+    if rank != 0:
+        continue
+    ref_kw = {k: v for k, v in kw.items() if k not in LAYOUT}
+    key = json.dumps(ref_kw, sort_keys=True)
+    if key not in serial:
+        serial[key] = run_training(RunConfig(**ref_kw), Communicator(MPI.COMM_SELF, Ledger(), "self"))
+    ref = serial[key]
+    metrics["weight_err"] = max(float(np.abs(a - b).max() / np.abs(a).max())
+                                for pa, pb in zip(ref["_weights"], metrics["_weights"]) for a, b in zip(pa, pb))
+    metrics["loss_err"] = max(abs(a - b) / abs(a) for a, b in zip(ref["losses"], metrics["losses"]))
+    del metrics["_weights"], metrics["_trace"]
+    out[name] = metrics
+if rank == 0:
+    json.dump(out, open(sys.argv[2], "w"))
+'''
+
+
+def run_matrix(S: int, cases: list, tmp_path) -> dict:
+    spec, result = tmp_path / "cases.json", tmp_path / "results.json"
+    spec.write_text(json.dumps(cases))
+    script = tmp_path / "matrix.py"
+    script.write_text(MATRIX_SCRIPT)
+    res = run_script(S, script, [str(spec), str(result)], timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return json.loads(result.read_text())
+
+
+def rows_per_rank(batch: int, dp: int, grad_accum: int = 1) -> list[int]:
+    """Rows each dp rank processes per step (the BatchFeeder's split)."""
+    return [sum(len(np.array_split(m, dp)[d]) for m in np.array_split(np.arange(batch), grad_accum))
+            for d in range(dp)]
+
+
+def check_activation_bytes(m: dict, layers=LAYERS, stage_layers=None) -> None:
+    """Exactly B_r*h_out*bpe forward + B_r*h_in*bpe backward per step per rank; received likewise."""
+    cfg = m["config"]
+    S, dp = cfg["pp"], cfg["dp"]
+    bounds = partition_layers(layers, S, stage_layers)
+    bpe = np.dtype(cfg["dtype"]).itemsize
+    rows = rows_per_rank(cfg["batch"], dp, cfg["grad_accum"])
+    for r in m["comm"]["ranks"]:
+        s, d = r["coords"]["pp"], r["coords"]["dp"]
+        (lo, hi), B = bounds[s], rows[d]
+        fwd = B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0
+        bwd = B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0
+        ops = r["by_op"]
+        assert ops.get("activation/pp-send-act", {}).get("sent", 0) == fwd, (r["rank"], ops)
+        assert ops.get("activation/pp-send-grad", {}).get("sent", 0) == bwd, (r["rank"], ops)
+        # What stage s receives is what its neighbours send: the same two boundaries.
+        assert ops.get("activation/pp-send-act", {}).get("received", 0) == (
+            B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0)
+        assert ops.get("activation/pp-send-grad", {}).get("received", 0) == (
+            B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0)
+        if dp == 1:
+            assert r["sent"]["model"] == 0 and r["received"]["model"] == 0
+
+
+def matrix_cases(S: int) -> list:
+    cases = [(f"{sched}-M{M}", dict(BASE, pp=S, schedule=sched, microbatches=M))
+             for sched in ("naive", "gpipe", "1f1b") for M in (1, 3, 4, 8)]
+    if S == 2:
+        cases += [("stage-layers-3,1", dict(BASE, pp=2, schedule="1f1b", microbatches=4, stage_layers=[3, 1])),
+                  ("grad-accum-2", dict(BASE, pp=2, schedule="gpipe", microbatches=3, grad_accum=2)),
+                  ("float32", dict(BASE, pp=2, schedule="1f1b", microbatches=3, dtype="float32"))]
+    else:
+        # Memory: fixed micro-batch of 8 rows, so M micro-batches in flight = M * 8 rows of activations.
+        cases += [(f"mem-{sched}-M{M}", dict(BASE, pp=4, schedule=sched, microbatches=M, batch=8 * M, steps=1))
+                  for sched in ("gpipe", "1f1b") for M in (2, 8)]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def matrices(tmp_path_factory):
+    """matrices(S): the results of every case for S stages (one MPI job per S, run once)."""
+    cache = {}
+
+    def get(S: int) -> dict:
+        if S not in cache:
+            cache[S] = run_matrix(S, matrix_cases(S), tmp_path_factory.mktemp(f"pp{S}"))
+        return cache[S]
+    return get
+
+
+@pytest.mark.parametrize("S", [2, 4])
+def test_schedules_match_serial_and_traffic_formula(S, matrices):
+    results = matrices(S)
+    assert sorted(results) == sorted(name for name, _ in matrix_cases(S))
+    for name, m in results.items():
+        tol = 1e-5 if m["config"]["dtype"] == "float32" else 1e-12
+        assert m["loss_err"] < tol and m["weight_err"] < tol, (S, name, m["loss_err"], m["weight_err"])
+        check_activation_bytes(m, stage_layers=m["config"]["stage_layers"])
+
+
+def test_memory_gpipe_grows_1f1b_bounded(matrices):
+    results, S = matrices(4), 4
+    # Stage 0 holds layer 0's context per micro-batch: input (64) + pre-activation (32) per row.
+    per_mb = 8 * (64 + 32) * 8
+    peak = {name: m["memory"]["ranks"][0]["activations_peak"] for name, m in results.items()}
+    assert peak["mem-gpipe-M2"] == 2 * per_mb and peak["mem-gpipe-M8"] == 8 * per_mb     # grows with M
+    assert peak["mem-1f1b-M2"] == 2 * per_mb and peak["mem-1f1b-M8"] == S * per_mb       # stops at S
+    # Every stage s: 1F1B keeps at most S - s micro-batches.
+    last = results["mem-1f1b-M8"]["memory"]["ranks"]
+    widths = [(64, 32), (32, 32), (32, 32), (32, 10)]
+    for s, (w_in, w_out) in enumerate(widths):
+        row = w_in + (w_out if s < 3 else 0)       # the logits layer's z IS its output: counted once
+        assert last[s]["activations_peak"] == (S - s) * 8 * row * 8
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    return train_json(1, CLI, tmp_path_factory.mktemp("serial"))
+
+
+def assert_same_model(run, ref, tol=1e-12):
+    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=tol)
+    for (W, b), (Wr, br) in zip(run["weights"], ref["weights"]):
+        assert np.abs(W - Wr).max() <= tol * np.abs(Wr).max() and np.abs(b - br).max() <= tol * np.abs(br).max()
+
+
+def test_dp2_pp2_with_trace(serial, tmp_path):
+    trace_path = tmp_path / "trace.json"
+    run = train_json(4, CLI + ["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "3",
+                               "--trace", str(trace_path)], tmp_path)
+    assert_same_model(run, serial)
+    check_activation_bytes(run)
+    # Each stage all-reduces its own layers' gradients over 2 dp ranks: ring, p = 2 -> P_s * bpe per rank.
+    for r in run["comm"]["ranks"]:
+        lo, hi = partition_layers(LAYERS, 2)[r["coords"]["pp"]]
+        P_s = sum(LAYERS[i] * LAYERS[i + 1] + LAYERS[i + 1] for i in range(lo, hi))
+        assert r["sent"]["model"] == STEPS * P_s * 8
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    assert events and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    assert {e["pid"] for e in events} == {0, 1, 2, 3}
+    names = {e["name"] for e in events}
+    assert {"F0", "F2", "B0", "B2", "send act", "recv act", "send grad", "recv grad", "allreduce"} <= names
+    assert {e["tid"] for e in events if e["name"] in ("F0", "B0")} == {0}
+    assert {e["tid"] for e in events if e["name"] in ("recv act", "allreduce")} == {1}
+
+
+def test_tp2_pp2(serial, tmp_path):
+    pytest.importorskip("simpar.parallel.tensor")
+    run = train_json(4, CLI + ["--tp", "2", "--pp", "2", "--schedule", "gpipe", "--microbatches", "4"], tmp_path)
+    assert_same_model(run, serial)
+    check_activation_bytes(run)
+    assert all(r["sent"]["model"] == 0 for r in run["comm"]["ranks"])
+
+
+def test_dp2_tp2_pp2_eight_ranks(serial, tmp_path):
+    pytest.importorskip("simpar.parallel.tensor")
+    run = train_json(8, CLI + ["--dp", "2", "--tp", "2", "--pp", "2", "--schedule", "1f1b",
+                               "--microbatches", "3", "--grad-accum", "2"], tmp_path, timeout=180)
+    assert_same_model(run, serial)
+    check_activation_bytes(run)
