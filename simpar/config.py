@@ -119,8 +119,10 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     if cfg.pp > 1:
         _require(cfg.pp <= cfg.n_layers,
                  f"--pp {cfg.pp} asks for more pipeline stages than the model has layers ({cfg.n_layers})")
-        _require(cfg.batch >= cfg.microbatches * cfg.dp,
-                 f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel ranks")
+        need = cfg.microbatches * cfg.dp * cfg.grad_accum
+        _require(cfg.batch >= need,
+                 f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel "
+                 f"rank(s) x {cfg.grad_accum} accumulation step(s): every micro-batch needs a row (>= {need})")
     if cfg.stage_layers is not None:
         _require(len(cfg.stage_layers) == cfg.pp and all(n >= 1 for n in cfg.stage_layers)
                  and sum(cfg.stage_layers) == cfg.n_layers,

@@ -77,6 +77,8 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
             setattr(cfg, key, value)
         cfg.quiet = True
         cfg.metrics_out = cfg.weights_out = None
+        # One pipeline run is traced, for the timeline picture (plots.py draws trace.json).
+        cfg.trace = os.path.join(out_dir, "trace.json") if name.endswith("1f1b") and cfg.pp > 1 else None
         need = (cfg.dp or 1) * cfg.tp * cfg.pp
         sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
         metrics = None
@@ -85,7 +87,10 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
             metrics = run_training(cfg, Communicator(sub, Ledger(), name))
             sub.Free()
             if metrics is not None:
-                metrics.pop("_weights"), metrics.pop("_trace")
+                metrics.pop("_weights")
+                trace = metrics.pop("_trace")
+                if cfg.trace:
+                    report.write_trace(cfg.trace, trace)
                 metrics["tour_wall_s"] = time.perf_counter() - started
                 report.write_json(os.path.join(out_dir, f"{name}.json"), metrics)
                 results.append((name, metrics))

@@ -154,6 +154,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     gathered = world.gather_object({"rank": world.rank, "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
                                     "ledger": ledger, "memory": strategy.memory(),
                                     "trace": tracer.events if tracer else None}, root=0)
+    if tracer is not None:
+        tracer.uninstall()        # the tour runs several layouts in one process
     if not is_root:
         return None
     metrics = report.build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
