@@ -36,6 +36,12 @@ S = sum over layers of chunk_r(n_l), n_max = the largest layer, K_opt = 1 for SG
              -- the shard plus the largest transient layer buffer alive at once (the peak)
   optimizer  stage 1: K_opt*S1*bpe;  stage 2/3: K_opt*S*bpe
   activations_peak  as data parallelism: the inputs and pre-activations kept for backward
+How stage 2 avoids a full gradient in NumPy: backward writes each layer's gradient into a fresh
+buffer of that layer's size, reduce-scatters it at once, adds this rank's chunk into the shard and
+drops the buffer -- so at most one layer's buffer is alive next to the shard. (The temporaries a
+kernel returns before `+=` into that buffer are not counted, as in every strategy.) Collectives are
+blocking and always ring (--bucket-mb, --no-overlap, --collectives do not apply): overlapping the
+next layer's backward would keep two layer buffers alive, and stage 3 would need to prefetch.
 """
 from __future__ import annotations
 
