@@ -1,0 +1,329 @@
+"""The comparison plots: what each layout sent and held, measured, next to what the cost model predicts.
+
+    tour_plots(results, out_dir)     after the tour: comm_by_layout.png, comm_scaling.png,
+                                     memory_by_layout.png (+ timeline.png if a trace JSON is there)
+    python -m simpar plot A.json B.json ... -o compare.png        the same comparison from metrics files
+    python -m simpar plot --timeline trace.json -o timeline.png   (simpar.timeline)
+    plot_sweep(...)                  the figure of `simpar plan --sweep`
+
+Matplotlib with the Agg backend (no display needed); every file is written to a temporary name and
+renamed into place (report.atomic_write), so a half-written PNG never appears.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+from .config import SimparError
+
+CATS = ("data", "model", "activation")
+CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
+KINDS = ("params", "grads", "optimizer", "activations_peak")
+KIND_COLOURS = {"params": "#4C72B0", "grads": "#8172B2", "optimizer": "#C44E52", "activations_peak": "#DD8452"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: str) -> str:
+    from .report import atomic_write
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+    _plt().close(fig)
+    return path
+
+
+def _bytes_axis(ax, axis: str = "y") -> None:
+    """Label ticks as 12 KiB / 3.4 MiB instead of 1e7."""
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(v, _):
+        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if abs(v) < 1024 or unit == "TiB":
+                return f"{v:.0f} {unit}" if unit == "B" else f"{v:.3g} {unit}"
+            v /= 1024
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(FuncFormatter(fmt))
+
+
+def _prediction(metrics: dict) -> dict | None:
+    """The cost model's prediction for the run a metrics file describes (None if it cannot say)."""
+    from .config import RunConfig
+    from .costmodel import predict_from_config
+    try:
+        cfg = RunConfig(**{k: v for k, v in metrics["config"].items() if k in RunConfig.__dataclass_fields__})
+        return predict_from_config(cfg, metrics["world_size"], steps=1)
+    except Exception:          # a metrics file from another version: plot the measurement alone
+        return None
+
+
+# -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
+
+def comm_by_layout(ax, results) -> None:
+    """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
+    names = [n for n, _ in results]
+    bottom = [0.0] * len(results)
+    for cat in CATS:
+        vals = [m["comm"]["per_step"][cat] for _, m in results]
+        ax.bar(names, vals, bottom=bottom, color=CAT_COLOURS[cat], label=cat)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    predicted = [(i, _prediction(m)) for i, (_, m) in enumerate(results)]
+    xs = [i for i, p in predicted if p and p["comm"]["per_step"]]
+    ys = [sum(p["comm"]["per_step"].values()) for _, p in predicted if p and p["comm"]["per_step"]]
+    if xs:
+        ax.scatter(xs, ys, marker="_", s=500, color="black", linewidths=2, zorder=3, label="cost model")
+    ax.margins(y=0.08)
+    ax.set_ylabel("bytes sent per training step (all ranks)")
+    ax.set_title("Traffic per step by category")
+    _bytes_axis(ax)
+    ax.tick_params(axis="x", rotation=35)
+    ax.legend()
+
+
+def memory_by_layout(ax, results) -> None:
+    """Stacked bars: memory of the fullest rank of each layout, by kind."""
+    names = [n for n, _ in results]
+    fullest = [max(m["memory"]["ranks"], key=lambda r: sum(r[k] for k in KINDS)) for _, m in results]
+    bottom = [0.0] * len(results)
+    for kind in KINDS:
+        vals = [r[kind] for r in fullest]
+        ax.bar(names, vals, bottom=bottom, color=KIND_COLOURS[kind], label=kind.replace("_peak", " (peak)"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.margins(y=0.08)
+    ax.set_ylabel("bytes held by the fullest rank")
+    ax.set_title("Memory per rank by kind")
+    _bytes_axis(ax)
+    ax.tick_params(axis="x", rotation=35)
+    ax.legend()
+
+
+def _bar_figure(results, draw, path: str, title: str) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.75 * len(results) + 3), 4.8))
+    draw(ax, results)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# -- (b) scaling, from the cost model, with the measured points -----------------------------------------
+
+def _per_rank(pred: dict) -> float:
+    """Bytes the busiest rank sends per step (all three categories)."""
+    return max(sum(r["sent"][c] for c in CATS) for r in pred["comm"]["ranks"])
+
+
+def _family_curve(config: dict, key: str, values: list[int]):
+    """Predicted per-rank bytes of one layout family as `key` (world | width | batch) varies."""
+    from .config import RunConfig
+    from .costmodel import Spec, check, predict
+    from .hardware import LOCAL_DEFAULTS
+    xs, ys = [], []
+    for v in values:
+        cfg = RunConfig(**{k: val for k, val in config.items() if k in RunConfig.__dataclass_fields__})
+        spec = Spec.from_config(cfg)
+        d = dict(spec.__dict__)
+        if key == "world":
+            axis = next(a for a in ("tp", "pp", "dp") if d[a] > 1)
+            d[axis] = v
+        elif key == "width":
+            d["widths"] = [spec.widths[0]] + [v] * (len(spec.widths) - 2) + [spec.widths[-1]]
+        else:
+            d["batch"] = v
+        try:
+            pred = predict(check(Spec(**d)), LOCAL_DEFAULTS)
+        except SimparError:
+            continue
+        if _per_rank(pred) > 0:          # one rank sends nothing: no point on a log axis
+            xs.append(v)
+            ys.append(_per_rank(pred))
+    return xs, ys
+
+
+def comm_scaling(path: str, results) -> str:
+    """Per-rank bytes per step vs world size, hidden width and batch: lines = cost model, dots = measured."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    measured = [(n, m) for n, m in results if m["world_size"] > 1]
+    colours = plt.get_cmap("tab10")
+    base = results[0][1]["config"]
+    width0 = base["layers"][1] if len(base["layers"]) > 2 else base["layers"][0]
+    panels = (("world", "ranks in the layout's parallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+              ("width", "hidden width (elements)", sorted({width0 * f // 8 for f in (1, 2, 4, 8, 16, 32, 64)} - {0})),
+              ("batch", "global batch (samples)", sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)})))
+    for ax, (key, label, values) in zip(axes, panels):
+        for i, (name, m) in enumerate(measured):
+            cfg = m["config"]
+            if key == "world" and sum(cfg[a] > 1 for a in ("dp", "tp", "pp")) != 1:
+                continue          # hybrids have no single "world" axis
+            colour = colours(i % 10)
+            xs, ys = _family_curve(cfg, key, values)
+            if xs:
+                ax.plot(xs, ys, color=colour, alpha=0.8, label=name, linestyle=("-", "--", ":", "-.")[i % 4])
+            here = {"world": m["world_size"], "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
+                    "batch": cfg["batch"]}[key]
+            per_rank = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"]) / max(1, m["steps"])
+            if here is not None and per_rank > 0:
+                ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(values, [str(v) for v in values])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("bytes sent per step by the busiest rank")
+        _bytes_axis(ax)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_title("vs world size\n(dp/ZeRO: model bytes approach 2P or 3P; tp: activations)", fontsize=10)
+    axes[1].set_title("vs hidden width\n(model bytes ~ width^2, activations ~ width)", fontsize=10)
+    axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
+    handles, labels = [], []
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="lower center", ncol=min(8, max(1, len(labels))), fontsize=8)
+    fig.suptitle("Communication scaling: lines = cost model, dots = measured by the ledger", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return _save(fig, path)
+
+
+# -- the tour and `simpar plot` ------------------------------------------------------------------------
+
+def tour_plots(results, out_dir: str) -> list[str]:
+    """The tour's figures in out_dir; returns the paths written."""
+    if not results:
+        return []
+    written = [
+        _bar_figure(results, comm_by_layout, os.path.join(out_dir, "comm_by_layout.png"),
+                    "same model and data; bars = ledger (measured), ticks = cost model"),
+        comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),
+        _bar_figure(results, memory_by_layout, os.path.join(out_dir, "memory_by_layout.png"),
+                    "activations: peak kept for backward; ZeRO shards params/grads/optimizer"),
+    ]
+    written += _timelines(out_dir)
+    return written
+
+
+def _timelines(out_dir: str) -> list[str]:
+    """timeline.png for each pipeline trace JSON found in out_dir (simpar.timeline.plot_timeline)."""
+    traces = sorted(set(glob.glob(os.path.join(out_dir, "*trace*.json"))))
+    if not traces:
+        return []
+    try:
+        from .timeline import plot_timeline
+    except ImportError:
+        return []
+    out = []
+    for path in traces:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        png = os.path.join(out_dir, "timeline.png" if stem == "trace" else f"timeline-{stem}.png")
+        try:
+            plot_timeline(path, png)
+            out.append(png)
+        except (SimparError, ValueError, KeyError):
+            continue           # not a pipeline trace: nothing to draw
+    return out
+
+
+def load_metrics(path: str) -> dict:
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except OSError as exc:
+        raise SimparError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise SimparError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(m, dict) or not all(k in m for k in ("comm", "memory", "config", "world_size")):
+        raise SimparError(f"{path} is not a simpar metrics file (written by `simpar train --metrics-out`)")
+    return m
+
+
+def plot_main(argv: list[str]) -> int:
+    """`simpar plot A.json B.json ... -o compare.png` | `simpar plot --timeline trace.json -o t.png`."""
+    if "--timeline" in argv:
+        from .timeline import timeline_main
+        return timeline_main(argv)
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise SimparError(message)
+
+    p = Parser(prog="simpar plot", description="Compare metrics files: traffic and memory per layout.")
+    p.add_argument("metrics", nargs="+", help="metrics JSON files (simpar train --metrics-out)")
+    p.add_argument("-o", "--out", default="compare.png")
+    p.add_argument("--scaling", default=None, help="also write the scaling plot here")
+    args = p.parse_args(argv)
+    results = []
+    for path in args.metrics:
+        m = load_metrics(path)
+        name = m.get("layout") or os.path.splitext(os.path.basename(path))[0]
+        results.append((name if name not in [n for n, _ in results] else f"{name} ({path})", m))
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise SimparError(f"-o {args.out}: folder {folder} does not exist")
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(results) + 6), 4.8))
+    comm_by_layout(a, results)
+    memory_by_layout(b, results)
+    fig.suptitle("simpar: " + ", ".join(n for n, _ in results), fontsize=10)
+    fig.tight_layout()
+    _save(fig, args.out)
+    print(f"wrote {args.out}")
+    if args.scaling:
+        comm_scaling(args.scaling, results)
+        print(f"wrote {args.scaling}")
+    return 0
+
+
+# -- `simpar plan --sweep` ---------------------------------------------------------------------------
+
+def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: float | None = None) -> str:
+    """Three panels vs the swept knob: bytes per rank by category, memory per rank by kind, step time."""
+    plt = _plt()
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.6))
+    points = sorted(points, key=lambda vp: vp[0])
+    xs = [v for v, _ in points]
+    for cat in CATS:
+        a.plot(xs, [p["comm"]["per_rank_max"][cat] for _, p in points], "o-", color=CAT_COLOURS[cat], label=cat)
+    a.set_title("bytes sent per rank per step (busiest rank)")
+    a.set_ylabel("bytes")
+    _bytes_axis(a)
+    bottom = [0.0] * len(points)
+    for kind in KINDS:
+        vals = [p["memory"]["max"][kind] for _, p in points]
+        b.bar(range(len(xs)), vals, bottom=bottom, color=KIND_COLOURS[kind], label=kind.replace("_peak", " (peak)"))
+        bottom = [s + v for s, v in zip(bottom, vals)]
+    if memory_limit:
+        b.axhline(memory_limit, color="black", linestyle="--", linewidth=1, label="memory limit")
+    b.set_xticks(range(len(xs)), [str(x) for x in xs])
+    b.set_title("memory per rank (largest of each kind)")
+    b.set_ylabel("bytes")
+    _bytes_axis(b)
+    parts = (("compute_s", "compute"), ("tp_s", "tp comm"), ("pp_s", "pp comm"), ("bubble_s", "bubble"),
+             ("dp_exposed_s", "dp/zero comm (exposed)"), ("data_s", "data"))
+    bottom = [0.0] * len(points)
+    for key_t, label in parts:
+        vals = [p["time"][key_t] * 1e3 for _, p in points]
+        if any(vals):
+            c.bar(range(len(xs)), vals, bottom=bottom, label=label)
+            bottom = [s + v for s, v in zip(bottom, vals)]
+    c.set_xticks(range(len(xs)), [str(x) for x in xs])
+    c.set_title(f"predicted step time on {hardware_name}")
+    c.set_ylabel("milliseconds per step")
+    for ax in (a, b, c):
+        ax.set_xlabel(key)
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    if len(xs) > 1 and xs[0] > 0 and xs[-1] / xs[0] >= 8:
+        a.set_xscale("log", base=2)
+    a.set_xticks(xs, [str(x) for x in xs])
+    a.minorticks_off()
+    fig.suptitle(f"simpar plan --sweep {key}={','.join(map(str, xs))}  ({points[0][1]['layout']} ... "
+                 f"{points[-1][1]['layout']})", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, out)
