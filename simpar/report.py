@@ -144,6 +144,14 @@ def print_summary(m: dict) -> None:
           + (f"  (modeled: {', '.join(m['comm']['modeled_ops'])})" if m["comm"]["modeled_ops"] else ""))
     mm = m["memory"]["max"]
     print("memory per rank (max): " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mm.items()))
+    pred = m.get("predicted")
+    if pred is not None:
+        bad = m.get("prediction_mismatches") or []
+        verdict = ("exact (bytes per category per rank; params/grads/optimizer memory)" if not bad
+                   else f"{len(bad)} mismatch(es): " + "; ".join(bad[:3]))
+        print(f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
+              f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms "
+              "(hardware profile 'local'; run `python -m simpar bench --calibrate` to measure it)")
 
 
 def plot_main(argv: list[str]) -> int:

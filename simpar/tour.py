@@ -102,7 +102,7 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         _plots(results, out_dir)
         print(f"\nmetrics and plots in {out_dir}/")
         if not ok:
-            raise SimparError("a layout did not match the serial run (see the table above)")
+            raise SimparError("a layout did not match the serial run or the cost model (see the table above)")
     return 0
 
 
@@ -111,7 +111,8 @@ def print_tour_table(results, dtype: str) -> bool:
     tol = TOLERANCE[dtype]
     print(f"\nsimpar tour: {len(results)} layouts, same model and data, {len(serial)} steps, {dtype}")
     head = (f"{'layout':<14} {'ranks':>5} {'final loss':>10} {'max|dloss|':>10} {'acc':>6} "
-            f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'step ms':>8}")
+            f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'step ms':>8} "
+            f"{'pred ms':>8} {'bytes=pred':>10}")
     print(head)
     print("-" * len(head))
     all_ok = True
@@ -125,9 +126,13 @@ def print_tour_table(results, dtype: str) -> bool:
         print(f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
               f"{(acc if acc is not None else float('nan')):>6.3f} {report.fmt_bytes(per['data']):>10} "
               f"{report.fmt_bytes(per['model']):>10} {report.fmt_bytes(per['activation']):>10} "
-              f"{report.fmt_bytes(mem):>10} {1000 * m['time']['step_s']:>8.2f}")
+              f"{report.fmt_bytes(mem):>10} {1000 * m['time']['step_s_median']:>8.2f} "
+              f"{1000 * m['predicted']['time']['step_s']:>8.2f} "
+              f"{'exact' if not m['prediction_mismatches'] else 'NO':>10}")
+        all_ok &= not m["prediction_mismatches"]
     print(f"(bytes: sent by all ranks together per step; max|dloss|: largest relative difference of any "
-          f"step's loss from serial, tolerance {tol:g})")
+          f"step's loss from serial, tolerance {tol:g}; step ms: median measured; pred ms: cost model; "
+          f"bytes=pred: every rank's bytes per category and shard memory equal the cost model's)")
     return all_ok
 
 

@@ -162,6 +162,10 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
                                    gathered, elapsed, steps, kernels_name, step_times)
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
+    # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
+    from .costmodel import mismatches, predict_from_config
+    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps)
+    metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     metrics["_weights"] = weights
     metrics["_trace"] = [g["trace"] for g in gathered]
     return metrics
