@@ -159,17 +159,7 @@ def plan_main(argv: list[str]) -> int:
 
 
 def show_schedule(a) -> int:
-    fn = None
-    for module in ("simpar.parallel.schedules", "simpar.parallel.pipeline"):
-        try:
-            fn = getattr(__import__(module, fromlist=["x"]), "show_schedule_main", None)
-        except ImportError:
-            continue
-        if fn:
-            break
-    if fn is None:
-        raise SimparError("--show-schedule needs the pipeline module (simpar/parallel/schedules.py), "
-                          "which this version of simpar does not have")
+    from .parallel.schedules import show_schedule_main as fn
     if a.pp < 1 or a.microbatches < 1:
         raise SimparError("--show-schedule needs --pp >= 1 and --microbatches >= 1")
     try:

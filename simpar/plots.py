@@ -214,10 +214,7 @@ def _timelines(out_dir: str) -> list[str]:
     traces = sorted(set(glob.glob(os.path.join(out_dir, "*trace*.json"))))
     if not traces:
         return []
-    try:
-        from .timeline import plot_timeline
-    except ImportError:
-        return []
+    from .timeline import plot_timeline
     out = []
     for path in traces:
         stem = os.path.splitext(os.path.basename(path))[0]

@@ -27,6 +27,9 @@ def atomic_write(path: str, write_fn, binary: bool = False) -> None:
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write_fn(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; a results file should be readable
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -42,15 +42,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
                 candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
             if hidden_ok(2) and n == 4:
                 candidates.append(("tp2xpp2", dict(dp=1, tp=2, pp=2)))
-    return [c for c in candidates if _available(c[1])]
-
-
-def _available(overrides: dict) -> bool:
-    """Layouts whose strategy module exists in this version of simpar."""
-    import importlib.util
-    module = ("zero" if overrides.get("zero") else "pipeline" if overrides.get("pp", 1) > 1
-              else "tensor" if overrides.get("tp", 1) > 1 else "data")
-    return importlib.util.find_spec(f"simpar.parallel.{module}") is not None
+    return candidates
 
 
 def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:
@@ -137,8 +129,5 @@ def print_tour_table(results, dtype: str) -> bool:
 
 
 def _plots(results, out_dir):
-    try:
-        from . import plots
-    except ImportError:
-        return
+    from . import plots
     plots.tour_plots(results, out_dir)

@@ -188,10 +188,7 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
 def _tracer(cfg, world):
     if not cfg.trace:
         return None
-    try:
-        from .trace import Tracer
-    except ImportError:
-        return None
+    from .trace import Tracer
     return Tracer.install(world.rank)
 
 
