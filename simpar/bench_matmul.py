@@ -1,0 +1,135 @@
+"""`python -m simpar bench matmul`: our Numba matmul and fused layer against NumPy/OpenBLAS.
+
+    python -m simpar bench matmul
+    python -m simpar bench matmul --sizes 256,512,1024 --dtype float64 --repeat 7 --json
+
+For each size n it times two things, single-threaded (the way every simpar rank runs):
+
+* the square product (n x n) @ (n x n): NumPy (OpenBLAS) against kernels/cpu.py's matmul;
+* a linear layer at a training shape, (batch x n) @ (n x n) + b then the activation: NumPy's
+  unfused `act(x @ W + b)` (kernels.NumpyKernels) against the fused Numba kernel.
+
+GFLOP/s counts 2 flops per multiply-add of the matmul only (the bias and activation are not
+counted, so the fused numbers show what fusion buys per unit of matmul work). Each figure is the
+median of --repeat timed calls after one warm-up call. Ratios above 1 mean Numba is faster.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from .config import SimparError
+
+ACTS = ("none", "relu", "tanh", "gelu")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise SimparError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="simpar bench matmul",
+                description="GFLOP/s of NumPy vs simpar's Numba matmul and fused linear layer (1 thread).")
+    p.add_argument("--sizes", default="256,512,1024", help="square sizes n, comma-separated")
+    p.add_argument("--dtype", default="float32", help="float32 | float64")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls per measurement (median)")
+    p.add_argument("--batch", type=int, default=128, help="rows of x for the fused-layer comparison")
+    p.add_argument("--act", default="relu", help=" | ".join(ACTS))
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    return p
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SimparError(f"--sizes {text!r}: expected comma-separated whole numbers, e.g. 256,512,1024") from None
+    if not sizes or any(not 1 <= n <= 8192 for n in sizes):
+        raise SimparError(f"--sizes {text!r}: each size must be between 1 and 8192")
+    return sizes
+
+
+def median_seconds(fn, repeat: int) -> float:
+    fn()                                          # warm-up: caches, page faults, first-call costs
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
+    from kernels import NumpyKernels, cpu
+
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    x = rng.standard_normal((batch, n)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype)
+    gflop = 2.0 * n ** 3 / 1e9
+    gflop_layer = 2.0 * batch * n * n / 1e9
+    t_numpy = median_seconds(lambda: a @ b, repeat)
+    t_numba = median_seconds(lambda: cpu.matmul(a, b), repeat)
+    t_unfused = median_seconds(lambda: NumpyKernels.linear_act_forward(x, a, bias, act), repeat)
+    t_fused = median_seconds(lambda: cpu.NumbaKernels.linear_act_forward(x, a, bias, act), repeat)
+    return {
+        "n": n,
+        "numpy_gflops": gflop / t_numpy,
+        "numba_gflops": gflop / t_numba,
+        "matmul_ratio": t_numpy / t_numba,
+        "batch": batch,
+        "act": act,
+        "numpy_unfused_gflops": gflop_layer / t_unfused,
+        "numba_fused_gflops": gflop_layer / t_fused,
+        "fused_ratio": t_unfused / t_fused,
+    }
+
+
+def format_table(rows: list[dict], dtype: str, threads: str, ready_s: float) -> str:
+    lines = [f"matmul, {dtype}, BLAS threads {threads} (numba kernels ready in {ready_s:.1f} s: compiled or loaded from cache)",
+             f"{'n':>6} {'numpy GF/s':>11} {'numba GF/s':>11} {'ratio':>6}   "
+             f"{'layer (batch x n x n)':>22} {'numpy unfused':>14} {'numba fused':>12} {'ratio':>6}"]
+    for r in rows:
+        shape = f"{r['batch']}x{r['n']}x{r['n']} {r['act']}"
+        lines.append(f"{r['n']:>6} {r['numpy_gflops']:>11.1f} {r['numba_gflops']:>11.1f} {r['matmul_ratio']:>6.2f}   "
+                     f"{shape:>22} {r['numpy_unfused_gflops']:>14.1f} {r['numba_fused_gflops']:>12.1f} "
+                     f"{r['fused_ratio']:>6.2f}")
+    lines.append("ratio = NumPy time / Numba time (above 1: Numba faster). GF/s counts the matmul's flops only.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    sizes = parse_sizes(args.sizes)
+    if args.dtype not in ("float32", "float64"):
+        raise SimparError(f"--dtype {args.dtype!r}: choose float32 or float64")
+    if args.repeat < 1:
+        raise SimparError("--repeat must be at least 1")
+    if args.batch < 1:
+        raise SimparError("--batch must be at least 1")
+    if args.act not in ACTS:
+        raise SimparError(f"--act {args.act!r}: choose from {', '.join(ACTS)}")
+    dtype = np.dtype(args.dtype)
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (OpenBLAS uses every core)")
+
+    t0 = time.perf_counter()
+    from kernels import cpu
+    tiny = np.ones((2, 2), dtype)
+    cpu.matmul(tiny, tiny)
+    cpu.NumbaKernels.linear_act_forward(tiny, tiny, tiny[0], args.act)
+    ready_s = time.perf_counter() - t0
+
+    rows = [measure(n, dtype, args.repeat, args.batch, args.act) for n in sizes]
+    if args.json:
+        print(json.dumps({"dtype": args.dtype, "blas_threads": threads, "repeat": args.repeat,
+                          "numba_ready_s": ready_s, "results": rows}))
+    else:
+        print(format_table(rows, args.dtype, threads, ready_s))
+    return 0

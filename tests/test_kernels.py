@@ -1,0 +1,189 @@
+"""The Numba and CUDA kernels against the NumPy reference (kernels.NumpyKernels).
+
+Tolerances follow the standard error bound of a dot product: |computed - exact| <= K * eps * sum_k
+|a_k b_k|, so each element is compared relative to |A| @ |B| (plus |b|), not to its own value --
+an output that cancels to nearly zero may legitimately differ from NumPy's in its leading digit.
+The CUDA kernels run under the simulator in a subprocess: NUMBA_ENABLE_CUDASIM must be set before
+numba is imported, and this process has imported it already.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import kernels
+from kernels import cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTS = ["none", "relu", "tanh", "gelu"]
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def close(got, ref, scale, dtype):
+    """|got - ref| <= tol * scale elementwise (scale: the error bound's sum of magnitudes)."""
+    assert got.dtype == dtype, (got.dtype, dtype)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    tiny = np.finfo(dtype).tiny
+    err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    bound = TOL[dtype] * (np.abs(scale.astype(np.float64)) + np.abs(ref.astype(np.float64))) + tiny
+    assert np.all(err <= bound), f"max error/bound {np.max(err / bound):.3g}"
+
+
+def messy(a, how):
+    """The same values in a layout the kernels must cope with (views, Fortran order)."""
+    if how == 1:
+        return np.asfortranarray(a)
+    if how == 2:
+        wide = np.zeros((a.shape[0], 2 * a.shape[1]), a.dtype)
+        wide[:, ::2] = a
+        return wide[:, ::2]                     # a non-contiguous view
+    return a
+
+
+def check_layer(m, k, n, dtype, act, bias, need_dx, layout, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    W = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+    z, y = cpu.NumbaKernels.linear_act_forward(messy(x, layout), messy(W, layout), b, act)
+    z0, y0 = kernels.NumpyKernels.linear_act_forward(x, W, b, act)
+    scale = np.abs(x) @ np.abs(W) + (0 if b is None else np.abs(b))
+    close(z, z0, scale, dtype)
+    close(y, y0, 1.2 * scale, dtype)             # every activation has slope <= 1.13
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    dx, dW, db = cpu.NumbaKernels.linear_act_backward(messy(dy, layout), messy(x, layout), messy(W, layout),
+                                                      z0, y0, act, need_dx)
+    dx0, dW0, db0 = kernels.NumpyKernels.linear_act_backward(dy, x, W, z0, y0, act, need_dx)
+    # dz = act'(z) * dy may cancel (gelu' crosses zero near z = -0.75): bound it by the size of
+    # its terms, which is at most 2 |dy| for every activation here.
+    adz = 2 * np.abs(dy)
+    close(dW, dW0, np.abs(x).T @ adz, dtype)
+    close(db, db0, adz.sum(axis=0), dtype)
+    if need_dx:
+        close(dx, dx0, adz @ np.abs(W).T, dtype)
+    else:
+        assert dx is None
+
+
+dims = st.integers(1, 70)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=dims, k=dims, n=dims, dtype=st.sampled_from([np.float32, np.float64]), act=st.sampled_from(ACTS),
+       bias=st.booleans(), need_dx=st.booleans(), layout=st.integers(0, 2), seed=st.integers(0, 2**32 - 1))
+def test_linear_layer_matches_numpy(m, k, n, dtype, act, bias, need_dx, layout, seed):
+    check_layer(m, k, n, dtype, act, bias, need_dx, layout, seed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=dims, k=dims, n=dims, dtype=st.sampled_from([np.float32, np.float64]),
+       ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_matmul_matches_numpy(m, k, n, dtype, ta, tb, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    A, B = (a.T if ta else a), (b.T if tb else b)
+    close(cpu.matmul(a, b, trans_a=ta, trans_b=tb), A @ B, np.abs(A) @ np.abs(B), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_block_edges_at_257(dtype):
+    """257 = one past every block size: leftover rows, an odd k, a 1-wide column block."""
+    rng = np.random.default_rng(257)
+    a = rng.standard_normal((257, 257)).astype(dtype)
+    b = rng.standard_normal((257, 257)).astype(dtype)
+    scale = np.abs(a) @ np.abs(b)
+    close(cpu.matmul(a, b), a @ b, scale, dtype)
+    close(cpu.matmul(a, b, trans_b=True), a @ b.T, np.abs(a) @ np.abs(b).T, dtype)
+    close(cpu.matmul(a, b, trans_a=True), a.T @ b, np.abs(a).T @ np.abs(b), dtype)
+    check_layer(257, 257, 257, dtype, "gelu", True, True, 0, 1)
+    check_layer(1, 257, 10, dtype, "relu", True, True, 0, 2)
+
+
+def test_dtype_is_kept_and_mixing_is_refused():
+    x = np.ones((3, 4), np.float32)
+    z, y = cpu.NumbaKernels.linear_act_forward(x, np.ones((4, 2), np.float32), None, "none")
+    assert z.dtype == np.float32 and y is z
+    with pytest.raises(TypeError):
+        cpu.NumbaKernels.linear_act_forward(x, np.ones((4, 2)), None, "relu")
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 300), dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_reduce_add(n, dtype, seed):
+    rng = np.random.default_rng(seed)
+    dst, src = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    expected = dst + src
+    cpu.reduce_add(dst, src)
+    np.testing.assert_array_equal(dst, expected)          # one addition per element: exact
+    buf = rng.standard_normal(2 * n + 2).astype(dtype)
+    view, expected = buf[::2], buf[::2] + buf[1::2]       # strided chunks fall back to NumPy
+    cpu.reduce_add(view, buf[1::2].copy())
+    np.testing.assert_array_equal(buf[::2], expected)
+
+
+def test_load_numba_through_the_package():
+    backend = kernels.load("numba")
+    assert backend is cpu.NumbaKernels and backend.name == "numba"
+    for name in ("linear_act_forward", "linear_act_backward", "reduce_add"):
+        assert callable(getattr(backend, name))
+
+
+def test_choose_auto_rule():
+    assert kernels.choose_auto([64, 16, 10], 16, "float32") == "numba"       # 16*64*16 = 16384
+    assert kernels.choose_auto([64, 17, 10], 16, "float64") == "numpy"
+    assert kernels.choose_auto([64, 128, 128, 128, 10], 64, np.float32) == "numpy"
+    assert kernels.choose_auto([8, 8], 1, "float16") == "numpy"
+
+
+CUDA_SCRIPT = textwrap.dedent("""
+    import json, os, time
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"          # before numba is imported
+    import numpy as np
+    import kernels
+    from kernels import cuda as kc
+    t0 = time.time()
+    rng = np.random.default_rng(0)
+    N = kernels.NumpyKernels
+    def ok(got, ref, tol):
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    def layer(m, k, n, dtype, acts, bias, need_dx, tol):
+        x = rng.standard_normal((m, k)).astype(dtype); W = rng.standard_normal((k, n)).astype(dtype)
+        b = rng.standard_normal(n).astype(dtype) if bias else None
+        for act in acts:
+            z, y = kc.CudaKernels.linear_act_forward(x, W, b, act)
+            z0, y0 = N.linear_act_forward(x, W, b, act)
+            ok(z, z0, tol); ok(y, y0, tol)
+            dy = rng.standard_normal((m, n)).astype(dtype)
+            got = kc.CudaKernels.linear_act_backward(dy, x, W, z0, y0, act, need_dx)
+            ref = N.linear_act_backward(dy, x, W, z0, y0, act, need_dx)
+            for g, r in zip(got, ref):
+                assert (g is None) == (r is None)
+                if g is not None:
+                    ok(g, r, tol)
+    layer(5, 17, 3, np.float64, ["none", "relu", "tanh", "gelu"], True, True, 1e-12)   # K crosses a tile
+    layer(20, 6, 18, np.float64, ["relu"], False, False, 1e-12)                          # 2 x 2 blocks
+    layer(3, 4, 40, np.float32, ["gelu"], True, True, 1e-5)                             # N > TILE > M
+    a = rng.standard_normal((32, 7)); b = rng.standard_normal((32, 7))
+    ok(kc.matmul(a, b, trans_b=True), a @ b.T, 1e-12)
+    d = rng.standard_normal(300).astype(np.float32); s = rng.standard_normal(300).astype(np.float32)
+    e = d + s; kc.CudaKernels.reduce_add(d, s); ok(d, e, 0)
+    assert kernels.load("cuda").name == "cuda"
+    print(json.dumps({"ok": True, "seconds": time.time() - t0}))
+""")
+
+
+def test_cuda_kernels_under_the_simulator():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ok"]
