@@ -30,13 +30,26 @@ def init_mpi():
 
 
 def select_kernels(cfg: RunConfig) -> str:
+    """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
+    on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths."""
     import kernels
     name = cfg.kernels
     if name == "auto":
-        chooser = getattr(kernels, "choose_auto", None)
-        name = chooser(cfg.layers, cfg.batch, cfg.dtype) if chooser else "numpy"
-    kernels.use(name)
-    return name
+        splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
+        rows = -(-cfg.batch // splits)
+        widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
+        name = kernels.choose_auto(widths, rows, cfg.dtype)
+    if name == "cuda":
+        from numba import cuda
+        if not cuda.is_available():
+            raise SimparError("--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
+                              "to run the same kernels in Numba's CPU simulator, slowly)")
+    backend = kernels.use(name)
+    if name == "numba":
+        # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
+        from kernels import cpu
+        cpu.warm_up()
+    return backend.name
 
 
 def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset | None, int]:
