@@ -115,8 +115,8 @@ def run_training(cfg: RunConfig, world: Communicator) -> dict | None:
 def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     validate(cfg, world.size)
     _check_outputs(cfg, world)
-    kernels_name = select_kernels(cfg)
     data, n_train = load_data_collectively(cfg, world)
+    kernels_name = select_kernels(cfg)       # after every check: Numba may compile for seconds
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
     from .parallel import build_strategy
     strategy = build_strategy(cfg, mesh)
