@@ -91,13 +91,17 @@ class DataParallel:
 
     def __init__(self, cfg, mesh):
         self.cfg, self.mesh = cfg, mesh
-        self.stack = SerialStack(cfg, list(range(cfg.n_layers)))
+        self.stack = self.build_stack(cfg, mesh)
         self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
         self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
                                        cfg.collectives, cfg.overlap)
         self.meter = ActivationMeter()
         self.watch = NonFiniteWatch()
+
+    def build_stack(self, cfg, mesh):
+        """The layers this rank computes: here all of them, whole (tensor.py shards them instead)."""
+        return SerialStack(cfg, list(range(cfg.n_layers)))
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         self.store.zero_grad()

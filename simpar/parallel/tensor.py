@@ -42,10 +42,9 @@ import numpy as np
 
 from .. import collectives
 from ..model import (ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward,
-                     layer_forward, softmax_cross_entropy)
-from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, memory_report
-from .data import GradientBuckets
+                     layer_forward)
+from .base import ActivationMeter, NonFiniteWatch
+from .data import DataParallel
 
 COLUMN, ROW, REPLICATED = "column", "row", "replicated"
 
@@ -168,39 +167,19 @@ class TensorParallelStack:
         return out
 
 
-class TensorParallel:
-    """The whole model tensor-parallel over mesh.tp_comm; with dp > 1, shard gradients DP-all-reduced."""
+class TensorParallel(DataParallel):
+    """The whole model tensor-parallel over mesh.tp_comm; with dp > 1, the same training step as
+    data parallelism (buckets, overlap, accumulation: parallel/data.py), except that each DP
+    all-reduce carries only this rank's shard, summed with the same-position shards of other replicas."""
 
-    def __init__(self, cfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
-        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
-        self.store = self.stack.store
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)   # on the flat shard only
-        # Same-position shards of different dp replicas are summed; a size-1 dp group sends nothing.
-        self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
-                                       cfg.collectives, cfg.overlap)
-        self.meter = ActivationMeter()
-        self.watch = NonFiniteWatch()
+    def build_stack(self, cfg, mesh):
+        return TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        self.store.zero_grad()
-        self.watch.reset()
-        loss = 0.0
-        for k, (x, y) in enumerate(micro_steps):
-            communicate = k == len(micro_steps) - 1   # gradient accumulation: DP-sync on the last only
-            logits, contexts = self.stack.forward(x, self.meter, self.watch)
-            share, grad = softmax_cross_entropy(logits, y, global_batch)
-            self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
-            loss += share
-        self.buckets.finish()
-        self.optimizer.step([self.store.params], [self.store.grads])
+        loss = super().train_step(micro_steps, global_batch)
         # Every tp rank computed the same logits; report the loss once per tp group, or the
         # world-wide sum would count it t times.
         return loss if self.mesh.tp_index == 0 else 0.0
-
-    @property
-    def first_nonfinite(self):
-        return self.watch.first
 
     def full_weights(self):
         """World rank 0 gets [(W, b), ...] full shape. dp replicas are identical, so only dp index 0
@@ -211,6 +190,3 @@ class TensorParallel:
         if self.mesh.world.rank != 0:
             return None
         return [(W, b) for _, W, b in pieces]
-
-    def memory(self) -> dict:
-        return memory_report(self.store, self.optimizer, self.meter)
