@@ -22,19 +22,14 @@ class NumpyKernels:
 
     @staticmethod
     def linear_act_forward(x, W, b, act):
-        from simpar.model import ACTIVATIONS
-        z = x @ W
-        if b is not None:
-            z += b
-        y = ACTIVATIONS[act][0](z)
-        return z, y
+        from simpar.model import ACTIVATIONS, linear_forward
+        z = linear_forward(x, W, b)
+        return z, ACTIVATIONS[act][0](z)
 
     @staticmethod
     def linear_act_backward(dy, x, W, z, y, act, need_dx):
-        from simpar.model import ACTIVATIONS
-        dz = ACTIVATIONS[act][1](dy, z, y)
-        dx = dz @ W.T if need_dx else None
-        return dx, x.T @ dz, dz.sum(axis=0)
+        from simpar.model import ACTIVATIONS, linear_backward
+        return linear_backward(ACTIVATIONS[act][1](dy, z, y), x, W, need_dx)
 
     @staticmethod
     def reduce_add(dst, src):

@@ -12,5 +12,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
 
 from simpar.cli import main  # noqa: E402  (must follow the thread caps)
 
-if __name__ == "__main__":
+
+def entry() -> None:
+    """The `simpar` console script: importing this module set the thread caps first."""
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return tour_main(config_from_args(args), quick=args.quick, out_dir=args.out)
     except SimparError as exc:
         return _finish_error(str(exc))
+    except BrokenPipeError:         # `simpar plan ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except SystemExit as exc:  # --help
         if exc.code in (0, None):
             return 0

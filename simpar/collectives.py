@@ -216,7 +216,7 @@ def binomial_broadcast_rounds(comm: Communicator, buf: np.ndarray, root: int, ca
     p = comm.size
     if p == 1:
         return
-    flat = buf.reshape(-1)
+    flat = _flat(buf)
     me = (comm.rank - root) % p           # position relative to the root
     tag = new_tag(comm) if tag is None else tag
     distance = 1
@@ -279,23 +279,3 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int, category: str,
               op: str = "broadcast") -> np.ndarray:
     run(binomial_broadcast_rounds(comm, buf, root, category, op))
     return buf
-
-
-def scatter_rows(comm: Communicator, rows_by_rank: list | None, out: np.ndarray, root: int,
-                 category: str, op: str = "scatter") -> np.ndarray:
-    """Root sends rank i the array rows_by_rank[i] (shapes agreed beforehand); others receive into out."""
-    if comm.rank == root:
-        for dest, rows in enumerate(rows_by_rank):
-            if dest == root:
-                out[...] = rows
-            else:
-                comm.send(np.ascontiguousarray(rows, dtype=out.dtype), dest, category, op)
-    else:
-        comm.recv(out, root, category, op)
-    return out
-
-
-def iter_chunks(n: int, p: int) -> Iterator[slice]:
-    bounds = offsets(n, p)
-    for i in range(p):
-        yield slice(int(bounds[i]), int(bounds[i + 1]))

@@ -98,10 +98,13 @@ class Communicator:
         self.mpi.Send(buf, dest=dest, tag=tag)
 
     def recv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> np.ndarray:
-        """Receive into `buf` (which the caller owns: never a buffer another array still aliases)."""
+        """Receive into `buf` (which the caller owns: never a buffer another array still aliases).
+
+        Booked from the message's real size (MPI's status), not the buffer's."""
         _check_category(category)
-        self.mpi.Recv(buf, source=source, tag=tag)
-        self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
+        status = MPI.Status()
+        self.mpi.Recv(buf, source=source, tag=tag, status=status)
+        self.ledger.book_recv(category, op, self.world_ranks[source], status.Get_count(MPI.BYTE))
         return buf
 
     def isend(self, buf: np.ndarray, dest: int, category: str, op: str, tag: int = 0) -> MPI.Request:
@@ -113,18 +116,22 @@ class Communicator:
 
     def irecv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> MPI.Request:
         _check_category(category)
-        # Booked when posted: the size is fixed by the buffer, and MPI errors out on a longer message.
+        # Booked when posted, at the buffer's size: MPI errors out on a longer message, and every
+        # simpar receiver knows the exact size it waits for (the tests check that all ranks'
+        # received bytes add up to all ranks' sent bytes, which a shorter message would break).
         self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
         return self.mpi.Irecv(buf, source=source, tag=tag)
 
     def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
                  category: str, op: str, tag: int = 0) -> np.ndarray:
-        """Send to `dest` and receive from `source` at once (the ring's step); deadlock-free."""
+        """Send to `dest` and receive from `source` at once: deadlock-free for exchanges in a ring."""
         _check_category(category)
         sendbuf = np.ascontiguousarray(sendbuf)
         self.ledger.book_send(category, op, self.world_ranks[dest], sendbuf.nbytes)
-        self.mpi.Sendrecv(sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag)
-        self.ledger.book_recv(category, op, self.world_ranks[source], recvbuf.nbytes)
+        status = MPI.Status()
+        self.mpi.Sendrecv(sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag,
+                          status=status)
+        self.ledger.book_recv(category, op, self.world_ranks[source], status.Get_count(MPI.BYTE))
         return recvbuf
 
     # -- native MPI, counted by model ------------------------------------------------------------

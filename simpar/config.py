@@ -89,6 +89,8 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
     _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
+    _require(0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}")
+    _require(cfg.seed >= 0, f"--seed must be a non-negative integer, got {cfg.seed}")
     _require(cfg.grad_accum >= 1, "--grad-accum must be at least 1")
     _require(cfg.steps is None or cfg.steps >= 1, "--steps must be at least 1")
     _require(cfg.epochs is None or cfg.epochs >= 1, "--epochs must be at least 1")
@@ -129,4 +131,7 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
                  f"--stage-layers {cfg.stage_layers} must give {cfg.pp} positive counts summing to {cfg.n_layers}")
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
+        _require(cfg.collectives == "ring",
+                 f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "
+                 "all-reduce layouts only")
     return cfg

@@ -54,13 +54,5 @@ class Mesh:
         pp_comm = world.split(color=d * tp + t, key=p, name="pp")
         return cls(world, dp, tp, pp, p, d, t, dp_comm, tp_comm, pp_comm)
 
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_index == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_index == self.pp - 1
-
     def describe(self) -> dict:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp}

@@ -72,8 +72,12 @@ ACTIVATIONS = {
 
 # -- linear layer ----------------------------------------------------------------------------------
 
-def linear_forward(x, W, b):
-    return x @ W + b
+def linear_forward(x, W, b=None):
+    """z = x @ W + b (b=None: no bias -- a row-parallel shard adds its bias after the all-reduce)."""
+    z = x @ W
+    if b is not None:
+        z += b                      # in place: one temporary fewer than x @ W + b
+    return z
 
 
 def linear_backward(dz, x, W, need_dx=True):
@@ -131,7 +135,8 @@ class Linear:
 
 @dataclass
 class Context:
-    """What forward keeps for backward: the input and the pre-activation."""
+    """What forward keeps for backward: the input x, the pre-activation z and the output y
+    (relu and tanh differentiate from y; y is also the next layer's x, so it is counted there)."""
     x: np.ndarray
     z: np.ndarray
     y: np.ndarray

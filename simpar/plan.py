@@ -92,6 +92,8 @@ def parse_bytes(text: str) -> float:
 
 def standin_widths(n_params: int, width: int | None = None, depth: int | None = None) -> list[int]:
     """An MLP of L square layers of width h with about n_params parameters (see the module docstring)."""
+    if (width is not None and width < 1) or (depth is not None and depth < 1):
+        raise SimparError("--width and --depth must be positive")
     if width is None and depth is None:
         width = max(128, round((128 * n_params) ** (1 / 3) / 128) * 128)
     if width is None:      # rounded like the default so that tensor parallelism can divide it

@@ -17,13 +17,21 @@ CATS = ("data", "model", "activation")
 # -- files ----------------------------------------------------------------------------------------
 
 def writable(path: str) -> bool:
+    """Can a file be written (by rename) at `path`? Its folder must exist and be writable, and
+    `path` itself must not be a folder."""
     folder = os.path.dirname(os.path.abspath(path))
-    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+    return os.path.isdir(folder) and os.access(folder, os.W_OK) and not os.path.isdir(path)
 
 
 def atomic_write(path: str, write_fn, binary: bool = False) -> None:
+    from .config import SimparError
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    if os.path.isdir(path):
+        raise SimparError(f"cannot write {path}: it is a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise SimparError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write_fn(f)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import time
 
 from . import report
@@ -73,10 +72,13 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         cfg.trace = os.path.join(out_dir, "trace.json") if name.endswith("1f1b") and cfg.pp > 1 else None
         need = (cfg.dp or 1) * cfg.tp * cfg.pp
         sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
-        metrics = None
+        metrics, problem = None, None
         if sub != MPI.COMM_NULL:
             started = time.perf_counter()
-            metrics = run_training(cfg, Communicator(sub, Ledger(), name))
+            try:
+                metrics = run_training(cfg, Communicator(sub, Ledger(), name))
+            except SimparError as exc:       # raised on every rank of `sub`, rank 0 among them
+                problem = f"{name}: {exc}"
             sub.Free()
             if metrics is not None:
                 metrics.pop("_weights")
@@ -86,8 +88,11 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
                 metrics["tour_wall_s"] = time.perf_counter() - started
                 report.write_json(os.path.join(out_dir, f"{name}.json"), metrics)
                 results.append((name, metrics))
-                print(f"  {name:<14} done in {metrics['tour_wall_s']:.1f} s", file=sys.stderr, flush=True)
-        world.Barrier()
+                print(f"  {name:<14} done in {metrics['tour_wall_s']:.1f} s", flush=True)
+        # Ranks outside `sub` must hear about a failure too, or they would wait here forever.
+        problem = world.bcast(problem, root=0)
+        if problem:
+            raise SimparError(problem)
 
     if rank == 0:
         ok = print_tour_table(results, base.dtype)

@@ -191,7 +191,7 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
         for flag, path in (("--metrics-out", cfg.metrics_out), ("--weights-out", cfg.weights_out),
                            ("--trace", cfg.trace)):
             if path and not report.writable(path):
-                problem = f"{flag} {path}: folder does not exist or is not writable"
+                problem = f"{flag} {path}: not a writable file path (its folder is missing or read-only, or it is a folder)"
                 break
     problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
     if problem:

@@ -219,6 +219,7 @@ def test_prediction_equals_ledger(name, tmp_path):
     n, args = LAYOUTS[name]
     m = train_json(n, ["--steps", "2", "--kernels", "numpy", *args], tmp_path, timeout=120)
     pred = predicted_for(n, m)
+    assert len(m["comm"]["ranks"]) == len(pred["comm"]["ranks"]) == len(m["memory"]["ranks"]) == n
     for measured, predicted in zip(m["comm"]["ranks"], pred["comm"]["ranks"]):
         assert measured["sent"] == predicted["sent"], (name, measured["rank"])
         assert measured["messages"] == predicted["messages"], (name, measured["rank"])

@@ -33,7 +33,11 @@ def assert_one_line_error(res, fragment, elapsed):
     (2, ["train", "--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "has no train-images"),
     (2, ["train", "--tp", "2", "--layers", "64,99,30,10"], "[99] are not divisible by --tp 2"),
     (2, ["train", "--pp", "2", "--layers", "64,10"], "more pipeline stages than the model has layers"),
-    (2, ["train", "--metrics-out", "/nonexistent/dir/m.json"], "not writable"),
+    (2, ["train", "--metrics-out", "/nonexistent/dir/m.json"], "not a writable file path"),
+    (2, ["train", "--metrics-out", "."], "not a writable file path"),
+    (2, ["train", "--seed", "-1"], "--seed must be a non-negative integer"),
+    (2, ["train", "--momentum", "1.5"], "--momentum must be in"),
+    (2, ["tour", "--quick", "--layers", "32,10"], "inputs have 64 features"),
     (2, ["train", "--layers", "32,10"], "inputs have 64 features"),
     (1, ["plot-everything"], "unknown command"),
 ])

@@ -155,6 +155,7 @@ def serial(tmp_path_factory):
 
 def assert_same_model(run, ref, tol=1e-12):
     np.testing.assert_allclose(run["losses"], ref["losses"], rtol=tol)
+    assert len(run["weights"]) == len(ref["weights"])
     for (W, b), (Wr, br) in zip(run["weights"], ref["weights"]):
         assert np.abs(W - Wr).max() <= tol * np.abs(Wr).max() and np.abs(b - br).max() <= tol * np.abs(br).max()
 

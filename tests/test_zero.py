@@ -64,6 +64,7 @@ def expected_memory(stage: int, p: int, r: int, bpe: int, k_opt: int, accum: int
 
 def assert_same_model(got: dict, ref: dict, rtol: float) -> None:
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=rtol)
+    assert len(got["weights"]) == len(ref["weights"])
     for (W, b), (Wr, br) in zip(got["weights"], ref["weights"]):
         assert W.shape == Wr.shape and b.shape == br.shape
         assert np.abs(W - Wr).max() <= rtol * np.abs(Wr).max()
