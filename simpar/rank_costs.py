@@ -1,0 +1,160 @@
+"""One rank's step: the bytes and messages it sends, by category and by collective, the memory it
+holds and the FLOPs it computes (predict_rank).
+
+Part of the cost model: the formulas of each collective are in simpar/collective_costs.py, the Spec
+and how simpar cuts it up in simpar/costspec.py; simpar/costmodel.py turns these numbers into a
+step time. The bytes and the params/grads/optimizer memory are derived from the same rules the
+implementation follows, and the tests hold the ledger to them to the byte.
+
+Where the numbers come from (p ranks in a group, N elements; the ring reduce-scatter, all-gather and
+all-reduce of N, and how chunks are cut, are in collective_costs.py):
+
+  data parallel        each gradient BUCKET is one all-reduce, so a rank sends the sum over buckets
+                       (buckets: parallel/data.py GradientBuckets; 2(p-1)/p * P * bpe overall)
+  ZeRO-1               reduce-scatter + all-gather of the flat P        (ZeRO paper, Rajbhandari et al.
+  ZeRO-2               the same, layer by layer                          2020, sec. 7.2.1: = DDP)
+  ZeRO-3               per micro-step, per layer: all-gather in forward, again in backward, and a
+                       reduce-scatter of the gradient: 3(p-1)/p * P       (sec. 7.2.2: 1.5x DDP)
+  tensor parallel      per (column, row) pair per micro-batch: g = all-reduce of rows x out-width in
+                       forward, f = all-reduce of rows x in-width in backward (skipped at layer 0)
+                       (Megatron-LM, Shoeybi et al. 2019, sec. 3, Fig. 3; parallel/tensor.py)
+  pipeline             per micro-batch: rows x out-width forward ("pp-send-act") from every stage but
+                       the last, rows x in-width backward ("pp-send-grad") from every stage but the first
+  data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
+                       labels (rows x 8 bytes, int64) to last-stage ranks, every tp rank its own copy
+"""
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+
+from .collective_costs import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .costspec import Shape, Spec, coords_of, layer_flops, micro_rows, split
+
+CATS = ("data", "model", "activation")
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations_peak")
+
+
+# -- one rank's step --------------------------------------------------------------------------------
+
+class Book:
+    """What one rank sends in a step, per (category, op, group): bytes, messages, reduced bytes and
+    the critical-path rounds -- the same keys as the ledger's by_op ("category/op")."""
+
+    def __init__(self):
+        self.ops: dict[tuple[str, str, str], Cost] = {}
+
+    def add(self, category: str, op: str, group: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+        if cost.messages == 0:             # a group of one rank sends nothing (and books nothing)
+            return
+        key = (category, op, group)
+        self.ops[key] = self.ops.get(key, Cost()) + to_bytes(cost, elem_bytes, times)
+
+
+def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
+    """Bytes, messages, memory and FLOPs of one rank in one step (see the module docstring)."""
+    shape = shape or Shape.of(spec)
+    s, d, t = coords_of(rank, spec)
+    S, prec, W = spec.pp, spec.prec, spec.widths
+    lo, hi = shape.bounds[s]
+    kinds, sizes = shape.kinds[s], shape.sizes[s]
+    book, allreduce = Book(), ALLREDUCE[spec.collectives]
+    rows = micro_rows(spec, d)
+    total_rows = sum(map(sum, rows))
+    # Per row of a micro-batch: matmul FLOPs, and activation elements kept for backward (a layer's
+    # Context holds its input x and pre-activation z; for the raw-logits layer z IS the output).
+    fwd = bwd = act_row = 0
+    for i, kind in zip(range(lo, hi), kinds):
+        f, g = layer_flops(1, W[i], W[i + 1], i == 0)
+        share = 1 if kind in ("full", "replicated") else spec.tp
+        fwd, bwd = fwd + f // share, bwd + g // share
+        z = 0 if i == spec.n_layers - 1 else W[i + 1]
+        act_row += {"column": W[i] + W[i + 1] // spec.tp, "row": W[i] // spec.tp + z}.get(kind, W[i] + z)
+    for b, times in Counter(b for step in rows for b in step).items():   # micro-batch rows -> count
+        for i, kind in zip(range(lo, hi), kinds):
+            if kind == "column" and i > 0:   # f: backward all-reduce of dL/dX (none at layer 0: no upstream)
+                book.add("activation", "tp-f-allreduce", "tp", allreduce(b * W[i], spec.tp, t), prec.act, times)
+            elif kind == "row":              # g: forward all-reduce of the partial products
+                book.add("activation", "tp-g-allreduce", "tp", allreduce(b * W[i + 1], spec.tp, t), prec.act, times)
+        if s < S - 1:
+            book.add("activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times)
+        if s > 0:
+            book.add("activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times)
+
+    # Gradients / parameters over the data-parallel group.
+    p = spec.dp
+    layer_n = sizes                                   # ZeRO runs with tp = pp = 1: the full layers
+    P = sum(sizes)
+    opt_bpp = prec.optimizer[(spec.optimizer, bool(spec.momentum))]
+    if spec.zero == 0:
+        for n in shape.buckets[s]:
+            book.add("model", "grad-allreduce", "dp", allreduce(n, p, d), prec.grad)
+        memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+    else:
+        S_r = sum(chunk(n, p, d) for n in layer_n)    # this rank's chunk of every layer
+        n_max = max(layer_n)
+        if spec.zero == 1:
+            book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(P, p, d), prec.grad)
+            book.add("model", "param-all-gather", "dp", ring_allgather(P, p, d), prec.param)
+            memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": chunk(P, p, d) * opt_bpp}
+        else:
+            passes = 1 if spec.zero == 2 else spec.grad_accum
+            for n in layer_n:
+                book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(n, p, d), prec.grad, passes)
+                book.add("model", "param-all-gather", "dp", ring_allgather(n, p, d), prec.param,
+                         1 if spec.zero == 2 else 2 * passes)
+            held = P if spec.zero == 2 and spec.grad_accum > 1 else n_max
+            memory = {"params": (P if spec.zero == 2 else S_r) * prec.param, "grads": (S_r + held) * prec.grad,
+                      "optimizer": S_r * opt_bpp}
+    memory["activations_peak"] = act_row * peak_alive_rows(spec, s, rows) * prec.act
+
+    if rank == 0 and spec.data_source == "root":
+        _book_root_scatter(spec, book)
+    sent = {c: 0 for c in CATS}
+    messages = {c: 0 for c in CATS}
+    for (cat, _, _), c in book.ops.items():
+        sent[cat] += c.sent
+        messages[cat] += c.messages
+    return {"rank": rank, "coords": {"pp": s, "dp": d, "tp": t}, "sent": sent, "messages": messages,
+            "ops": book.ops, "memory": memory, "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
+            "layers": (lo, hi), "params_local": P}
+
+
+def peak_alive_rows(spec: Spec, s: int, rows: list[list[int]]) -> int:
+    """Most rows whose activations stage s holds at once: walk its schedule (parallel/schedules.py),
+    a Forward keeps a micro-batch, its Backward frees it. GPipe holds all M at the turn, 1F1B at
+    most S - s, naive one. Each grad-accum micro-step starts empty."""
+    if spec.pp == 1:
+        return max(max(step) for step in rows)
+    order = _alive_changes(spec.schedule, spec.pp, spec.microbatches)[s]
+    peak = 0
+    for step in rows:
+        alive = 0
+        for sign, mb in order:
+            alive += sign * step[mb]
+            peak = max(peak, alive)
+    return peak
+
+
+@lru_cache(maxsize=64)
+def _alive_changes(schedule: str, S: int, M: int) -> list[list[tuple[int, int]]]:
+    """Per stage: (+1 forward | -1 backward, micro-batch) in schedule order."""
+    from .parallel.schedules import Backward, Forward, build_schedule
+    return [[(1 if isinstance(x, Forward) else -1, x.mb) for x in steps if isinstance(x, (Forward, Backward))]
+            for steps in build_schedule(schedule, S, M)]
+
+
+def _book_root_scatter(spec: Spec, book: Book) -> None:
+    """--data-source root: rank 0 sends every other rank its rows (data.BatchFeeder): x to each rank of
+    the first stage, int64 labels to each rank of the last, one message per grad-accum micro-step."""
+    K, n_stage = spec.grad_accum, spec.dp * spec.tp
+    own_rows = sum(chunk(k_rows, spec.dp, 0) for k_rows in split(spec.batch, K))
+    x_bytes = (spec.tp * spec.batch - own_rows) * spec.widths[0] * spec.prec.act
+    x_msgs = (n_stage - 1) * K
+    last_is_mine = spec.pp == 1
+    y_bytes = (spec.tp * spec.batch - (own_rows if last_is_mine else 0)) * 8
+    y_msgs = (n_stage - (1 if last_is_mine else 0)) * K
+    c = Cost(x_bytes + y_bytes, x_msgs + y_msgs, 0, x_msgs + y_msgs, x_bytes + y_bytes)
+    book.add("data", "scatter-batch", "world", c, 1)
+
+
