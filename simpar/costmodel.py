@@ -78,7 +78,8 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     shape = Shape.of(spec)
     chosen = ranks if ranks is not None else representative_ranks(spec)
     links = {g: hardware.group_link(hw, g, spec.dp, spec.tp, spec.pp) for g in ("tp", "dp", "pp", "world")}
-    rate = hw.flop_rate(spec.precision)
+    # Ranks that outnumber the cores share them (the local profile): each computes proportionally slower.
+    rate = hw.flop_rate(spec.precision) * hw.compute_share(min(spec.world, hw.devices_per_node))
     K, M = spec.grad_accum, spec.microbatches_used
     out, stage_busy, dp_exposed, data_s, worst = [], {}, 0.0, 0.0, {}
     for r in chosen:
@@ -91,7 +92,13 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             group_s[group] += seconds
             if key not in worst or seconds >= worst[key][0]:
                 worst[key] = (seconds, by_op[key])      # the slowest rank's view of each op
-        compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate
+        # matmuls at the FLOP rate, + the memory-bound rest at the reduction's speed (gamma is per byte
+        # REDUCED, i.e. 3 bytes moved: read two, write one), both slowed if ranks share cores
+        lo, hi = rp["layers"]
+        calls = (hi - lo) * K * M                                  # layer forward+backward calls per step
+        compute = ((rp["flops"]["forward"] + rp["flops"]["backward"]) / rate
+                   + (rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead)
+                   / hw.compute_share(min(spec.world, hw.devices_per_node)))
         s, d = rp["coords"]["pp"], rp["coords"]["dp"]
         stage_busy[s] = max(stage_busy.get(s, 0.0), compute + group_s["tp"] + group_s["pp"])
         exposed, buckets = group_s["dp"], shape.buckets[s]

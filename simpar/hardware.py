@@ -50,6 +50,14 @@ class Hardware:
     intra_name: str = "intra-node"
     inter_name: str = "inter-node"
     sources: list = field(default_factory=list)
+    cores: int = 0                 # CPU cores for ranks (local profile): more ranks than cores share them
+    layer_overhead: float = 0.0    # s per layer per micro-batch (forward + backward) that is neither
+                                   # math nor memory: Python and NumPy call overhead here; 0 for presets
+
+    def compute_share(self, ranks_per_node: int) -> float:
+        """The fraction of a device one rank gets: 1, or cores/ranks when ranks outnumber cores
+        (`mpiexec -n 4` on 2 cores: every rank computes at half speed)."""
+        return min(1.0, self.cores / ranks_per_node) if self.cores else 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +117,7 @@ LOCAL_DEFAULTS = Hardware(
     name="local", description="this machine, uncalibrated defaults (run `python -m simpar bench --calibrate`)",
     flops={"fp64": 25e9, "fp32": 50e9, "mixed": 50e9}, gamma=1 / 20e9,
     intra_alpha=1e-6, intra_bw=5 * GB, devices_per_node=1 << 30, memory_bytes=0.0,
-    intra_name="shared-memory", inter_name="none",
+    intra_name="shared-memory", inter_name="none", cores=os.cpu_count() or 1, layer_overhead=30e-6,
     sources=["defaults: single-core NumPy/OpenBLAS GEMM and MPICH shared memory on a typical x86 machine"])
 
 
@@ -231,6 +239,31 @@ def measure_gamma(nbytes: int = 1 << 22, seconds: float = 0.4) -> float:
     return (time.perf_counter() - start) / (count * dst.nbytes)
 
 
+def measure_layer_overhead(repeats: int = 400) -> float:
+    """Seconds per layer per micro-batch of forward + backward + optimizer on a model so small that
+    its arithmetic is nothing: what remains is the cost of the calls themselves."""
+    import time
+    import numpy as np
+    from .model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
+    from .optim import SGD
+    store, opt = serial_store([8, 8, 8, 8, 8], "relu", 0, np.float64), SGD(0.01, 0.9)
+    x, y = np.ones((1, 8)), np.zeros(1, dtype=np.int64)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        store.zero_grad()
+        h, ctxs = x, []
+        for layer in store.layers:
+            h, ctx = layer_forward(layer, h)
+            ctxs.append(ctx)
+        _, g = softmax_cross_entropy(h, y, 1)
+        for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
+            g = layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+        opt.step([store.params], [store.grads])
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) / len(store.layers)
+
+
 def pingpong_main() -> None:
     """Run on 2 ranks: fit alpha and beta from round trips of a small and a large message."""
     import time
@@ -287,5 +320,7 @@ def calibrate(timeout: float = 25.0) -> Hardware:
         name="local", description=f"this machine, calibrated ({os.cpu_count()} cores, 1 thread per rank)",
         flops=flops, gamma=gamma, intra_alpha=pp["alpha"], intra_bw=1.0 / pp["beta"],
         devices_per_node=1 << 30, memory_bytes=memory, intra_name="shared-memory", inter_name="none",
+        cores=os.cpu_count() or 1, layer_overhead=measure_layer_overhead(),
         sources=["measured by `python -m simpar bench --calibrate`: 384x384 GEMM on one thread, numpy.add "
-                 "on 4 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time)"])
+                 "on 4 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
+                 "forward+backward+SGD of a 4-layer 8-wide MLP on one row (per-layer call overhead)"])

@@ -117,6 +117,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         messages[cat] += c.messages
     return {"rank": rank, "coords": {"pp": s, "dp": d, "tp": t}, "sent": sent, "messages": messages,
             "ops": book.ops, "memory": memory, "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
+            "elementwise_bytes": elementwise_bytes(spec, act_row * total_rows, P),
             "layers": (lo, hi), "params_local": P}
 
 
@@ -158,3 +159,12 @@ def _book_root_scatter(spec: Spec, book: Book) -> None:
     book.add("data", "scatter-batch", "world", c, 1)
 
 
+def elementwise_bytes(spec, activation_elements: int, params: int) -> int:
+    """Memory traffic of the work that is not matmul (memory-bound, so timed like the reduction):
+    bias, activation and their derivatives sweep the kept activations about 6 times per step
+    (read+write forward, read x2 + write backward), and the optimizer sweeps the parameters:
+    plain SGD reads w, g and writes w plus zeroing and accumulating the gradient (~6 passes),
+    momentum adds v (~10), Adam its two moments and the square root (~20). Rough by design:
+    a first-order term that keeps small models from looking free."""
+    passes = {"sgd": 10 if spec.momentum else 6, "adam": 20}[spec.optimizer]
+    return (6 * activation_elements) * spec.prec.act + passes * params * spec.prec.param
