@@ -73,7 +73,7 @@ def write_trace(path: str, per_rank_events) -> None:
 # -- the metrics document -----------------------------------------------------------------------
 
 def build_metrics(cfg, world_size, mesh, params, losses, epoch_log, gathered, elapsed, steps, kernels_name,
-                  step_times) -> dict:
+                  step_times, eval_s: float = 0.0) -> dict:
     gathered = sorted(gathered, key=lambda g: g["rank"])
     ranks, mem = [], []
     for g in gathered:
@@ -104,7 +104,9 @@ def build_metrics(cfg, world_size, mesh, params, losses, epoch_log, gathered, el
                  "per_rank_per_step_max": {c: max(r["sent"][c] for r in ranks) / steps for c in CATS},
                  "modeled_ops": modeled},
         "memory": {"ranks": mem, "max": {k: max(m[k] for m in mem) for k in mem[0]}},
-        "time": {"total_s": elapsed, "step_s": elapsed / steps, "samples_per_s": steps * cfg.batch / elapsed,
+        # total_s is the wall clock of the loop; step_s and samples_per_s leave out the per-epoch evaluation
+        "time": {"total_s": elapsed, "eval_s": eval_s, "step_s": (elapsed - eval_s) / steps,
+                 "samples_per_s": steps * cfg.batch / max(elapsed - eval_s, 1e-12),
                  # the median step (rank 0's clock) ignores warm-up, e.g. Numba compiling on step 1
                  "step_s_median": float(np.median(step_times)),
                  "samples_per_s_median": cfg.batch / float(np.median(step_times))},

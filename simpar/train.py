@@ -132,7 +132,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
 
     world.barrier()
     start = time.perf_counter()
-    epoch_start, epoch_samples = start, 0
+    epoch_start, epoch_samples, eval_s = start, 0, 0.0
     for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
         step_start = time.perf_counter()
         micro = feeder.get(rows)
@@ -148,9 +148,11 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
             entry = {"epoch": epoch + 1, "step": step + 1, "loss": loss,
                      "samples_per_s": epoch_samples / max(now - epoch_start, 1e-9)}
             if cfg.eval_every_epoch:       # every rank joins: gathering weights may be collective
+                eval_start = time.perf_counter()
                 weights = strategy.full_weights()
                 if is_root and data is not None:
                     entry["val_accuracy"] = evaluate(weights, data, cfg.activation)
+                eval_s += time.perf_counter() - eval_start
             if show:
                 acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
                 progress.write(f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
@@ -172,7 +174,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     if not is_root:
         return None
     metrics = report.build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
-                                   gathered, elapsed, steps, kernels_name, step_times)
+                                   gathered, elapsed, steps, kernels_name, step_times, eval_s)
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
