@@ -69,14 +69,15 @@ def choose_auto(widths, batch, dtype) -> str:
     one kernel call sees: the rank's micro-batch); otherwise use "numpy".
 
     Why: at that size a layer takes only microseconds and the cost is dominated by calls, not
-    arithmetic. The fused Numba layer makes one call for the whole forward (matmul, bias,
-    activation) and one for the whole backward, where NumPy makes several, so Numba is faster.
-    Above it OpenBLAS's matmul (hand-written assembly) beats our portable one by about 2x, which
-    outweighs the saved memory passes. Measured on an AMD EPYC (Zen 3) core, one thread per rank,
-    for float32 and float64 alike (`python -m simpar bench matmul` shows the per-size numbers);
+    arithmetic. The Numba backend then does the whole forward (matmul, bias, activation) in one
+    call and the whole backward in one more, where NumPy makes several: 1.3-1.8x faster. Above it
+    the Numba backend uses OpenBLAS for the GEMMs and Numba only for the fused epilogues (bias +
+    activation in one sweep; act' + bias gradient in one sweep): still 1.0-1.3x faster per call at
+    batch 64-256, widths 128-1024, but a layer's time is then mostly the same OpenBLAS GEMM, so
+    the saving is a few percent of a step -- not enough to be worth loading Numba for (a one-off
+    ~0.5 s per process; ~20 s the very first time, when the kernels are compiled and cached).
+    Measured on an AMD EPYC (Zen 3) core, one thread per rank, for float32 and float64 alike;
     `dtype` is accepted so that a dtype-specific threshold can be added without changing callers.
-    The rule is about time per step: loading Numba's compiled kernels costs a one-off ~0.4 s
-    per process (~8 s the very first time, when they are compiled and cached).
     Never "cuda": a GPU is only used when asked for. Cheap: no measurement, no Numba import.
     """
     if np.dtype(dtype) not in (np.float32, np.float64):

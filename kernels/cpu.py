@@ -1,36 +1,50 @@
-"""CPU kernels in Numba: a blocked matmul, the fused linear layer, and the reduce-add.
+"""CPU kernels in Numba: a GotoBLAS-style matmul, the fused linear layer, and the reduce-add.
 
 Why a hand-written matmul at all? NumPy hands `x @ W` to OpenBLAS, whose kernels are hand-tuned
-assembly. Writing one in Numba shows what those kernels do -- keep operands in cache, reuse every
-loaded value many times, let the CPU's vector unit (AVX2: 4 float64 or 8 float32 lanes) do the
-arithmetic -- and it lets us *fuse* the bias and the activation into the matmul (see `_gemm`).
+assembly. Writing one in Numba shows what those kernels do: keep operands in cache, keep a tile of
+the result in vector registers, and feed the CPU's FMA units (AVX2: 8 float32 / 4 float64 lanes,
+two FMAs per cycle) every cycle. `matmul` below is that kernel (C = op(A) @ op(B), A: M x K):
 
-How the matmul keeps the vector unit busy (C = A @ B, A: M x K, B: K x N):
+* Packing. For each k-block of KC=512 rows, op(B) is copied into NR-column panels (Bp[q, k, :]
+  is NR contiguous numbers) and each MC=60-row block of op(A) into MR-row panels (Ap[p, k, :]).
+  The hot loop then reads both with stride 1; a transpose (x.T @ dz, dz @ W.T) costs nothing
+  extra, it is just a different packing order. A B panel (KC x 64 bytes = 32 KiB) stays close
+  while every A panel of the block (<= 240 KiB, in L2) passes it. Larger KC means fewer passes
+  over C (each k-block adds into it): KC=512 measured ~5% faster than 256 at n=1024.
+* The micro-kernel. An MR x NR = 5 x (64 bytes) tile of C -- 5 x 16 float32 or 5 x 8 float64,
+  i.e. 10 AVX2 registers -- lives in 80 (or 40) scalar local variables for the whole k loop; each
+  step loads one row of Bp (2 vector loads), broadcasts 5 numbers of Ap and does 10 vector FMAs.
+  >= 8 independent accumulators cover the FMA latency (4 cycles x 2 units). Alone, with its data
+  in L1, it runs at 90-99 GF/s float32 / 47-51 float64 -- OpenBLAS's speed (4 rows: about 5% less).
+  6 rows (12 registers) made LLVM spill registers to the stack: 2x slower.
+* How it vectorises. The tile's scalars become vector registers through LLVM's SLP vectoriser,
+  which Numba switches off by default -- we switch it on (numba.config.SLP_VECTORIZE, below).
+  `fastmath={"contract"}` on the micro-kernel lets mul+add become one FMA; no other fast-math
+  flag is used (no reassociation: each C[i, j] still sums its products in k order; nnan/ninf
+  stay off, so NaN and inf propagate exactly as in NumPy). `inspect_asm` shows 10 `vfmadd231ps
+  ymm` per k step. Without SLP the same code runs scalar, about 20x slower. Tile indices must be
+  constants: with C[i + r, j + c] Numba's negative-index checks stopped the vectoriser.
 
-* Packing. A block of B (KC rows x NC columns) is copied once into a small contiguous buffer `P`
-  that stays in the L2 cache while every row of A streams past it. For `dY @ W.T` the packing is
-  where the right operand gets transposed, so the hot loop never walks memory with a stride.
-* Register blocking. The innermost loop updates MR=4 rows of C for KU=2 steps of k at once:
-  the 2 values of P it loads are each used 4 times, and each element of C is loaded and stored
-  once per 2 k-steps instead of every step. The 8 numbers of A it needs are loop constants, held
-  in registers.
-* Vectorisation. That innermost loop runs over j, the contiguous column index of C and P, with no
-  dependence between iterations, so LLVM's loop vectoriser turns it into AVX2 code on its own.
+What it reaches, single-threaded, on the shared Zen 3 core it was tuned on (medians of noisy
+runs; `python -m simpar bench matmul` measures yours): float64 about 0.9-0.95x OpenBLAS for
+n = 256..1024; float32 about 0.8-0.88x at 512-1024 but only 0.6-0.7x at 256, where packing,
+zeroing Cp and the epilogue (O(n^2) work, scalar index arithmetic) weigh more against the O(n^3)
+products. What assembly still does better: prefetching, exact scheduling, a 6 x 16 tile.
 
-Why not the textbook micro-kernel (a 4x8 tile of C in 32 scalar accumulators, k innermost)? We
-tried it: with `fastmath=False` it stays scalar (about 0.15x OpenBLAS here), because turning 32
-scalars into vector registers needs LLVM's SLP vectoriser, which Numba switches off by default
-(it has miscompiled code), and vectorising a dot product along k needs reassociation, which
-`fastmath=False` forbids. The row-strip form above needs neither. Each C[i, j] still adds its
-products in plain k order, exactly like the naive triple loop; only the bias-first start of the
-fused forward differs from NumPy's `(x @ W) + b`, by a rounding.
+The fused linear layer is therefore, honestly, "GEMM + fused epilogue" (the cuBLASLt design):
 
-What it reaches: about 0.45-0.65x OpenBLAS, single-threaded, on the Zen 3 core it was tuned on
-(`python -m simpar bench matmul` measures yours). The gap is C's memory traffic: OpenBLAS keeps
-its tile of C in vector registers for the whole k loop, we load and store C every 2 k-steps,
-because without SLP there is no way to tell Numba "these values form one register". Numba wins
-where calls, not flops, dominate: tiny layers, and the fused forward with gelu (NumPy's gelu is
-about seven passes over memory). kernels.choose_auto encodes where that is.
+* forward: z = x @ W by OpenBLAS, then ONE Numba sweep that adds the bias and writes y = act(z)
+  while each row of z is in L1 (`_bias_act`). NumPy's `act(x @ W + b)` sweeps z once for the bias
+  and once or more for the activation (gelu: about seven passes and temporaries).
+* backward: ONE sweep computes dz = act'(z) * dy and the bias gradient db = sum(dz) together
+  (`_act_backward`), then OpenBLAS does dx = dz @ W.T and dW = x.T @ dz.
+* tiny layers (batch * fan_in * fan_out <= SMALL_MACS = 16384) do everything, GEMMs included, in
+  one Numba call with our own `_gemm` (it ends with the same epilogue sweep): there, Python call
+  overheads dominate and one call beats several.
+
+Measured single-threaded against NumPy's unfused layer (kernels.NumpyKernels): forward and
+backward 1.0-1.3x at batch 64-256, widths 128-1024 (relu, gelu; float32, float64), 1.3-1.8x on
+tiny layers. kernels.choose_auto encodes when that repays loading the kernels.
 
 All kernels take and return one float dtype (float32 or float64) and never promote.
 """
@@ -39,65 +53,107 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numba
 from numba import njit
 
-KC = 64          # k-block: rows of B packed at a time (KC x 2 KiB = 128 KiB: stays in L2)
-NC_BYTES = 2048  # column block: 256 float64 or 512 float32, so the inner loop runs 64 AVX2 steps
-PAD = 16         # spare columns in the block buffers (see _gemm)
+# -- the matmul ------------------------------------------------------------------------------------
+
+# Numba leaves LLVM's SLP vectoriser off by default; the micro-kernel needs it (see above). It is read
+# whenever a function is compiled, so setting it here, before any kernel below is compiled, covers
+# them all -- no environment variable needed. It also applies to any other Numba CPU code compiled
+# later in this process (simpar has none).
+numba.config.SLP_VECTORIZE = 1
+
+MR = 5            # rows of the register tile: 5 x 2 = 10 accumulator registers
+NR_BYTES = 64     # its width: two AVX2 registers per row (16 float32 or 8 float64)
+KC = 512          # k-block: a KC x NR panel of B (32 KiB) stays in L1/L2 while a tile is computed
+MC = 60           # row block: the packed MC x KC block of A (120-240 KiB) stays in L2
 ACTS = {"none": 0, "relu": 1, "tanh": 2, "gelu": 3}
 _GELU_C = math.sqrt(2.0 / math.pi)   # the same constants as simpar/model.py
 _GELU_A = 0.044715
 
 
-# -- the matmul ------------------------------------------------------------------------------------
+def _micro_kernel_source(mr, nr):
+    """Source of `T += A[:kc].T @ B[:kc]` for an mr x nr tile T, held in mr*nr local variables.
 
-@njit(cache=True, fastmath=False)
-def _strip4(C, i, P, k, nc, a00, a01, a10, a11, a20, a21, a30, a31):
-    """C[i:i+4, :nc] += a[4x2] @ P[k:k+2, :nc]: the vectorised inner loop (j is contiguous).
+    Python cannot declare 80 locals in a loop, so a template writes the kernel. For mr=nr=2:
 
-    A function of its own on purpose: its loop index starts at 0 and indexes C and P directly.
-    Written inline in _gemm with a column offset (C[i, j0 + j]) LLVM left the same loop scalar.
-    """
-    for j in range(nc):
-        b0 = P[k, j]
-        b1 = P[k + 1, j]
-        C[i, j] = C[i, j] + a00 * b0 + a01 * b1
-        C[i + 1, j] = C[i + 1, j] + a10 * b0 + a11 * b1
-        C[i + 2, j] = C[i + 2, j] + a20 * b0 + a21 * b1
-        C[i + 3, j] = C[i + 3, j] + a30 * b0 + a31 * b1
-
-
-@njit(cache=True, fastmath=False)
-def _strip1(C, i, P, k, nc, a):
-    """C[i, :nc] += a * P[k, :nc]: the leftover rows and the leftover odd k."""
-    for j in range(nc):
-        C[i, j] = C[i, j] + a * P[k, j]
-
-
-@njit(cache=True, fastmath=False)
-def _pack(P, B, tb, p0, kc, j0, nc):
-    """P[:kc, :nc] = op(B)[p0:p0+kc, j0:j0+nc], reading B along its rows either way."""
-    if tb:                                  # op(B) = B.T: this is where the transpose happens
-        for j in range(nc):
+        def _micro_2x2(A, B, kc, T):
+            c0_0 = T[0, 0]; c0_1 = T[0, 1]; c1_0 = T[1, 0]; c1_1 = T[1, 1]
             for k in range(kc):
-                P[k, j] = B[j0 + j, p0 + k]
-    else:
-        for k in range(kc):
-            for j in range(nc):
-                P[k, j] = B[p0 + k, j0 + j]
+                b0 = B[k, 0]; b1 = B[k, 1]
+                a = A[k, 0]; c0_0 += a * b0; c0_1 += a * b1
+                a = A[k, 1]; c1_0 += a * b0; c1_1 += a * b1
+            T[0, 0] = c0_0; T[0, 1] = c0_1; T[1, 0] = c1_0; T[1, 1] = c1_1
+
+    T's indices are constants: with variable ones (C[i + 0, j + 1]) Numba adds a negative-index
+    check to each access and LLVM no longer vectorises -- 20x slower.
+    """
+    tile = [(r, c) for r in range(mr) for c in range(nr)]
+    lines = [f"def _micro_{mr}x{nr}(A, B, kc, T):",
+             "    " + "; ".join(f"c{r}_{c} = T[{r}, {c}]" for r, c in tile),
+             "    for k in range(kc):",
+             "        " + "; ".join(f"b{c} = B[k, {c}]" for c in range(nr))]
+    for r in range(mr):
+        lines.append(f"        a = A[k, {r}]; " + "; ".join(f"c{r}_{c} += a * b{c}" for c in range(nr)))
+    lines.append("    " + "; ".join(f"T[{r}, {c}] = c{r}_{c}" for r, c in tile))
+    return "\n".join(lines) + "\n"
 
 
-@njit(cache=True, fastmath=False)
-def _a(A, ta, i, k):
-    """Element (i, k) of op(A): A, or A.T when `ta` (so x.T @ dz needs no transposed copy of x)."""
-    return A[k, i] if ta else A[i, k]
+def _make_micro_kernel(mr, nr):
+    """Compile the template; its code claims this file as its source so that Numba can cache it."""
+    namespace = {}
+    exec(compile(_micro_kernel_source(mr, nr), __file__, "exec"), namespace)
+    fn = namespace[f"_micro_{mr}x{nr}"]
+    fn.__module__ = __name__
+    return njit(cache=True, fastmath={"contract"}, boundscheck=False)(fn)
 
 
-@njit(cache=True, fastmath=False)
+_micro32 = _make_micro_kernel(MR, NR_BYTES // 4)
+_micro64 = _make_micro_kernel(MR, NR_BYTES // 8)
+
+
+@njit(cache=True)
+def _pack_a(Ap, A, ta, i0, mc, p0, kc):
+    """Ap[p, k, r] = op(A)[i0 + p*MR + r, p0 + k]: MR-row panels, MR numbers per k, zero-padded.
+
+    op(A) is A.T when `ta` (x.T @ dz): packing is where the transpose happens, for free.
+    """
+    Ap[:, :kc, :] = 0
+    for p in range(Ap.shape[0]):
+        rows = min(MR, mc - p * MR)
+        if ta:                                  # read A along its rows either way
+            for k in range(kc):
+                for r in range(rows):
+                    Ap[p, k, r] = A[p0 + k, i0 + p * MR + r]
+        else:
+            for r in range(rows):
+                for k in range(kc):
+                    Ap[p, k, r] = A[i0 + p * MR + r, p0 + k]
+
+
+@njit(cache=True)
+def _pack_b(Bp, B, tb, p0, kc, N):
+    """Bp[q, k, c] = op(B)[p0 + k, q*NR + c]: NR-column panels, NR contiguous numbers per k."""
+    NR = Bp.shape[2]
+    Bp[:, :kc, :] = 0
+    for q in range(Bp.shape[0]):
+        cols = min(NR, N - q * NR)
+        if tb:                                  # op(B) = B.T (dz @ W.T)
+            for c in range(cols):
+                for k in range(kc):
+                    Bp[q, k, c] = B[q * NR + c, p0 + k]
+        else:
+            for k in range(kc):
+                for c in range(cols):
+                    Bp[q, k, c] = B[p0 + k, q * NR + c]
+
+
+@njit(cache=True)
 def _activate(z, act, zero, one, half, c, a):
     """act(z) for one element; the constants come in z's dtype, so float32 math stays float32."""
     if act == 1:
-        return z if z > zero else zero
+        return zero if z < zero else z      # NaN stays NaN, as in np.maximum
     if act == 2:
         return math.tanh(z)
     if act == 3:
@@ -105,53 +161,53 @@ def _activate(z, act, zero, one, half, c, a):
     return z
 
 
-@njit(cache=True, fastmath=False)
-def _gemm(Z, Y, A, ta, B, tb, bias, act):
-    """Z = op(A) @ op(B) + bias and Y = act(Z), computed one NC-wide column block at a time.
+@njit(cache=True, inline="always")
+def _micro(A, B, kc, T):
+    """The micro-kernel for T's dtype."""
+    if T.itemsize == 4:
+        _micro32(A, B, kc, T)
+    else:
+        _micro64(A, B, kc, T)
 
-    The fusion: the block of C starts out as the bias (instead of zeros, then a separate "+ b"
-    pass) and the activation is applied as soon as a block is finished, while it is still in
-    cache -- NumPy's `act(x @ W + b)` instead reads and writes the whole output once for the
-    bias and once or more for the activation (gelu is about seven elementwise passes).
-    Y may be Z itself (act "none"). `bias` of size 0 means no bias.
+
+@njit(cache=True)
+def _gemm(Z, Y, A, ta, B, tb, bias, act, work):
+    """Z = op(A) @ op(B) + bias and Y = act(Z); Y may be Z itself (act 0). `bias` of size 0: none.
+
+    C is accumulated in tile order, Cp[q, p] = the MR x NR tile at rows p*MR, columns q*NR: each
+    k-block adds into it, streaming through memory in order (Z's own rows, 4 KiB apart at n=1024,
+    made tile updates cache misses). At the end each row of Z is gathered from Cp and, while it is
+    in L1, gets its bias and activation (`_bias_act`): the fused epilogue.
+
+    Ap, Bp and Cp are carved from `work`, replaced by a larger buffer if it is too small; the
+    buffer used is returned so that the caller can keep it: fresh ~1 MiB buffers on every call
+    cost ~250 page faults each time (half the time of a 256 x 256 float64 product).
     """
-    M = Z.shape[0]
-    N = Z.shape[1]
+    M, N = Z.shape
     K = B.shape[1] if tb else B.shape[0]
-    NC = NC_BYTES // Z.itemsize
-    zero, one, half = Z.dtype.type(0.0), Z.dtype.type(1.0), Z.dtype.type(0.5)
-    gc, ga = Z.dtype.type(_GELU_C), Z.dtype.type(_GELU_A)
-    # +PAD columns: rows 4096 bytes apart would make a store to row i and the load of row i+2
-    # look like the same address to the CPU's store/load check (4K aliasing) and stall.
-    Cb = np.empty((M, min(NC, N) + PAD), Z.dtype)
-    P = np.empty((min(KC, K), min(NC, N) + PAD), Z.dtype)
-    m4 = M - M % 4
-    for j0 in range(0, N, NC):
-        nc = min(NC, N - j0)
-        for i in range(M):
-            for j in range(nc):
-                Cb[i, j] = bias[j0 + j] if bias.size > 0 else zero
-        for p0 in range(0, K, KC):
-            kc = min(KC, K - p0)
-            k2 = kc - kc % 2
-            _pack(P, B, tb, p0, kc, j0, nc)
-            for i in range(0, m4, 4):
-                for k in range(0, k2, 2):
-                    q = p0 + k
-                    _strip4(Cb, i, P, k, nc,
-                            _a(A, ta, i, q), _a(A, ta, i, q + 1), _a(A, ta, i + 1, q), _a(A, ta, i + 1, q + 1),
-                            _a(A, ta, i + 2, q), _a(A, ta, i + 2, q + 1), _a(A, ta, i + 3, q), _a(A, ta, i + 3, q + 1))
-                if k2 < kc:
-                    for r in range(4):
-                        _strip1(Cb, i + r, P, k2, nc, _a(A, ta, i + r, p0 + k2))
-            for i in range(m4, M):
-                for k in range(kc):
-                    _strip1(Cb, i, P, k, nc, _a(A, ta, i, p0 + k))
-        for i in range(M):                          # epilogue: store z and y = act(z) together
-            for j in range(nc):
-                z = Cb[i, j]
-                Z[i, j0 + j] = z
-                Y[i, j0 + j] = _activate(z, act, zero, one, half, gc, ga)
+    NR = NR_BYTES // Z.itemsize
+    kb, nq, mp = max(1, min(KC, K)), (N + NR - 1) // NR, (M + MR - 1) // MR
+    nb, na, nc = nq * kb * NR, ((min(MC, M) + MR - 1) // MR) * kb * MR, nq * mp * MR * NR
+    if work.size < nb + na + nc:
+        work = np.empty(nb + na + nc, Z.dtype)
+    Bp = work[:nb].reshape((nq, kb, NR))
+    Ap = work[nb:nb + na].reshape((na // (kb * MR), kb, MR))
+    Cp = work[nb + na:nb + na + nc].reshape((nq, mp, MR, NR))
+    Cp[:] = 0
+    for p0 in range(0, K, KC):
+        kc = min(KC, K - p0)
+        _pack_b(Bp, B, tb, p0, kc, N)
+        for i0 in range(0, M, MC):
+            _pack_a(Ap, A, ta, i0, min(MC, M - i0), p0, kc)
+            for q in range(Bp.shape[0]):
+                for p in range((min(MC, M - i0) + MR - 1) // MR):
+                    _micro(Ap[p], Bp[q], kc, Cp[q, i0 // MR + p])
+    for i in range(M):                              # the epilogue, one row of Z at a time
+        for q in range(Bp.shape[0]):
+            for c in range(min(NR, N - q * NR)):
+                Z[i, q * NR + c] = Cp[q, i // MR, i % MR, c]
+    _bias_act(Z, Y, bias, act)
+    return work
 
 
 def _prep(*arrays):
@@ -178,13 +234,31 @@ def matmul(a, b, trans_a=False, trans_b=False):
     if k != kb:
         raise ValueError(f"matmul: inner dimensions differ ({k} vs {kb})")
     out = np.empty((m, n), a.dtype)
-    _gemm(out, out, a, trans_a, b, trans_b, np.empty(0, a.dtype), 0)
+    none = np.empty(0, a.dtype)
+    _WORK[a.dtype] = _gemm(out, out, a, trans_a, b, trans_b, none, 0, _WORK.get(a.dtype, none))
     return out
+
+
+_WORK = {}   # matmul's packing buffers, one per dtype, kept between calls (see _gemm)
 
 
 # -- the fused linear layer ------------------------------------------------------------------------
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True)
+def _bias_act(z, y, bias, act):
+    """z += bias and y = act(z) in ONE sweep over z: the fused epilogue after a BLAS GEMM."""
+    zero, one, half = z.dtype.type(0.0), z.dtype.type(1.0), z.dtype.type(0.5)
+    gc, ga = z.dtype.type(_GELU_C), z.dtype.type(_GELU_A)
+    for i in range(z.shape[0]):
+        if bias.size > 0:
+            for j in range(z.shape[1]):
+                z[i, j] += bias[j]
+        if act != 0:                # z[i] is in L1 now; y is written in the same sweep
+            for j in range(z.shape[1]):
+                y[i, j] = _activate(z[i, j], act, zero, one, half, gc, ga)
+
+
+@njit(cache=True)
 def _act_backward(dy, z, y, act, dz, db):
     """dz = act'(z) * dy (the formulas of simpar/model.py) and db = dz summed over rows, one sweep."""
     zero, one, half = dz.dtype.type(0.0), dz.dtype.type(1.0), dz.dtype.type(0.5)
@@ -206,44 +280,59 @@ def _act_backward(dy, z, y, act, dz, db):
             db[j] += g
 
 
-@njit(cache=True, fastmath=False)
-def _backward(dy, x, W, z, y, act, need_dx, dx, dW, db):
-    """The whole backward in one call from Python (each call from Python costs a few microseconds)."""
+@njit(cache=True)
+def _backward_small(dy, x, W, z, y, act, need_dx, dx, dW, db):
+    """The whole backward of a small layer in one call from Python, with our own GEMM."""
     dz = np.empty_like(dy)
     _act_backward(dy, z, y, act, dz, db)
     none = np.empty(0, dy.dtype)
     # Flags as variables, not literals: Numba would compile a separate _gemm for each literal
     # combination, tripling the compile time.
     yes, no, identity = need_dx | True, need_dx & False, act * 0
+    work = none                                                # small: fresh buffers are cheap
     if need_dx:
-        _gemm(dx, dx, dz, no, W, yes, none, identity)          # dx = dz @ W.T
-    _gemm(dW, dW, x, yes, dz, no, none, identity)              # dW = x.T @ dz
+        work = _gemm(dx, dx, dz, no, W, yes, none, identity, work)     # dx = dz @ W.T
+    _gemm(dW, dW, x, yes, dz, no, none, identity, work)                # dW = x.T @ dz
+
+
+SMALL_MACS = 1 << 14   # up to here the whole layer is one Numba call (measured crossover, see top)
 
 
 def linear_act_forward(x, W, b, act):
-    """(z, y) with z = x @ W + b and y = act(z) in one kernel; for act "none", y is z."""
+    """(z, y) with z = x @ W + b and y = act(z); for act "none", y is z. See the module docstring."""
     if b is None:
         b = np.empty(0, W.dtype)
     x, W, b = _prep(x, W, b)
-    z = np.empty((x.shape[0], W.shape[1]), x.dtype)
-    y = z if act == "none" else np.empty_like(z)
-    _gemm(z, y, x, False, W, False, b, ACTS[act])
+    y_is_z = act == "none"
+    if x.shape[0] * x.shape[1] * W.shape[1] <= SMALL_MACS:    # one Numba call does it all
+        z = np.empty((x.shape[0], W.shape[1]), x.dtype)
+        y = z if y_is_z else np.empty_like(z)
+        _gemm(z, y, x, False, W, False, b, ACTS[act], np.empty(0, x.dtype))
+        return z, y
+    z = np.matmul(x, W)                                        # the GEMM: OpenBLAS
+    y = z if y_is_z else np.empty_like(z)
+    if b.size or not y_is_z:
+        _bias_act(z, y, b, ACTS[act])                          # + the fused epilogue
     return z, y
 
 
 def linear_act_backward(dy, x, W, z, y, act, need_dx):
     """(dx, dW, db): dz = act'(dy, z, y), dx = dz @ W.T (None unless need_dx), dW = x.T @ dz."""
     dy, x, W, z, y = _prep(dy, x, W, z, y)
-    dx = np.empty(x.shape if need_dx else (0, 0), x.dtype)
-    dW = np.empty(W.shape, W.dtype)
     db = np.empty(W.shape[1], W.dtype)
-    _backward(dy, x, W, z, y, ACTS[act], need_dx, dx, dW, db)
-    return (dx if need_dx else None), dW, db
+    if x.shape[0] * x.shape[1] * W.shape[1] <= SMALL_MACS:
+        dx = np.empty(x.shape if need_dx else (0, 0), x.dtype)
+        dW = np.empty(W.shape, W.dtype)
+        _backward_small(dy, x, W, z, y, ACTS[act], need_dx, dx, dW, db)
+        return (dx if need_dx else None), dW, db
+    dz = np.empty_like(dy)
+    _act_backward(dy, z, y, ACTS[act], dz, db)                 # act' and the bias gradient, one sweep
+    return (dz @ W.T if need_dx else None), x.T @ dz, db       # then the two GEMMs: OpenBLAS
 
 
 # -- the reduction inside collectives --------------------------------------------------------------
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True)
 def _reduce_add(dst, src):
     for i in range(dst.shape[0]):
         dst[i] += src[i]
@@ -260,11 +349,12 @@ def reduce_add(dst, src):
 
 def warm_up():
     """Compile (first run) or load from the cache (later runs) every kernel for both dtypes now,
-    so that the first training step does not pay for it (about 8 s to compile, 0.4 s to load)."""
+    so that the first training step does not pay for it (about 20 s to compile, 0.5 s to load)."""
     for dtype in (np.float32, np.float64):
-        x = np.ones((2, 2), dtype)
-        z, y = linear_act_forward(x, x, x[0], "relu")
-        linear_act_backward(x, x, x, z, y, "relu", True)
+        for n in (2, 64):                       # both paths: below and above SMALL_MACS
+            x = np.ones((n, n), dtype)
+            z, y = linear_act_forward(x, x, x[0], "relu")
+            linear_act_backward(x, x, x, z, y, "relu", True)
         reduce_add(x[0].copy(), x[0])
 
 
