@@ -112,10 +112,10 @@ PRESETS = {
 # What `local` is when nothing was calibrated: one core of a 2020s x86 laptop/server running
 # NumPy + OpenBLAS single-threaded (~25 GFLOP/s fp64, ~50 fp32 measured on the machine simpar was
 # written on), MPICH shared-memory messages (~1 us latency, ~5 GB/s for large messages), and
-# numpy.add at ~20 GB/s of reduced data -> gamma = 1/20e9.
+# numpy.add from main memory at ~10 GB/s of reduced data (measured: 9.2) -> gamma = 1/10e9.
 LOCAL_DEFAULTS = Hardware(
     name="local", description="this machine, uncalibrated defaults (run `python -m simpar bench --calibrate`)",
-    flops={"fp64": 25e9, "fp32": 50e9, "mixed": 50e9}, gamma=1 / 20e9,
+    flops={"fp64": 25e9, "fp32": 50e9, "mixed": 50e9}, gamma=1 / 10e9,
     intra_alpha=1e-6, intra_bw=5 * GB, devices_per_node=1 << 30, memory_bytes=0.0,
     intra_name="shared-memory", inter_name="none", cores=os.cpu_count() or 1, layer_overhead=30e-6,
     sources=["defaults: single-core NumPy/OpenBLAS GEMM and MPICH shared memory on a typical x86 machine"])
@@ -226,8 +226,11 @@ def measure_gemm(dtype: str, n: int = 384, seconds: float = 0.6) -> float:
     return 2.0 * n ** 3 * count / (time.perf_counter() - start)
 
 
-def measure_gamma(nbytes: int = 1 << 22, seconds: float = 0.4) -> float:
-    """Seconds per byte of `dst += src` (the reduction inside every reducing collective)."""
+def measure_gamma(nbytes: int = 1 << 26, seconds: float = 0.5) -> float:
+    """Seconds per byte of `dst += src` (the reduction inside every reducing collective).
+
+    On 64 MiB, i.e. from main memory, not cache: the buffers that matter (gradient buckets, the
+    optimizer's sweep over all parameters) are that large; a 4 MiB measurement ran 2.4x too fast."""
     import time
     import numpy as np
     dst = np.ones(nbytes // 8)
@@ -322,5 +325,5 @@ def calibrate(timeout: float = 25.0) -> Hardware:
         devices_per_node=1 << 30, memory_bytes=memory, intra_name="shared-memory", inter_name="none",
         cores=os.cpu_count() or 1, layer_overhead=measure_layer_overhead(),
         sources=["measured by `python -m simpar bench --calibrate`: 384x384 GEMM on one thread, numpy.add "
-                 "on 4 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
+                 "on 64 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
                  "forward+backward+SGD of a 4-layer 8-wide MLP on one row (per-layer call overhead)"])
