@@ -98,6 +98,9 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         ok = print_tour_table(results, base.dtype)
         _plots(results, out_dir)
         print(f"\nmetrics and plots in {out_dir}/")
+        if size == 1:
+            print("one rank shows only the serial reference: run `mpiexec -n 4 python -m mpi4py -m simpar` "
+                  "for data, tensor, pipeline, ZeRO and hybrid layouts")
         if not ok:
             raise SimparError("a layout did not match the serial run or the cost model (see the table above)")
     return 0
