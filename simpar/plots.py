@@ -250,7 +250,9 @@ def plot_main(argv: list[str]) -> int:
         def error(self, message):
             raise SimparError(message)
 
-    p = Parser(prog="simpar plot", description="Compare metrics files: traffic and memory per layout.")
+    p = Parser(prog="simpar plot", description="Compare metrics files: traffic and memory per layout.",
+               epilog="Pipeline timeline instead: simpar plot --timeline trace.json -o timeline.png "
+                      "(trace.json from `simpar train --trace`).")
     p.add_argument("metrics", nargs="+", help="metrics JSON files (simpar train --metrics-out)")
     p.add_argument("-o", "--out", default="compare.png")
     p.add_argument("--scaling", default=None, help="also write the scaling plot here")
