@@ -10,7 +10,10 @@ two FMAs per cycle) every cycle. `matmul` below is that kernel (C = op(A) @ op(B
   The hot loop then reads both with stride 1; a transpose (x.T @ dz, dz @ W.T) costs nothing
   extra, it is just a different packing order. A B panel (KC x 64 bytes = 32 KiB) stays close
   while every A panel of the block (<= 240 KiB, in L2) passes it. Larger KC means fewer passes
-  over C (each k-block adds into it): KC=512 measured ~5% faster than 256 at n=1024.
+  over C (each k-block adds into it): KC=512 measured ~5% faster than 256 at n=1024 (MC 30-120,
+  KC=1024: the same). Packing is O(n^2) but is ~15% of the time at n=256 float32, so it is kept
+  lean: 64-byte row copies (vector moves) for B, views with a constant MR-long inner loop for A,
+  and only a partial last panel zero-padded -- 2-2.5x faster than scalar loops into a zeroed buffer.
 * The micro-kernel. An MR x NR = 5 x (64 bytes) tile of C -- 5 x 16 float32 or 5 x 8 float64,
   i.e. 10 AVX2 registers -- lives in 80 (or 40) scalar local variables for the whole k loop; each
   step loads one row of Bp (2 vector loads), broadcasts 5 numbers of Ap and does 10 vector FMAs.
@@ -22,14 +25,15 @@ two FMAs per cycle) every cycle. `matmul` below is that kernel (C = op(A) @ op(B
   `fastmath={"contract"}` on the micro-kernel lets mul+add become one FMA; no other fast-math
   flag is used (no reassociation: each C[i, j] still sums its products in k order; nnan/ninf
   stay off, so NaN and inf propagate exactly as in NumPy). `inspect_asm` shows 10 `vfmadd231ps
-  ymm` per k step. Without SLP the same code runs scalar, about 20x slower. Tile indices must be
-  constants: with C[i + r, j + c] Numba's negative-index checks stopped the vectoriser.
+  ymm` per k step. Without SLP the same code runs scalar, about 20x slower.
 
 What it reaches, single-threaded, on the shared Zen 3 core it was tuned on (medians of noisy
-runs; `python -m simpar bench matmul` measures yours): float64 about 0.9-0.95x OpenBLAS for
-n = 256..1024; float32 about 0.8-0.88x at 512-1024 but only 0.6-0.7x at 256, where packing,
-zeroing Cp and the epilogue (O(n^2) work, scalar index arithmetic) weigh more against the O(n^3)
-products. What assembly still does better: prefetching, exact scheduling, a 6 x 16 tile.
+runs; `python -m simpar bench matmul` measures yours), n = 256, 512, 1024: float32 0.90, 0.92-0.95,
+0.91x OpenBLAS; float64 0.94, 0.91-1.0, 0.93x (before the lean packing and the direct tile output:
+0.70, 0.80, 0.87 and 0.85, 0.92, 0.94); on a busy machine single runs scatter +-0.1.
+What assembly still does better: prefetching, exact scheduling, a 6 x 16 tile, packing A (an
+MR-interleaving transpose, ~10% of the time at n=256 float32) with shuffles. No gain from: A read
+unpacked through strided views, A panels as MR contiguous rows, packing B panels on first use.
 
 The fused linear layer is therefore, honestly, "GEMM + fused epilogue" (the cuBLASLt design):
 
@@ -74,24 +78,31 @@ _GELU_A = 0.044715
 
 
 def _micro_kernel_source(mr, nr):
-    """Source of `T += A[:kc].T @ B[:kc]` for an mr x nr tile T, held in mr*nr local variables.
+    """Source of `T = S + A[:kc].T @ B[:kc]` (S unread if `first`) for mr x nr tiles S, T (may be
+    one array), held in mr*nr local variables. Python cannot declare 80 locals in a loop, so a
+    template writes the kernel. For mr=nr=2:
 
-    Python cannot declare 80 locals in a loop, so a template writes the kernel. For mr=nr=2:
-
-        def _micro_2x2(A, B, kc, T):
-            c0_0 = T[0, 0]; c0_1 = T[0, 1]; c1_0 = T[1, 0]; c1_1 = T[1, 1]
+        def _micro_2x2(A, B, kc, S, T, first, zero):
+            if first:
+                c0_0 = zero; c0_1 = zero; c1_0 = zero; c1_1 = zero
+            else:
+                c0_0 = S[0, 0]; c0_1 = S[0, 1]; c1_0 = S[1, 0]; c1_1 = S[1, 1]
             for k in range(kc):
                 b0 = B[k, 0]; b1 = B[k, 1]
                 a = A[k, 0]; c0_0 += a * b0; c0_1 += a * b1
                 a = A[k, 1]; c1_0 += a * b0; c1_1 += a * b1
             T[0, 0] = c0_0; T[0, 1] = c0_1; T[1, 0] = c1_0; T[1, 1] = c1_1
 
-    T's indices are constants: with variable ones (C[i + 0, j + 1]) Numba adds a negative-index
-    check to each access and LLVM no longer vectorises -- 20x slower.
+    T's indices are constants and T is C-contiguous: with variable indices (C[i + 0, j + 1]) Numba
+    adds a negative-index check to each access, and with a strided T the stores, where the SLP
+    vectoriser starts, are not adjacent: either way LLVM no longer vectorises -- 20x slower.
     """
     tile = [(r, c) for r in range(mr) for c in range(nr)]
-    lines = [f"def _micro_{mr}x{nr}(A, B, kc, T):",
-             "    " + "; ".join(f"c{r}_{c} = T[{r}, {c}]" for r, c in tile),
+    lines = [f"def _micro_{mr}x{nr}(A, B, kc, S, T, first, zero):",
+             "    if first:",
+             "        " + "; ".join(f"c{r}_{c} = zero" for r, c in tile),
+             "    else:",
+             "        " + "; ".join(f"c{r}_{c} = S[{r}, {c}]" for r, c in tile),
              "    for k in range(kc):",
              "        " + "; ".join(f"b{c} = B[k, {c}]" for c in range(nr))]
     for r in range(mr):
@@ -115,38 +126,44 @@ _micro64 = _make_micro_kernel(MR, NR_BYTES // 8)
 
 @njit(cache=True)
 def _pack_a(Ap, A, ta, i0, mc, p0, kc):
-    """Ap[p, k, r] = op(A)[i0 + p*MR + r, p0 + k]: MR-row panels, MR numbers per k, zero-padded.
-
-    op(A) is A.T when `ta` (x.T @ dz): packing is where the transpose happens, for free.
-    """
-    Ap[:, :kc, :] = 0
-    for p in range(Ap.shape[0]):
-        rows = min(MR, mc - p * MR)
-        if ta:                                  # read A along its rows either way
+    """Ap[p, k, r] = op(A)[i0 + p*MR + r, p0 + k]: MR-row panels, MR numbers per k. op(A) is A.T
+    when `ta` (x.T @ dz): packing is where the transpose happens, for free."""
+    for p in range((mc + MR - 1) // MR):
+        i, rows = i0 + p * MR, min(MR, mc - p * MR)
+        if rows < MR:
+            Ap[p, :kc, :] = 0
+        # Through views whose indices start at 0, LLVM can drop Numba's negative-index checks.
+        dst, src = Ap[p], A[p0:p0 + kc, i:i + rows] if ta else A[i:i + rows, p0:p0 + kc].T
+        if rows == MR:                          # a constant: the inner loop is unrolled
+            for k in range(kc):
+                for r in range(MR):
+                    dst[k, r] = src[k, r]
+        else:
             for k in range(kc):
                 for r in range(rows):
-                    Ap[p, k, r] = A[p0 + k, i0 + p * MR + r]
-        else:
-            for r in range(rows):
-                for k in range(kc):
-                    Ap[p, k, r] = A[i0 + p * MR + r, p0 + k]
+                    dst[k, r] = src[k, r]
 
 
 @njit(cache=True)
 def _pack_b(Bp, B, tb, p0, kc, N):
     """Bp[q, k, c] = op(B)[p0 + k, q*NR + c]: NR-column panels, NR contiguous numbers per k."""
-    NR = Bp.shape[2]
-    Bp[:, :kc, :] = 0
+    NR = NR_BYTES // B.itemsize                 # a compile-time constant
     for q in range(Bp.shape[0]):
-        cols = min(NR, N - q * NR)
+        j = q * NR
+        cols = min(NR, N - j)
+        if cols < NR:
+            Bp[q, :kc, :] = 0
         if tb:                                  # op(B) = B.T (dz @ W.T)
             for c in range(cols):
                 for k in range(kc):
-                    Bp[q, k, c] = B[q * NR + c, p0 + k]
+                    Bp[q, k, c] = B[j + c, p0 + k]
+        elif cols == NR:                        # one 64-byte row copy per k
+            for k in range(kc):
+                for c in range(NR):
+                    Bp[q, k, c] = B[p0 + k, j + c]
         else:
             for k in range(kc):
-                for c in range(cols):
-                    Bp[q, k, c] = B[p0 + k, q * NR + c]
+                Bp[q, k, :cols] = B[p0 + k, j:j + cols]
 
 
 @njit(cache=True)
@@ -162,22 +179,24 @@ def _activate(z, act, zero, one, half, c, a):
 
 
 @njit(cache=True, inline="always")
-def _micro(A, B, kc, T):
-    """The micro-kernel for T's dtype."""
+def _micro(A, B, kc, S, T, first):
+    """The micro-kernel for T's dtype: T = S + A.T @ B, or T = A.T @ B if `first` (S unread)."""
     if T.itemsize == 4:
-        _micro32(A, B, kc, T)
+        _micro32(A, B, kc, S, T, first, T.dtype.type(0))
     else:
-        _micro64(A, B, kc, T)
+        _micro64(A, B, kc, S, T, first, T.dtype.type(0))
 
 
 @njit(cache=True)
 def _gemm(Z, Y, A, ta, B, tb, bias, act, work):
     """Z = op(A) @ op(B) + bias and Y = act(Z); Y may be Z itself (act 0). `bias` of size 0: none.
 
-    C is accumulated in tile order, Cp[q, p] = the MR x NR tile at rows p*MR, columns q*NR: each
-    k-block adds into it, streaming through memory in order (Z's own rows, 4 KiB apart at n=1024,
-    made tile updates cache misses). At the end each row of Z is gathered from Cp and, while it is
-    in L1, gets its bias and activation (`_bias_act`): the fused epilogue.
+    The first k-block starts each tile from zero (nothing to clear); the last copies each finished
+    tile into Z from a small C-contiguous `tile` still in L1 (a strided view of Z as the kernel's
+    output stopped the SLP vectoriser). In between (K > KC) partial sums live in Cp in tile order,
+    Cp[q, p] = the tile at rows p*MR, columns q*NR, streamed in order (Z's own rows, 4 KiB apart
+    at n=1024, made tile updates cache misses). No zeroed Cp and gather pass over all of C: 5-10%
+    faster at n=256..512. Then `_bias_act` adds bias and activation: the fused epilogue.
 
     Ap, Bp and Cp are carved from `work`, replaced by a larger buffer if it is too small; the
     buffer used is returned so that the caller can keep it: fresh ~1 MiB buffers on every call
@@ -187,25 +206,36 @@ def _gemm(Z, Y, A, ta, B, tb, bias, act, work):
     K = B.shape[1] if tb else B.shape[0]
     NR = NR_BYTES // Z.itemsize
     kb, nq, mp = max(1, min(KC, K)), (N + NR - 1) // NR, (M + MR - 1) // MR
-    nb, na, nc = nq * kb * NR, ((min(MC, M) + MR - 1) // MR) * kb * MR, nq * mp * MR * NR
+    cq, cm = (nq, mp) if K > KC else (1, 1)        # partial sums between k-blocks, if any
+    nb, na, nc = nq * kb * NR, ((min(MC, M) + MR - 1) // MR) * kb * MR, cq * cm * MR * NR
     if work.size < nb + na + nc:
         work = np.empty(nb + na + nc, Z.dtype)
     Bp = work[:nb].reshape((nq, kb, NR))
     Ap = work[nb:nb + na].reshape((na // (kb * MR), kb, MR))
-    Cp = work[nb + na:nb + na + nc].reshape((nq, mp, MR, NR))
-    Cp[:] = 0
+    Cp = work[nb + na:nb + na + nc].reshape((cq, cm, MR, NR))
+    tile = np.empty((MR, NR), Z.dtype)
+    if K == 0:
+        Z[:] = 0
     for p0 in range(0, K, KC):
-        kc = min(KC, K - p0)
+        kc, first, last = min(KC, K - p0), p0 == 0, p0 + KC >= K
         _pack_b(Bp, B, tb, p0, kc, N)
         for i0 in range(0, M, MC):
             _pack_a(Ap, A, ta, i0, min(MC, M - i0), p0, kc)
-            for q in range(Bp.shape[0]):
+            for q in range(nq):
+                j = q * NR
                 for p in range((min(MC, M - i0) + MR - 1) // MR):
-                    _micro(Ap[p], Bp[q], kc, Cp[q, i0 // MR + p])
-    for i in range(M):                              # the epilogue, one row of Z at a time
-        for q in range(Bp.shape[0]):
-            for c in range(min(NR, N - q * NR)):
-                Z[i, q * NR + c] = Cp[q, i // MR, i % MR, c]
+                    i = i0 + p * MR
+                    S = Cp[q, i // MR] if K > KC else Cp[0, 0]
+                    if not last:
+                        _micro(Ap[p], Bp[q], kc, S, S, first)
+                        continue
+                    _micro(Ap[p], Bp[q], kc, S, tile, first)
+                    if i + MR <= M and j + NR <= N:     # into Z while the tile is in L1
+                        for r in range(MR):
+                            for c in range(NR):
+                                Z[i + r, j + c] = tile[r, c]
+                    else:
+                        Z[i:i + MR, j:j + NR] = tile[:min(MR, M - i), :min(NR, N - j)]
     _bias_act(Z, Y, bias, act)
     return work
 
