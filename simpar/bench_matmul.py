@@ -11,7 +11,8 @@ For each size n it times two things, single-threaded (the way every simpar rank 
 
 GFLOP/s counts 2 flops per multiply-add of the matmul only (the bias and activation are not
 counted, so the fused numbers show what fusion buys per unit of matmul work). Each figure is the
-median of --repeat timed calls after one warm-up call. Ratios above 1 mean Numba is faster.
+median of --repeat timed calls after one warm-up call, NumPy and Numba called alternately; a ratio
+is the median of the per-pair ratios. Ratios above 1 mean Numba is faster.
 """
 from __future__ import annotations
 
@@ -55,14 +56,20 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def median_seconds(fn, repeat: int) -> float:
-    fn()                                          # warm-up: caches, page faults, first-call costs
-    times = []
+def paired_seconds(peer, ours, repeat: int) -> tuple[float, float, float]:
+    """Median seconds of `peer` and of `ours`, and the median of their per-pair ratios.
+
+    The two are called alternately, so a burst of load from elsewhere slows both sides of a pair
+    instead of skewing whichever block of calls it happened to hit."""
+    peer(), ours()                                # warm-up: caches, page faults, first-call costs
+    t_peer, t_ours = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, times in ((peer, t_peer), (ours, t_ours)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    ratio = statistics.median(p / o for p, o in zip(t_peer, t_ours))
+    return statistics.median(t_peer), statistics.median(t_ours), ratio
 
 
 def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
@@ -75,20 +82,20 @@ def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
     bias = rng.standard_normal(n).astype(dtype)
     gflop = 2.0 * n ** 3 / 1e9
     gflop_layer = 2.0 * batch * n * n / 1e9
-    t_numpy = median_seconds(lambda: a @ b, repeat)
-    t_numba = median_seconds(lambda: cpu.matmul(a, b), repeat)
-    t_unfused = median_seconds(lambda: NumpyKernels.linear_act_forward(x, a, bias, act), repeat)
-    t_fused = median_seconds(lambda: cpu.NumbaKernels.linear_act_forward(x, a, bias, act), repeat)
+    t_numpy, t_numba, matmul_ratio = paired_seconds(lambda: a @ b, lambda: cpu.matmul(a, b), repeat)
+    t_unfused, t_fused, fused_ratio = paired_seconds(
+        lambda: NumpyKernels.linear_act_forward(x, a, bias, act),
+        lambda: cpu.NumbaKernels.linear_act_forward(x, a, bias, act), repeat)
     return {
         "n": n,
         "numpy_gflops": gflop / t_numpy,
         "numba_gflops": gflop / t_numba,
-        "matmul_ratio": t_numpy / t_numba,
+        "matmul_ratio": matmul_ratio,
         "batch": batch,
         "act": act,
         "numpy_unfused_gflops": gflop_layer / t_unfused,
         "numba_fused_gflops": gflop_layer / t_fused,
-        "fused_ratio": t_unfused / t_fused,
+        "fused_ratio": fused_ratio,
     }
 
 
