@@ -23,6 +23,8 @@ import re
 
 from . import costmodel as cm
 from .config import SimparError
+from .plan_compare import compare, explain, factorizations  # noqa: F401  (notebooks use the last two)
+from .plan_format import describe_model, fmt_bytes, fmt_time
 
 SWEEPABLE = ("dp", "tp", "pp", "zero", "batch", "width", "microbatches", "grad_accum")
 
@@ -175,29 +177,6 @@ def show_schedule(a) -> int:
 
 # -- the readable table -------------------------------------------------------------------------------------
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} PB"
-
-
-def fmt_time(s: float) -> str:
-    if s == 0:
-        return "0"
-    for unit, k in (("s", 1), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
-        if abs(s) >= k:
-            return f"{s / k:.3g} {unit}"
-    return f"{s / 1e-9:.2g} ns"
-
-
-def describe_model(pred: dict) -> str:
-    w, P = pred["widths"], pred["params"]
-    shape = "-".join(map(str, w)) if "..." not in w else f"stand-in, {pred['n_layers']} layers of width {w[1]}"
-    return f"MLP {shape} ({P / 1e9:,.2f} B params)" if P >= 1e9 else f"MLP {shape} ({P / 1e6:,.3g} M params)"
-
-
 def format_plan(pred: dict, hw, limit: float | None) -> str:
     sp, t = pred["spec"], pred["time"]
     lines = [f"simpar plan: {describe_model(pred)}, global batch {sp['batch']}, {pred['layout']} on "
@@ -306,98 +285,3 @@ def sweep(spec: cm.Spec, hw, text: str, out: str, as_json: bool, limit: float | 
         if not as_json:
             print(f"plot saved to {out}")
     return 0
-
-
-# -- --compare ------------------------------------------------------------------------------------------
-
-def factorizations(world: int) -> list[tuple[int, int, int]]:
-    return [(dp, tp, world // (dp * tp)) for dp in range(1, world + 1) if world % dp == 0
-            for tp in range(1, world // dp + 1) if (world // dp) % tp == 0]
-
-
-COMPONENTS = (("compute_s", "compute"), ("tp_s", "tensor-parallel all-reduces"), ("pp_s", "pipeline sends"),
-              ("bubble_s", "the pipeline bubble"), ("dp_exposed_s", "gradient/ZeRO traffic"), ("data_s", "data scatter"))
-
-
-def compare(spec: cm.Spec, hw, world: int | None, limit: float | None, as_json: bool) -> int:
-    if not world or world < 1:
-        raise SimparError("--compare needs --world N (the number of ranks to split)")
-    if world > 1 << 20:
-        raise SimparError(f"--world {world} is too large (at most {1 << 20})")
-    cands, invalid = [], 0
-    for dp, tp, pp in factorizations(world):
-        for zero in (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,):
-            d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero)
-            try:
-                s = cm.check(cm.Spec(**d))
-            except SimparError:
-                invalid += 1
-                continue
-            p = cm.predict(s, hw, ranks=sorted({0, s.world - 1} | {k * dp * tp for k in range(pp)}))
-            cands.append(p)
-    if not cands:
-        raise SimparError(f"no layout of {world} ranks is valid for this model and batch "
-                          f"(widths divisible by tp, pp <= {spec.n_layers} layers, batch >= dp*microbatches)")
-    fits = lambda p: not limit or p["memory"]["max_total"] <= limit
-    ranked = sorted(cands, key=lambda p: (not fits(p), p["time"]["step_s"]))
-    if as_json:
-        print(json.dumps({"world": world, "memory_limit": limit, "ranked": ranked}, indent=1, default=str))
-        return 0
-    print(f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, {world} rank{'s' if world > 1 else ''} on {hw.name}, "
-          f"{spec.precision} {spec.optimizer}" + (f", memory limit {fmt_bytes(limit)} per rank" if limit else ""))
-    print(f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
-          f"{'pp+bubble':>9} {'dp/zero':>9}")
-    for i, p in enumerate(ranked[:15], 1):
-        t = p["time"]
-        print(f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
-              f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}{fmt_time(t['compute_s']):>9} "
-              f"{fmt_time(t['tp_s']):>9} {fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}")
-    if len(ranked) > 15:
-        print(f"    ... {len(ranked) - 15} more")
-    notes = [f"{invalid} factorizations skipped as invalid for this model"] if invalid else []
-    if limit:
-        over = sum(not fits(p) for p in ranked)
-        notes.append(f"{over} of {len(ranked)} layouts exceed the memory limit (marked !)" if over else "every layout fits in memory")
-    print("(" + "; ".join(notes) + ")" if notes else "")
-    print("\n" + "\n".join(explain(ranked, limit, fits)))
-    return 0
-
-
-def explain(ranked: list[dict], limit: float | None, fits) -> list[str]:
-    """Sentences saying why the winner wins: its links, and what sinks each main rival."""
-    win = ranked[0]
-    if not fits(win):
-        return [f"nothing fits: even the leanest layout, {min(ranked, key=lambda p: p['memory']['max_total'])['layout']}, "
-                f"needs {min(p['memory']['max_total'] for p in ranked) / limit:.1f}x the memory limit; "
-                f"try --zero 3, more ranks, --precision mixed or a smaller batch"]
-    t, sp = win["time"], win["spec"]
-    used = [f"{g} on {l['name']}" for g, l in win["links"].items() if g != "world" and sp[g] > 1]
-    out = [f"winner: {win['layout']} at {fmt_time(t['step_s'])} per step"
-           + (f" ({', '.join(used)})" if used else "") + ": " + _breakdown(win)]
-    rivals, seen = [], {win["layout"]}
-    for pick in (lambda p: p is not win and fits(p),                                # runner-up
-                 lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and not p["spec"]["zero"],   # plain DDP
-                 lambda p: p["spec"]["dp"] == 1 and p["spec"]["pp"] == 1,           # all tensor parallel
-                 lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and p["spec"]["zero"] == 3):
-        rival = next((p for p in ranked if pick(p) and p["layout"] not in seen), None)
-        if rival:
-            seen.add(rival["layout"])
-            rivals.append(rival)
-    for r in rivals:
-        if not fits(r):
-            out.append(f"{r['layout']} would need {r['memory']['max_total'] / limit:.1f}x the memory limit "
-                       f"({fmt_bytes(r['memory']['max_total'])} per rank: " +
-                       ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["memory"]["max"].items() if v) + ")")
-            continue
-        key, name = max(COMPONENTS, key=lambda c: r["time"][c[0]] - t[c[0]])
-        link = {"tp_s": "tp", "pp_s": "pp", "dp_exposed_s": "dp"}.get(key)
-        where = f" on {r['links'][link]['name']}" if link else ""
-        out.append(f"{r['layout']} is {r['time']['step_s'] / t['step_s']:.2f}x slower: mostly {name}{where} "
-                   f"({fmt_time(r['time'][key])} vs {fmt_time(t[key])})")
-    return out
-
-
-def _breakdown(p: dict) -> str:
-    parts = [(p["time"][k], n) for k, n in COMPONENTS if p["time"][k] > 0]
-    step = p["time"]["step_s"]
-    return ", ".join(f"{n} {fmt_time(v)} ({v / step:.0%})" for v, n in sorted(parts, reverse=True))
