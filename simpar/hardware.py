@@ -159,13 +159,8 @@ def load(name_or_file: str = "local") -> Hardware:
 
 
 def _read(path: str) -> Hardware:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except OSError as exc:
-        raise SimparError(f"cannot read hardware file {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise SimparError(f"hardware file {path} is not valid JSON: {exc}") from None
+    from .report import read_json
+    d = read_json(path, "hardware file")
     if not isinstance(d, dict):
         raise SimparError(f"hardware file {path} must hold a JSON object")
     return from_dict(d, path)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 
 from .config import SimparError
+from .report import read_json
 
 CATS = ("data", "model", "activation")
 CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
@@ -228,13 +228,7 @@ def _timelines(out_dir: str) -> list[str]:
 
 
 def load_metrics(path: str) -> dict:
-    try:
-        with open(path) as f:
-            m = json.load(f)
-    except OSError as exc:
-        raise SimparError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise SimparError(f"{path} is not valid JSON: {exc}") from None
+    m = read_json(path, "metrics file")
     if not isinstance(m, dict) or not all(k in m for k in ("comm", "memory", "config", "world_size")):
         raise SimparError(f"{path} is not a simpar metrics file (written by `simpar train --metrics-out`)")
     return m

@@ -45,6 +45,18 @@ def atomic_write(path: str, write_fn, binary: bool = False) -> None:
         raise
 
 
+def read_json(path, what: str):
+    """A JSON file the user named (metrics, hardware profile, trace), or one clear SimparError."""
+    from .config import SimparError
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise SimparError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise SimparError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
 def write_json(path: str, obj) -> None:
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, default=_jsonable))
 
@@ -153,7 +165,7 @@ def print_summary(m: dict) -> None:
                  for cat in CATS]
         print(f"{r['rank']:>4} {c['pp']:>5},{c['dp']},{c['tp']} | " + " | ".join(cells))
     tot = m["comm"]["total_sent"]
-    print(f"all ranks sent: " + ", ".join(f"{c} {fmt_bytes(tot[c])}" for c in CATS)
+    print("all ranks sent: " + ", ".join(f"{c} {fmt_bytes(tot[c])}" for c in CATS)
           + (f"  (modeled: {', '.join(m['comm']['modeled_ops'])})" if m["comm"]["modeled_ops"] else ""))
     mm = m["memory"]["max"]
     print("memory per rank (max): " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mm.items()))

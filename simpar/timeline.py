@@ -19,10 +19,10 @@ core, so the measured bubble is inflated there: compare runs with one core per r
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .config import SimparError
+from .report import read_json
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#8C8C8C", "allreduce": "#8172B2",
            "other": "#CCCCCC"}
@@ -32,11 +32,7 @@ COMPUTE = ("forward", "backward")
 def load_events(source) -> list[dict]:
     """Complete ("X") events from a trace file path, a {"traceEvents": [...]} dict, or a list."""
     if isinstance(source, (str, Path)):
-        try:
-            with open(source) as f:
-                source = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise SimparError(f"cannot read trace {source}: {exc}") from None
+        source = read_json(source, "trace")
     if isinstance(source, dict):
         source = source.get("traceEvents", [])
     return [e for e in source if e.get("ph") == "X"]
