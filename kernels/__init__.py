@@ -8,12 +8,14 @@ A backend is an object with
 
 `b` may be None (no bias). `act` is one of "relu", "tanh", "gelu", "none".
 
-Backends: "numpy" (the readable reference; NumPy calls OpenBLAS), "numba" (kernels/cpu.py),
+Backends: "numpy" (the readable reference in reference.py; NumPy calls OpenBLAS), "numba" (kernels/cpu.py),
 "cuda" (kernels/cuda.py). `use(name)` picks one for the whole process; `active()` returns it.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .reference import ACTIVATIONS, linear_backward, linear_forward
 
 
 class NumpyKernels:
@@ -22,13 +24,11 @@ class NumpyKernels:
 
     @staticmethod
     def linear_act_forward(x, W, b, act):
-        from simpar.model import ACTIVATIONS, linear_forward
         z = linear_forward(x, W, b)
         return z, ACTIVATIONS[act][0](z)
 
     @staticmethod
     def linear_act_backward(dy, x, W, z, y, act, need_dx):
-        from simpar.model import ACTIVATIONS, linear_backward
         return linear_backward(ACTIVATIONS[act][1](dy, z, y), x, W, need_dx)
 
     @staticmethod
@@ -88,14 +88,10 @@ def choose_auto(widths, batch, dtype) -> str:
 
 
 def use(name: str):
-    """Make `name` the backend for this process (and the reduce inside simpar's collectives)."""
+    """Make `name` the backend for this process. (simpar installs its reduce_add inside the
+    collectives itself: kernels/ never imports simpar.)"""
     global _active
     _active = load(name)
-    try:
-        from simpar import collectives
-        collectives.set_reduce_kernel(_active.reduce_add)
-    except ImportError:
-        pass
     return _active
 
 

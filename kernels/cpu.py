@@ -60,6 +60,8 @@ import numpy as np
 import numba
 from numba import njit
 
+from .reference import GELU_A, GELU_C
+
 # -- the matmul ------------------------------------------------------------------------------------
 
 # Numba leaves LLVM's SLP vectoriser off by default; the micro-kernel needs it (see above). It is read
@@ -73,8 +75,6 @@ NR_BYTES = 64     # its width: two AVX2 registers per row (16 float32 or 8 float
 KC = 512          # k-block: a KC x NR panel of B (32 KiB) stays in L1/L2 while a tile is computed
 MC = 60           # row block: the packed MC x KC block of A (120-240 KiB) stays in L2
 ACTS = {"none": 0, "relu": 1, "tanh": 2, "gelu": 3}
-_GELU_C = math.sqrt(2.0 / math.pi)   # the same constants as simpar/model.py
-_GELU_A = 0.044715
 
 
 def _micro_kernel_source(mr, nr):
@@ -278,7 +278,7 @@ _WORK = {}   # matmul's packing buffers, one per dtype, kept between calls (see 
 def _bias_act(z, y, bias, act):
     """z += bias and y = act(z) in ONE sweep over z: the fused epilogue after a BLAS GEMM."""
     zero, one, half = z.dtype.type(0.0), z.dtype.type(1.0), z.dtype.type(0.5)
-    gc, ga = z.dtype.type(_GELU_C), z.dtype.type(_GELU_A)
+    gc, ga = z.dtype.type(GELU_C), z.dtype.type(GELU_A)
     for i in range(z.shape[0]):
         if bias.size > 0:
             for j in range(z.shape[1]):
@@ -292,7 +292,7 @@ def _bias_act(z, y, bias, act):
 def _act_backward(dy, z, y, act, dz, db):
     """dz = act'(z) * dy (the formulas of simpar/model.py) and db = dz summed over rows, one sweep."""
     zero, one, half = dz.dtype.type(0.0), dz.dtype.type(1.0), dz.dtype.type(0.5)
-    gc, ga, ga3 = dz.dtype.type(_GELU_C), dz.dtype.type(_GELU_A), dz.dtype.type(3 * _GELU_A)
+    gc, ga, ga3 = dz.dtype.type(GELU_C), dz.dtype.type(GELU_A), dz.dtype.type(3 * GELU_A)
     for j in range(dz.shape[1]):
         db[j] = zero
     for i in range(dz.shape[0]):

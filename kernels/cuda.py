@@ -25,10 +25,10 @@ import math
 import numpy as np
 from numba import cuda, from_dtype
 
+from .reference import GELU_A, GELU_C
+
 TILE = 16                               # 16 x 16 = 256 threads per block
 ACTS = {"none": 0, "relu": 1, "tanh": 2, "gelu": 3}
-_GELU_C = math.sqrt(2.0 / math.pi)      # the same constants as simpar/model.py
-_GELU_A = 0.044715
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +44,7 @@ def kernels_for(dtype):
     nbtype = from_dtype(dtype)
     t = dtype.type
     zero, one, half = t(0), t(1), t(0.5)
-    gc, ga, ga3 = t(_GELU_C), t(_GELU_A), t(3 * _GELU_A)
+    gc, ga, ga3 = t(GELU_C), t(GELU_A), t(3 * GELU_A)
 
     @cuda.jit(device=True)
     def activate(z, act):

@@ -6,8 +6,9 @@ here: 2 threads per rank on 2 cores with 4 ranks makes a step about 5x slower).
 """
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+from simpar.units import THREAD_VARS  # pure Python: loads no NumPy
+
+for _var in THREAD_VARS:
     os.environ[_var] = "1"
 
 from simpar.cli import main  # noqa: E402  (must follow the thread caps)

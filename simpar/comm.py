@@ -4,7 +4,7 @@ Every strategy in simpar talks to other ranks only through a `Communicator`. It 
 communicator and offers point-to-point messages (blocking and non-blocking) on NumPy arrays. Each
 message is written into a `Ledger` *before* it leaves, sorted by
 
-  category  -- what the bytes are (DESIGN.md): "data" (training samples and labels), "model"
+  category  -- what the bytes are (docs/design.md): "data" (training samples and labels), "model"
                (parameters, gradients, optimizer state), "activation" (intermediate results between
                model shards), or "control" (logging, metrics, barriers: kept apart so the three
                training categories stay exactly equal to the closed-form formulas);

@@ -135,3 +135,13 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
                  f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "
                  "all-reduce layouts only")
     return cfg
+
+
+def layout_name(layout) -> str:
+    """dp4, dp2xzero1, tp2, pp2-1f1b, dp2xtp2, ... ("serial" for one rank). `layout` is anything with
+    dp, tp, pp, zero and schedule attributes: a RunConfig or the cost model's Spec."""
+    parts = [f"dp{layout.dp}"] if layout.dp and layout.dp > 1 else []
+    parts += [f"zero{layout.zero}"] if layout.zero else []
+    parts += [f"tp{layout.tp}"] if layout.tp > 1 else []
+    parts += [f"pp{layout.pp}-{layout.schedule}"] if layout.pp > 1 else []
+    return "x".join(parts) or "serial"

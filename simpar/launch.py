@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .units import one_thread_env
+
 
 class LaunchError(RuntimeError):
     pass
@@ -31,9 +33,7 @@ def mpiexec_path() -> str:
 
 
 def _env() -> dict:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        env[var] = "1"
+    env = one_thread_env(dict(os.environ))
     root = str(Path(__file__).resolve().parents[1])     # so an un-installed checkout works too
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env

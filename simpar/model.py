@@ -2,8 +2,8 @@
 
     y = act(x @ W + b)            x: (batch, fan_in)   W: (fan_in, fan_out)   b: (fan_out,)
 
-Backward of one linear layer, given dL/dz for z = x @ W + b:
-    dL/dx = dz @ W.T      dL/dW = x.T @ dz      dL/db = sum over the batch of dz
+The per-layer math (activations, linear forward and backward) is the reference in
+kernels/reference.py; the kernel backend chosen with --kernels runs it (kernels/__init__.py).
 
 The loss is softmax cross-entropy averaged over the GLOBAL batch: a shard of B_local rows divides by
 B_global, so summing the shards' gradients (the data-parallel all-reduce) gives the serial gradient
@@ -20,71 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import kernels
-
-# -- activations: forward(z) -> y, backward(dy, z, y) -> dz -------------------------------------
-
-def relu(z):
-    return np.maximum(z, 0)
-
-
-def relu_backward(dy, z, y):
-    return dy * (z > 0)
-
-
-def tanh(z):
-    return np.tanh(z)
-
-
-def tanh_backward(dy, z, y):
-    return dy * (1 - y * y)
-
-
-_GELU_C = math.sqrt(2.0 / math.pi)
-
-
-def gelu(z):
-    """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in sec. 2)."""
-    return 0.5 * z * (1 + np.tanh(_GELU_C * (z + 0.044715 * z ** 3)))
-
-
-def gelu_backward(dy, z, y):
-    inner = _GELU_C * (z + 0.044715 * z ** 3)
-    t = np.tanh(inner)
-    dinner = _GELU_C * (1 + 3 * 0.044715 * z * z)
-    return dy * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * dinner)
-
-
-def identity(z):
-    return z
-
-
-def identity_backward(dy, z, y):
-    return dy
-
-
-ACTIVATIONS = {
-    "relu": (relu, relu_backward),
-    "tanh": (tanh, tanh_backward),
-    "gelu": (gelu, gelu_backward),
-    "none": (identity, identity_backward),
-}
-
-
-# -- linear layer ----------------------------------------------------------------------------------
-
-def linear_forward(x, W, b=None):
-    """z = x @ W + b (b=None: no bias -- a row-parallel shard adds its bias after the all-reduce)."""
-    z = x @ W
-    if b is not None:
-        z += b                      # in place: one temporary fewer than x @ W + b
-    return z
-
-
-def linear_backward(dz, x, W, need_dx=True):
-    """(dx, dW, db) for z = x @ W + b. The first layer skips dx (nothing upstream wants it)."""
-    dx = dz @ W.T if need_dx else None
-    return dx, x.T @ dz, dz.sum(axis=0)
-
+from kernels.reference import ACTIVATIONS, linear_forward  # noqa: F401  (re-exported)
 
 # -- loss ------------------------------------------------------------------------------------------
 

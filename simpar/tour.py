@@ -13,7 +13,8 @@ import copy
 import os
 import time
 
-from . import report
+from .files import write_json, write_trace
+from .units import fmt_bytes
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError
 
@@ -68,7 +69,7 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
             setattr(cfg, key, value)
         cfg.quiet = True
         cfg.metrics_out = cfg.weights_out = None
-        # One pipeline run is traced, for the timeline picture (plots.py draws trace.json).
+        # One pipeline run is traced, for the timeline picture (report/plots.py draws trace.json).
         cfg.trace = os.path.join(out_dir, "trace.json") if name.endswith("1f1b") and cfg.pp > 1 else None
         need = (cfg.dp or 1) * cfg.tp * cfg.pp
         sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
@@ -84,9 +85,9 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
                 metrics.pop("_weights")
                 trace = metrics.pop("_trace")
                 if cfg.trace:
-                    report.write_trace(cfg.trace, trace)
+                    write_trace(cfg.trace, trace)
                 metrics["tour_wall_s"] = time.perf_counter() - started
-                report.write_json(os.path.join(out_dir, f"{name}.json"), metrics)
+                write_json(os.path.join(out_dir, f"{name}.json"), metrics)
                 results.append((name, metrics))
                 print(f"  {name:<14} done in {metrics['tour_wall_s']:.1f} s", flush=True)
         # Ranks outside `sub` must hear about a failure too, or they would wait here forever.
@@ -124,9 +125,9 @@ def print_tour_table(results, dtype: str) -> bool:
         mem = max(sum(r[k] for k in ("params", "grads", "optimizer", "activations_peak")) for r in m["memory"]["ranks"])
         acc = m.get("accuracy")
         print(f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
-              f"{(acc if acc is not None else float('nan')):>6.3f} {report.fmt_bytes(per['data']):>10} "
-              f"{report.fmt_bytes(per['model']):>10} {report.fmt_bytes(per['activation']):>10} "
-              f"{report.fmt_bytes(mem):>10} {1000 * m['time']['step_s_median']:>8.2f} "
+              f"{(acc if acc is not None else float('nan')):>6.3f} {fmt_bytes(per['data']):>10} "
+              f"{fmt_bytes(per['model']):>10} {fmt_bytes(per['activation']):>10} "
+              f"{fmt_bytes(mem):>10} {1000 * m['time']['step_s_median']:>8.2f} "
               f"{1000 * m['predicted']['time']['step_s']:>8.2f} "
               f"{'exact' if not m['prediction_mismatches'] else 'NO':>10}")
         all_ok &= not m["prediction_mismatches"]
@@ -137,5 +138,5 @@ def print_tour_table(results, dtype: str) -> bool:
 
 
 def _plots(results, out_dir):
-    from . import plots
+    from .report import plots
     plots.tour_plots(results, out_dir)

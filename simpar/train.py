@@ -16,7 +16,10 @@ import time
 
 import numpy as np
 
-from . import report
+from .report.metrics import build_metrics
+from .report.tables import print_summary
+from .files import writable, write_json, write_trace, write_weights
+from . import collectives
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError, validate
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
@@ -45,6 +48,7 @@ def select_kernels(cfg: RunConfig) -> str:
             raise SimparError("--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
                               "to run the same kernels in Numba's CPU simulator, slowly)")
     backend = kernels.use(name)
+    collectives.set_reduce_kernel(backend.reduce_add)      # the `dst += src` inside every reducing collective
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
         from kernels import cpu
@@ -173,7 +177,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
         tracer.uninstall()        # the tour runs several layouts in one process
     if not is_root:
         return None
-    metrics = report.build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
+    metrics = build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
                                    gathered, elapsed, steps, kernels_name, step_times, eval_s)
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
@@ -192,7 +196,7 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
     if world.rank == 0:
         for flag, path in (("--metrics-out", cfg.metrics_out), ("--weights-out", cfg.weights_out),
                            ("--trace", cfg.trace)):
-            if path and not report.writable(path):
+            if path and not writable(path):
                 problem = f"{flag} {path}: not a writable file path (its folder is missing or read-only, or it is a folder)"
                 break
     problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
@@ -228,11 +232,11 @@ def train_main(cfg: RunConfig) -> int:
     if metrics is not None:
         weights, trace = metrics.pop("_weights"), metrics.pop("_trace")
         if not cfg.quiet:
-            report.print_summary(metrics)
+            print_summary(metrics)
         if cfg.metrics_out:
-            report.write_json(cfg.metrics_out, metrics)
+            write_json(cfg.metrics_out, metrics)
         if cfg.weights_out:
-            report.write_weights(cfg.weights_out, weights)
+            write_weights(cfg.weights_out, weights)
         if cfg.trace:
-            report.write_trace(cfg.trace, trace)
+            write_trace(cfg.trace, trace)
     return 0

@@ -2,7 +2,7 @@
 
 One mpiexec launch per world size p = 1..8 runs every case (tests/mpi_collectives_check.py) and
 prints a JSON report; the tests below judge it. The formulas here are written out from the
-docstrings of simpar/collectives.py and simpar/collectives_more.py, independently of the code
+docstrings of simpar/collectives/ (one file per algorithm), independently of the code
 that sends, so a change to either side that breaks the ledger-vs-formula promise shows up.
 """
 from __future__ import annotations
@@ -189,7 +189,8 @@ def test_pending_copes_with_empty_rounds():
 # -- the benchmark ------------------------------------------------------------------------------------
 
 def test_bench_parses_sizes_and_rejects_bad_input():
-    from simpar.bench_allreduce import parse_args, parse_size
+    from simpar.cli.bench import allreduce_args as parse_args
+    from simpar.units import parse_buffer_size as parse_size
     from simpar.config import SimparError
 
     assert [parse_size(s) for s in ("4096", "1K", "64M", "2g", "1KiB")] == [4096, 1024, 64 * 2 ** 20, 2 * 2 ** 30, 1024]
@@ -202,7 +203,7 @@ def test_bench_parses_sizes_and_rejects_bad_input():
 
 
 def test_bench_runs_on_two_ranks():
-    code = ("from simpar.bench_allreduce import main; "
+    code = ("from simpar.cli.bench import allreduce_main as main; "
             "main(['--sizes', '4K,64K', '--algorithms', 'ring,rabenseifner,tree,ps', '--iters', '2', '--json'])")
     res = run_script(2, "-c", [code], timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]

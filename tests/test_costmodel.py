@@ -16,9 +16,9 @@ from contextlib import redirect_stdout
 import pytest
 
 from simpar import costmodel as cm
-from simpar import hardware
+from simpar.costmodel import hardware
 from simpar.config import RunConfig, SimparError
-from simpar.plan import plan_main, standin_widths
+from simpar.cli.plan import plan_main, standin_widths
 from tests.mpiutil import train_json
 
 DIGITS = [64, 128, 128, 128, 10]
@@ -233,7 +233,7 @@ def test_prediction_equals_ledger(name, tmp_path):
 
 def test_calibrate_writes_a_usable_profile(tmp_path):
     """`bench --calibrate` measures GEMM, numpy.add and an MPI ping-pong (< 30 s), and `plan` reads it."""
-    from simpar.bench import bench_main
+    from simpar.cli.bench import bench_main
     path = tmp_path / "hw.json"
     with redirect_stdout(io.StringIO()):
         assert bench_main(["--calibrate", "-o", str(path)]) == 0

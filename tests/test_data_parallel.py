@@ -1,4 +1,4 @@
-"""Data parallelism on real MPI ranks equals the serial run, and moves exactly the bytes DESIGN.md says.
+"""Data parallelism on real MPI ranks equals the serial run, and moves exactly the bytes docs/design.md says.
 
 The serial reference is `python -m simpar train` on one process; every parallel run must give the
 same losses (every step) and the same final weights: float64 to ~1e-12 relative, float32 to ~1e-5.

@@ -11,11 +11,12 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from simpar import plots
+from simpar.report import plots
 from simpar.config import RunConfig, SimparError
 from simpar.costmodel import predict_from_config
-from simpar.hardware import LOCAL_DEFAULTS
-from simpar.plan import plan_main
+from simpar.costmodel.hardware import LOCAL_DEFAULTS
+from simpar.cli.plan import plan_main
+from simpar.cli.plot import plot_main
 
 STEPS = 3
 
@@ -68,19 +69,19 @@ def test_plot_main_compares_metrics_files(results, tmp_path):
         paths.append(str(path))
     out = tmp_path / "compare.png"
     with redirect_stdout(io.StringIO()):
-        assert plots.plot_main([*paths, "-o", str(out), "--scaling", str(tmp_path / "scaling.png")]) == 0
+        assert plot_main([*paths, "-o", str(out), "--scaling", str(tmp_path / "scaling.png")]) == 0
     assert is_png(out) and is_png(tmp_path / "scaling.png")
 
 
 def test_plot_main_errors(tmp_path):
     with pytest.raises(SimparError, match="cannot read"):
-        plots.plot_main([str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.png")])
+        plot_main([str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.png")])
     bad = tmp_path / "bad.json"
     bad.write_text('{"losses": []}')
     with pytest.raises(SimparError, match="not a simpar metrics file"):
-        plots.plot_main([str(bad), "-o", str(tmp_path / "x.png")])
+        plot_main([str(bad), "-o", str(tmp_path / "x.png")])
     with pytest.raises(SimparError, match="trace"):     # --timeline goes to simpar.timeline
-        plots.plot_main(["--timeline", str(tmp_path / "no-trace.json"), "-o", str(tmp_path / "t.png")])
+        plot_main(["--timeline", str(tmp_path / "no-trace.json"), "-o", str(tmp_path / "t.png")])
 
 
 def test_plan_sweep_plot(tmp_path):

@@ -154,7 +154,8 @@ def _fake_trace(S=2, M=2):
 
 
 def test_timeline_plot(tmp_path, capsys):
-    from simpar.timeline import measured_bubble, timeline_main
+    from simpar.cli.plot import timeline_main
+    from simpar.report.timeline import measured_bubble
     events = _fake_trace()
     assert measured_bubble(events) == pytest.approx(1 / 3)     # = ideal GPipe bubble for S=2, M=2
     path = tmp_path / "trace.json"

@@ -20,7 +20,7 @@ this rank's rows (the global batch / dp, summed over grad-accum micro-steps) and
 
     sent by a rank of stage s:  B_r * layers[hi_s] * bpe   (if s < S-1)  +  B_r * layers[lo_s] * bpe  (if s > 0)
 
-i.e. per boundary B*h forward + B*h backward (DESIGN.md). With tp > 1 every tp rank sends its own
+i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its own
 (identical, replicated) copy. A pure pipeline (dp = 1) sends no "model" bytes at all; with dp > 1
 each stage all-reduces its own layers' gradients over mesh.dp_comm once per step (GradientBuckets).
 

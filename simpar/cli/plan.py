@@ -21,21 +21,19 @@ import json
 import math
 import re
 
-from . import costmodel as cm
-from .config import SimparError
-from .plan_compare import compare, explain, factorizations  # noqa: F401  (notebooks use the last two)
-from .plan_format import describe_model, fmt_bytes, fmt_time
+from .. import costmodel as cm
+from ..config import SimparError
+from ..costmodel import hardware
+from ..costmodel.compare import explain, factorizations, fits_in, rank_layouts  # noqa: F401  (lessons use them)
+from ..units import fmt_si as fmt_bytes
+from ..units import fmt_time, parse_bytes, parse_count
+from .base import Parser
 
 SWEEPABLE = ("dp", "tp", "pp", "zero", "batch", "width", "microbatches", "grad_accum")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise SimparError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="simpar plan", description="Predict bytes, memory and time of a layout (no MPI).")
+    p = Parser(prog="simpar plan", description="Predict bytes, memory and time of a layout (no MPI).")
     g = p.add_argument_group("model (one of)")
     g.add_argument("--layers", default=None, help="widths, input first, e.g. 784,4096,4096,10 (default: the digits MLP)")
     g.add_argument("--params", default=None, help="parameter count of a what-if model, e.g. 7e9, 70B, 1T")
@@ -70,27 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- parsing helpers ------------------------------------------------------------------------------------
-
-_SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-def parse_count(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text or "", re.I)
-    if not m:
-        raise SimparError(f"--params {text!r}: expected a number like 7e9, 70B or 1T")
-    n = int(float(m.group(1)) * _SUFFIX[m.group(2).upper()])
-    if n < 1 or n > 1e15:
-        raise SimparError(f"--params {text}: must be between 1 and 1e15")
-    return n
-
-
-def parse_bytes(text: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(i?)B?\s*", text or "", re.I)
-    if not m:
-        raise SimparError(f"--memory-limit {text!r}: expected a size like 80GB, 24GiB or 1e9")
-    power = " KMGT".index(m.group(2).upper() or " ")
-    return float(m.group(1)) * (1024 if m.group(3) else 1000) ** power
-
 
 def standin_widths(n_params: int, width: int | None = None, depth: int | None = None) -> list[int]:
     """An MLP of L square layers of width h with about n_params parameters (see the module docstring)."""
@@ -143,7 +120,6 @@ def spec_from_args(a) -> cm.Spec:
 # -- the main command -------------------------------------------------------------------------------------
 
 def plan_main(argv: list[str]) -> int:
-    from . import hardware
     a = build_parser().parse_args(argv)
     if a.show_schedule:
         return show_schedule(a)
@@ -151,7 +127,7 @@ def plan_main(argv: list[str]) -> int:
     hw = hardware.load(a.hardware)
     limit = parse_bytes(a.memory_limit) if a.memory_limit else None
     if a.compare:
-        return compare(spec, hw, a.world, limit if limit is not None else (hw.memory_bytes or None), a.json)
+        return print_compare(spec, hw, a.world, limit if limit is not None else (hw.memory_bytes or None), a.json)
     if a.sweep:
         return sweep(spec, hw, a.sweep, a.out or "sweep.png", a.json, limit)
     pred = cm.predict(spec, hw)
@@ -163,7 +139,7 @@ def plan_main(argv: list[str]) -> int:
 
 
 def show_schedule(a) -> int:
-    from .parallel.schedules import show_schedule_main as fn
+    from ..parallel.schedules import show_schedule_main as fn
     if a.pp < 1 or a.microbatches < 1:
         raise SimparError("--show-schedule needs --pp >= 1 and --microbatches >= 1")
     try:
@@ -280,8 +256,44 @@ def sweep(spec: cm.Spec, hw, text: str, out: str, as_json: bool, limit: float | 
         if limit:
             print(f"(! = over the memory limit of {fmt_bytes(limit)})")
     if good:
-        from .plots import plot_sweep
+        from ..report.plots import plot_sweep
         plot_sweep(key, good, out, hw.name, limit)
         if not as_json:
             print(f"plot saved to {out}")
     return 0
+
+
+def describe_model(pred: dict) -> str:
+    """One line naming the planned model: its widths (or the stand-in's shape) and parameter count."""
+    w, P = pred["widths"], pred["params"]
+    shape = "-".join(map(str, w)) if "..." not in w else f"stand-in, {pred['n_layers']} layers of width {w[1]}"
+    return f"MLP {shape} ({P / 1e9:,.2f} B params)" if P >= 1e9 else f"MLP {shape} ({P / 1e6:,.3g} M params)"
+
+
+def print_compare(spec, hw, world: int | None, limit: float | None, as_json: bool) -> int:
+    """`plan --compare`: the ranked table and the explanation."""
+    ranked, invalid = rank_layouts(spec, hw, world, limit)
+    fits = fits_in(limit)
+    if as_json:
+        print(json.dumps({"world": world, "memory_limit": limit, "ranked": ranked}, indent=1, default=str))
+        return 0
+    print(f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, {world} rank{'s' if world > 1 else ''} on {hw.name}, "
+          f"{spec.precision} {spec.optimizer}" + (f", memory limit {fmt_bytes(limit)} per rank" if limit else ""))
+    print(f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
+          f"{'pp+bubble':>9} {'dp/zero':>9}")
+    for i, p in enumerate(ranked[:15], 1):
+        t = p["time"]
+        print(f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
+              f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}{fmt_time(t['compute_s']):>9} "
+              f"{fmt_time(t['tp_s']):>9} {fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}")
+    if len(ranked) > 15:
+        print(f"    ... {len(ranked) - 15} more")
+    notes = [f"{invalid} factorizations skipped as invalid for this model"] if invalid else []
+    if limit:
+        over = sum(not fits(p) for p in ranked)
+        notes.append(f"{over} of {len(ranked)} layouts exceed the memory limit (marked !)" if over else "every layout fits in memory")
+    print("(" + "; ".join(notes) + ")" if notes else "")
+    print("\n" + "\n".join(explain(ranked, limit, fits)))
+    return 0
+
+

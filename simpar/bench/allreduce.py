@@ -16,66 +16,20 @@ neighbour on a shared machine slows all of them alike instead of whichever ran a
 """
 from __future__ import annotations
 
-import argparse
 import json
-import re
 
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import ALLREDUCE_ALGORITHMS, allreduce
-from .comm import Communicator, Ledger
-from .config import SimparError
+from ..collectives import ALLREDUCE_ALGORITHMS, allreduce
+from ..comm import Communicator, Ledger  # noqa: F401  (cli/bench.py builds them)
+from ..config import SimparError
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_ALGORITHMS = "ring,rabenseifner,tree,ps"
 DTYPES = ("float32", "float64")
 UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
 NATIVE = "mpi"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):           # argparse would print usage and exit on every rank
-        raise SimparError(f"bench allreduce: {message}")
-
-    def print_help(self, file=None):    # --help: once, not once per rank
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            super().print_help(file)
-
-
-def parse_size(text: str) -> int:
-    """'1K' -> 1024, '64M' -> 67108864, '4096' -> 4096 (bytes; K, M, G are powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
-    if not m or int(m.group(1)) == 0:
-        raise SimparError(f"bench allreduce: bad size {text!r} (use bytes like 4096, 1K, 64M)")
-    return int(m.group(1)) * UNITS[m.group(2).upper()]
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = _Parser(prog="simpar bench allreduce", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
-    ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
-                    help=f"from {', '.join(ALLREDUCE_ALGORITHMS)}; MPI's native one always runs too")
-    ap.add_argument("--dtype", default="float32", choices=DTYPES)
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations at 1 MiB and below (fewer above)")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    args = ap.parse_args(argv)
-    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if not args.sizes:
-        raise SimparError("bench allreduce: --sizes is empty")
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALLREDUCE_ALGORITHMS]
-    if unknown or not names:
-        raise SimparError(f"bench allreduce: unknown algorithm {', '.join(unknown) or '(none)'} "
-                          f"(choose from {', '.join(ALLREDUCE_ALGORITHMS)})")
-    args.algorithms = [NATIVE] + [a for a in dict.fromkeys(names) if a != NATIVE]
-    bpe = np.dtype(args.dtype).itemsize
-    for size in args.sizes:
-        if size % bpe:
-            raise SimparError(f"bench allreduce: size {size} is not a multiple of {bpe} bytes ({args.dtype})")
-    if args.iters < 1:
-        raise SimparError("bench allreduce: --iters must be at least 1")
-    return args
 
 
 def iterations(size: int, iters: int) -> tuple[int, int]:
@@ -131,21 +85,3 @@ def format_table(rows: list[dict], p: int, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    world = MPI.COMM_WORLD
-    if world.Get_size() < 2:
-        raise SimparError("bench allreduce needs at least 2 ranks: "
-                          "mpiexec -n 2 python -m mpi4py -m simpar bench allreduce")
-    comm = Communicator(world, Ledger())
-    # MPICH switches Allreduce to its shared-memory algorithm only after a few collective calls
-    # (MPIR_CVAR_POSIX_NUM_COLLS_THRESHOLD = 5): time its steady state, not its start-up.
-    for _ in range(8):
-        world.Allreduce(MPI.IN_PLACE, np.ones(1))
-    rows = []
-    for size in args.sizes:
-        rows += measure(comm, size, args.dtype, args.algorithms, args.iters)
-    if comm.rank == 0:
-        print(json.dumps({"ranks": comm.size, "dtype": args.dtype, "rows": rows}, indent=1) if args.json
-              else format_table(rows, comm.size, args.dtype), flush=True)
-    return 0

@@ -18,11 +18,10 @@ core, so the measured bubble is inflated there: compare runs with one core per r
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from .config import SimparError
-from .report import read_json
+from ..config import SimparError
+from ..files import read_json
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#8C8C8C", "allreduce": "#8172B2",
            "other": "#CCCCCC"}
@@ -93,7 +92,7 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from .parallel.schedules import TITLES, ideal_timeline
+    from ..parallel.schedules import TITLES, ideal_timeline
 
     events = load_events(trace_json_path_or_events)
     info = pipeline_info(events)
@@ -162,26 +161,3 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     return {"measured_bubble": overall, "step_bubble": this_step, "ideal_bubble": ideal, "step": step}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                 # one line from the CLI, not usage + exit
-        raise SimparError(message)
-
-
-def timeline_main(argv: list[str]) -> int:
-    """`simpar plot --timeline trace.json -o timeline.png [--schedule 1f1b --stages 4 --microbatches 8]`."""
-    p = _Parser(prog="simpar plot --timeline", description="Draw a --trace file as a pipeline timeline.")
-    p.add_argument("trace", nargs="?", help="the Chrome trace JSON written by `simpar train --trace`")
-    p.add_argument("--timeline", dest="trace_opt", help="same as the positional trace path")
-    p.add_argument("-o", "--out", default="timeline.png")
-    p.add_argument("--schedule", default=None, help="naive | gpipe | 1f1b (default: from the trace)")
-    p.add_argument("--stages", type=int, default=None)
-    p.add_argument("--microbatches", type=int, default=None)
-    p.add_argument("--step", type=int, default=None, help="which step to draw (default: the last)")
-    args = p.parse_args(argv)
-    path = args.trace_opt or args.trace
-    if not path:
-        p.error("give the trace file: simpar plot --timeline trace.json -o timeline.png")
-    result = plot_timeline(path, args.out, args.schedule, args.stages, args.microbatches, args.step)
-    ideal = f", ideal {result['ideal_bubble']:.1%}" if result["ideal_bubble"] is not None else ""
-    print(f"wrote {args.out}: measured bubble {result['measured_bubble']:.1%}{ideal}")
-    return 0

@@ -1,38 +1,24 @@
-"""The cost model: closed-form bytes, messages, memory and time of one training step, per rank.
+"""The prediction: per-rank bytes, messages and memory, and the step time on a hardware profile.
 
-Nothing here runs MPI. Given a model (its widths), a global batch and a layout, `predict` says what
-every rank will send per step, by category and by collective, how much memory it will hold, and how
-long a step should take on some hardware (simpar/hardware.py). For every layout simpar can run, the
-bytes and the params/grads/optimizer memory are not estimates: they are derived from the same rules
-the implementation follows, and the tests hold the ledger to them to the byte.
-
-The cost model in four files, each built on the ones before it:
-
-  simpar/collective_costs.py  what one rank sends in one collective (ring, Rabenseifner, tree, PS, MPI)
-  simpar/costspec.py          the question (Spec, precisions, check) and how simpar cuts it up
-  simpar/rank_costs.py        one rank's step: bytes, messages, memory, FLOPs (predict_rank)
-  simpar/costmodel.py         this file: the time model, the whole prediction (predict) and the
-                              comparison with a run (predict_from_config, mismatches)
-
-Every public name of the other three is importable from here too (`from simpar import costmodel as cm;
-cm.Spec, cm.ALLREDUCE, cm.predict_rank, ...`).
+Nothing here runs MPI or calls the code that moves bytes or schedules work. Given a model (its
+widths), a global batch and a layout, `predict` says what every rank will send per step, by category
+and by collective, how much memory it will hold, and how long a step should take on some hardware
+(hardware.py). `predict_from_config` keys the same numbers like a run's metrics, and `mismatches`
+lists where a run and its prediction differ (empty: bytes and shard memory agree exactly).
 
 Time: the alpha-beta-gamma model (Thakur, Rabenseifner & Gropp 2005): a collective costs
 messages*alpha + bytes*beta + reduced bytes*gamma on the link its group uses (hardware.group_link),
 plus compute = exact matmul FLOPs / FLOP rate (forward 2*rows*in*out per layer, backward twice that,
 except layer 0 which needs no input gradient). The pipeline bubble is (S-1)/(M+S-1) for GPipe and
 1F1B (Huang et al. 2019, GPipe sec. 2.2), (S-1)/S for the naive schedule.
-
-The CLI is in simpar/plan.py (`python -m simpar plan`).
 """
 from __future__ import annotations
 
-from .collective_costs import (ALLREDUCE, Cost, chunk, chunk_offset, mpi_allreduce, ps_allreduce,  # noqa: F401
-                               rabenseifner_allreduce, ring_allgather, ring_allreduce, ring_reduce_scatter,
-                               to_bytes, tree_allreduce)
-from .costspec import (DTYPE_PRECISION, PRECISIONS, Precision, Shape, Spec, check, coords_of,  # noqa: F401
-                       dp_buckets, layer_flops, local_layer_size, micro_rows, split, stage_bounds, tp_kinds)
-from .rank_costs import CATS, MEMORY_KINDS, Book, peak_alive_rows, predict_rank  # noqa: F401
+from ..config import layout_name
+from . import hardware
+from .collectives import ALLREDUCE, Cost, to_bytes
+from .rank import CATS, MEMORY_KINDS, predict_rank
+from .spec import Shape, Spec, check
 
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
@@ -72,7 +58,6 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     last, which holds the first layers); ZeRO's collectives are blocking in simpar: fully exposed.
     The optimizer update (memory-bound, elementwise) is not modelled.
     """
-    from . import hardware
     check(spec)
     hw = hw or hardware.load("local")
     shape = Shape.of(spec)
@@ -148,15 +133,6 @@ def _short(widths: list) -> list:
     return widths if len(widths) <= 12 else widths[:3] + ["..."] + widths[-2:]
 
 
-def layout_name(spec: Spec) -> str:
-    """report.layout_name for a Spec: dp4, dp2xzero1, tp2, pp2-1f1b, dp2xtp2 ... (serial for one rank)."""
-    parts = [f"dp{spec.dp}"] if spec.dp > 1 else []
-    parts += [f"zero{spec.zero}"] if spec.zero else []
-    parts += [f"tp{spec.tp}"] if spec.tp > 1 else []
-    parts += [f"pp{spec.pp}-{spec.schedule}"] if spec.pp > 1 else []
-    return "x".join(parts) or "serial"
-
-
 def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None) -> dict:
     """The prediction for a RunConfig, keyed like train.py's metrics so a comparison is one lookup:
 
@@ -200,9 +176,3 @@ def mismatches(metrics: dict, predicted: dict) -> list[str]:
             if m[kind] != p[kind]:
                 out.append(f"rank {r} {kind}: measured {m[kind]} B, predicted {p[kind]} B")
     return out
-
-
-def plan_main(argv: list[str]) -> int:
-    """`python -m simpar plan ...` (the command line lives in simpar/plan.py)."""
-    from .plan import plan_main as main
-    return main(argv)

@@ -12,7 +12,7 @@ on a laptop); `inter` joins nodes (InfiniBand, Ethernet). Which one a group of r
 from simpar's rank layout (mesh.py: tp fastest, then dp, then pp) -- see `group_link`.
 
 Profiles:
-  local          this machine, measured by `python -m simpar bench --calibrate` and cached in
+  local          this machine, measured by `python -m simpar bench --calibrate` (simpar/bench/calibrate.py) and cached in
                  ~/.cache/simpar/hardware-local.json; documented defaults if there is no cache.
   dgx-h100       one DGX H100 node: 8 H100 SXM GPUs on NVLink 4 (NVSwitch).
   ib-cluster     DGX H100 nodes joined by 400 Gb/s NDR InfiniBand, one ConnectX-7 NIC per GPU.
@@ -29,7 +29,8 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from .config import SimparError
+from ..config import SimparError
+from ..files import read_json
 
 GB = 1e9
 
@@ -159,7 +160,6 @@ def load(name_or_file: str = "local") -> Hardware:
 
 
 def _read(path: str) -> Hardware:
-    from .report import read_json
     d = read_json(path, "hardware file")
     if not isinstance(d, dict):
         raise SimparError(f"hardware file {path} must hold a JSON object")
@@ -203,122 +203,3 @@ def group_link(hw: Hardware, kind: str, dp: int, tp: int, pp: int) -> Link:
     flows = max(1, G // members_per_node)
     per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
     return Link(hw.inter_name, hw.inter_alpha, per_flow)
-
-
-# -- calibration (python -m simpar bench --calibrate) ------------------------------------------------
-
-def measure_gemm(dtype: str, n: int = 384, seconds: float = 0.6) -> float:
-    """Single-thread GEMM rate in FLOP/s (the caller has capped BLAS at one thread)."""
-    import time
-    import numpy as np
-    a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
-    b = a.T.copy()
-    a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2.0 * n ** 3 * count / (time.perf_counter() - start)
-
-
-def measure_gamma(nbytes: int = 1 << 26, seconds: float = 0.5) -> float:
-    """Seconds per byte of `dst += src` (the reduction inside every reducing collective).
-
-    On 64 MiB, i.e. from main memory, not cache: the buffers that matter (gradient buckets, the
-    optimizer's sweep over all parameters) are that large; a 4 MiB measurement ran 2.4x too fast."""
-    import time
-    import numpy as np
-    dst = np.ones(nbytes // 8)
-    src = np.ones_like(dst)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        np.add(dst, src, out=dst)
-        count += 1
-    return (time.perf_counter() - start) / (count * dst.nbytes)
-
-
-def measure_layer_overhead(repeats: int = 400) -> float:
-    """Seconds per layer per micro-batch of forward + backward + optimizer on a model so small that
-    its arithmetic is nothing: what remains is the cost of the calls themselves."""
-    import time
-    import numpy as np
-    from .model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
-    from .optim import SGD
-    store, opt = serial_store([8, 8, 8, 8, 8], "relu", 0, np.float64), SGD(0.01, 0.9)
-    x, y = np.ones((1, 8)), np.zeros(1, dtype=np.int64)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        store.zero_grad()
-        h, ctxs = x, []
-        for layer in store.layers:
-            h, ctx = layer_forward(layer, h)
-            ctxs.append(ctx)
-        _, g = softmax_cross_entropy(h, y, 1)
-        for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
-            g = layer_backward(layer, ctx, g, need_dx=layer.index > 0)
-        opt.step([store.params], [store.grads])
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) / len(store.layers)
-
-
-def pingpong_main() -> None:
-    """Run on 2 ranks: fit alpha and beta from round trips of a small and a large message."""
-    import time
-    import numpy as np
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
-    result = {}
-    for size, reps in ((8, 2000), (1 << 22, 40)):
-        buf = np.zeros(size, dtype=np.uint8)
-        for phase in ("warm", "time"):
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(reps if phase == "time" else 5):
-                if rank == 0:
-                    comm.Send(buf, dest=peer)
-                    comm.Recv(buf, source=peer)
-                else:
-                    comm.Recv(buf, source=peer)
-                    comm.Send(buf, dest=peer)
-            result[size] = (time.perf_counter() - start) / (2 * reps)   # one-way time
-    if rank == 0:
-        small, big = result[8], result[1 << 22]
-        alpha = small
-        beta = max(big - alpha, 1e-12) / (1 << 22)
-        print(json.dumps({"alpha": alpha, "beta": beta}))
-
-
-def calibrate(timeout: float = 25.0) -> Hardware:
-    """Measure this machine (< 30 s): GEMM rates, reduction speed, and MPI ping-pong on 2 ranks."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    flops = {"fp64": measure_gemm("float64"), "fp32": measure_gemm("float32")}
-    flops["mixed"] = flops["fp32"]          # NumPy has no fast half-precision GEMM: mixed runs at fp32 speed
-    gamma = measure_gamma()
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, "-c",
-           "from simpar.hardware import pingpong_main; pingpong_main()"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SimparError(f"calibration: could not run the MPI ping-pong ({exc})") from None
-    if out.returncode != 0 or not out.stdout.strip():
-        raise SimparError(f"calibration: the MPI ping-pong failed: {out.stderr.strip()[-300:]}")
-    pp = json.loads(out.stdout.strip().splitlines()[-1])
-    try:
-        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        memory = 0.0
-    return Hardware(
-        name="local", description=f"this machine, calibrated ({os.cpu_count()} cores, 1 thread per rank)",
-        flops=flops, gamma=gamma, intra_alpha=pp["alpha"], intra_bw=1.0 / pp["beta"],
-        devices_per_node=1 << 30, memory_bytes=memory, intra_name="shared-memory", inter_name="none",
-        cores=os.cpu_count() or 1, layer_overhead=measure_layer_overhead(),
-        sources=["measured by `python -m simpar bench --calibrate`: 384x384 GEMM on one thread, numpy.add "
-                 "on 64 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
-                 "forward+backward+SGD of a 4-layer 8-wide MLP on one row (per-layer call overhead)"])

@@ -16,7 +16,6 @@ is the median of the per-pair ratios. Ratios above 1 mean Numba is faster.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,36 +23,9 @@ import time
 
 import numpy as np
 
-from .config import SimparError
+from ..config import SimparError
 
 ACTS = ("none", "relu", "tanh", "gelu")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise SimparError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="simpar bench matmul",
-                description="GFLOP/s of NumPy vs simpar's Numba matmul and fused linear layer (1 thread).")
-    p.add_argument("--sizes", default="256,512,1024", help="square sizes n, comma-separated")
-    p.add_argument("--dtype", default="float32", help="float32 | float64")
-    p.add_argument("--repeat", type=int, default=5, help="timed calls per measurement (median)")
-    p.add_argument("--batch", type=int, default=128, help="rows of x for the fused-layer comparison")
-    p.add_argument("--act", default="relu", help=" | ".join(ACTS))
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    return p
-
-
-def parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise SimparError(f"--sizes {text!r}: expected comma-separated whole numbers, e.g. 256,512,1024") from None
-    if not sizes or any(not 1 <= n <= 8192 for n in sizes):
-        raise SimparError(f"--sizes {text!r}: each size must be between 1 and 8192")
-    return sizes
 
 
 def paired_seconds(peer, ours, repeat: int) -> tuple[float, float, float]:
@@ -112,31 +84,3 @@ def format_table(rows: list[dict], dtype: str, threads: str, ready_s: float) -> 
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    sizes = parse_sizes(args.sizes)
-    if args.dtype not in ("float32", "float64"):
-        raise SimparError(f"--dtype {args.dtype!r}: choose float32 or float64")
-    if args.repeat < 1:
-        raise SimparError("--repeat must be at least 1")
-    if args.batch < 1:
-        raise SimparError("--batch must be at least 1")
-    if args.act not in ACTS:
-        raise SimparError(f"--act {args.act!r}: choose from {', '.join(ACTS)}")
-    dtype = np.dtype(args.dtype)
-    threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (OpenBLAS uses every core)")
-
-    t0 = time.perf_counter()
-    from kernels import cpu
-    tiny = np.ones((2, 2), dtype)
-    cpu.matmul(tiny, tiny)
-    cpu.NumbaKernels.linear_act_forward(tiny, tiny, tiny[0], args.act)
-    ready_s = time.perf_counter() - t0
-
-    rows = [measure(n, dtype, args.repeat, args.batch, args.act) for n in sizes]
-    if args.json:
-        print(json.dumps({"dtype": args.dtype, "blas_threads": threads, "repeat": args.repeat,
-                          "numba_ready_s": ready_s, "results": rows}))
-    else:
-        print(format_table(rows, args.dtype, threads, ready_s))
-    return 0

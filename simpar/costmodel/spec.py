@@ -1,12 +1,13 @@
 """The question the cost model answers, and how simpar cuts it up.
 
 A Spec is a model (its widths), a global batch and a layout: a RunConfig without the I/O; `check`
-holds it to the rules `simpar train` enforces. The rest mirrors, rule for rule, how the
-implementation divides the work, so that the per-rank formulas (simpar/rank_costs.py) count exactly
-what runs: pipeline stages (parallel/schedules.partition_layers), tensor-parallel column/row kinds and
-shard sizes (parallel/tensor.py), gradient buckets (parallel/data.GradientBuckets), micro-batch rows
-(data.py), a rank's (pp, dp, tp) coordinates (mesh.py). Shape bundles the facts all ranks share.
-Part of the cost model; simpar/costmodel.py is the public face.
+holds it to the rules `simpar train` enforces. The rest writes down, as closed forms of its
+own, the rules by which simpar divides the work -- pipeline stages, tensor-parallel column/row kinds
+and shard sizes, gradient buckets, micro-batch rows, a rank's (pp, dp, tp) coordinates -- so that the
+per-rank formulas (rank.py) can be held to what runs. It imports none of the code that moves bytes or
+schedules work: if that code changes its rules, the prediction and the ledger disagree and
+`prediction_mismatches` says so (tests/test_costmodel.py mutates the execution code to prove it).
+Shape bundles the facts all ranks share.
 
 Precisions (bytes per parameter): fp64 and fp32 store everything in that type; `mixed` is the ZeRO
 paper's mixed-precision Adam (sec. 3.1): 2-byte params and grads, and K = 12 bytes of optimizer state
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .collective_costs import chunk
-from .config import SimparError
+from ..config import SimparError
+from .collectives import chunk
 
 
 # -- precisions ---------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ class Spec:
 
 def check(spec: Spec) -> Spec:
     """Every rule `simpar train` enforces (config.validate, same messages), plus a known precision."""
-    from .config import RunConfig, validate
+    from ..config import RunConfig, validate
     if spec.precision not in PRECISIONS:
         raise SimparError(f"unknown precision {spec.precision!r} (choose from {', '.join(PRECISIONS)})")
     if min(spec.dp, spec.tp, spec.pp) < 1:
@@ -123,16 +124,15 @@ def micro_rows(spec: Spec, dp_index: int) -> list[list[int]]:
 
 
 def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
-    """[(first layer, one past last)] per pipeline stage, as parallel/schedules.partition_layers cuts them."""
-    n, S = spec.n_layers, spec.pp
-    counts = spec.stage_layers
-    uniform = len({a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])}) == 1
-    if counts is None and not uniform and n * n * S <= 2_000_000:
-        from .parallel.schedules import partition_layers   # O(S n^2): fine for a model one can run
-        return partition_layers(spec.widths, S)
-    if counts is None:
-        # Equal layers (the --params stand-in), or too many to balance exactly in an instant.
-        counts = _even_counts(n, S)
+    """[(first layer, one past last)] per pipeline stage.
+
+    The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
+    stage holds the fewest parameters; among equally good splits, later stages take as many layers as
+    they can. Found here by bisection on that largest stage (`_min_bottleneck`), then filled from the
+    back; `--stage-layers` overrides it.
+    """
+    counts = spec.stage_layers or balanced_counts(
+        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])], spec.pp)
     bounds, lo = [], 0
     for c in counts:
         bounds.append((lo, lo + c))
@@ -140,20 +140,44 @@ def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
     return bounds
 
 
-def _even_counts(n: int, S: int) -> list[int]:
-    """Equal layers: ceil(n/S) per stage from the back (the later stages take as many as they can,
-    schedules._balanced_counts's tie rule), what is left goes to the front."""
-    per = -(-n // S)
-    counts, left = [], n
-    for k in range(S, 0, -1):
-        c = min(per, left - (k - 1))
-        counts.append(c)
-        left -= c
+def _parts_needed(costs: list[int], cap: int) -> int:
+    """Fewest contiguous parts of `costs` with every part's sum <= cap (greedy: fill each part fully)."""
+    parts, current = 1, 0
+    for c in costs:
+        if current + c > cap:
+            parts, current = parts + 1, 0
+        current += c
+    return parts
+
+
+def _min_bottleneck(costs: list[int], S: int) -> int:
+    """The smallest cap such that `costs` splits into at most S contiguous parts of sum <= cap."""
+    lo, hi = max(costs), sum(costs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _parts_needed(costs, mid) <= S else (mid + 1, hi)
+    return lo
+
+
+def balanced_counts(costs: list[int], S: int) -> list[int]:
+    """Layers per stage: S non-empty contiguous parts, the largest part as small as possible, the
+    last parts as long as possible. From the back, each stage takes the most layers that keep its sum
+    within the cap and leave one layer for each stage before it. (Taking the most is also what keeps
+    the rest splittable: greedy maximal parts from the back need the fewest parts.)"""
+    cap = _min_bottleneck(costs, S)
+    counts, end = [], len(costs)
+    for k in range(S, 0, -1):                      # k stages left, this one ends at `end`
+        start, total = end, 0
+        while start - 1 >= k - 1 and total + costs[start - 1] <= cap:
+            start -= 1
+            total += costs[start]
+        counts.append(end - start)
+        end = start
     return counts[::-1]
 
 
 def tp_kinds(n_stage_layers: int, tp: int) -> list[str]:
-    """parallel/tensor.pair_kinds: column, row, column, row, ...; an odd last layer replicated."""
+    """Megatron pairs inside a stage: column, row, column, row, ...; an odd last layer replicated."""
     if tp == 1:
         return ["full"] * n_stage_layers
     kinds = ["column" if i % 2 == 0 else "row" for i in range(n_stage_layers)]
@@ -172,7 +196,7 @@ def local_layer_size(fan_in: int, fan_out: int, kind: str, tp: int) -> int:
 
 
 def dp_buckets(layer_sizes: list[int], elem_bytes: int, bucket_mb: float) -> list[int]:
-    """parallel/data.GradientBuckets: from the LAST layer back, close a bucket once it reaches bucket_mb MiB."""
+    """DDP gradient buckets: from the LAST layer back, close a bucket once it reaches bucket_mb MiB."""
     buckets, current = [], 0
     limit = bucket_mb * 2 ** 20
     for n in reversed(layer_sizes):
@@ -193,7 +217,7 @@ def layer_flops(rows: int, fan_in: int, fan_out: int, first: bool) -> tuple[int,
 
 
 def coords_of(rank: int, spec: Spec) -> tuple[int, int, int]:
-    """(pp, dp, tp) index of a world rank: tp fastest, then dp, then pp (mesh.py)."""
+    """(pp, dp, tp) index of a world rank: tp fastest, then dp, then pp (the README's mesh rule)."""
     return rank // (spec.tp * spec.dp), (rank // spec.tp) % spec.dp, rank % spec.tp
 
 

@@ -1,16 +1,14 @@
-"""`simpar plan --compare`: rank every way to split N ranks into dp x tp x pp (x ZeRO stage) by
-predicted step time under a memory limit, and say in words why the winner wins.
-
-Split out of plan.py (the command line, the single-layout table and --sweep), which re-exports
-`factorizations` and `explain`.
+"""Which layout, and why: rank every way to split N ranks into dp x tp x pp (x ZeRO stage) by predicted
+step time under a memory limit (`rank_layouts`), and say in words why the winner wins (`explain`).
+`simpar plan --compare` prints them (cli/plan.py).
 """
 from __future__ import annotations
 
-import json
-
-from . import costmodel as cm
-from .config import SimparError
-from .plan_format import describe_model, fmt_bytes, fmt_time
+from ..config import SimparError
+from ..units import fmt_si as fmt_bytes
+from ..units import fmt_time
+from .predict import predict
+from .spec import Spec, check
 
 
 def factorizations(world: int) -> list[tuple[int, int, int]]:
@@ -22,7 +20,9 @@ COMPONENTS = (("compute_s", "compute"), ("tp_s", "tensor-parallel all-reduces"),
               ("bubble_s", "the pipeline bubble"), ("dp_exposed_s", "gradient/ZeRO traffic"), ("data_s", "data scatter"))
 
 
-def compare(spec: cm.Spec, hw, world: int | None, limit: float | None, as_json: bool) -> int:
+def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tuple[list[dict], int]:
+    """Every valid dp x tp x pp (x ZeRO stage) of `world` ranks, predicted and ranked: layouts that fit
+    the memory `limit` first, then by step time. Returns (ranked predictions, invalid factorizations)."""
     if not world or world < 1:
         raise SimparError("--compare needs --world N (the number of ranks to split)")
     if world > 1 << 20:
@@ -32,38 +32,21 @@ def compare(spec: cm.Spec, hw, world: int | None, limit: float | None, as_json: 
         for zero in (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,):
             d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero)
             try:
-                s = cm.check(cm.Spec(**d))
+                s = check(Spec(**d))
             except SimparError:
                 invalid += 1
                 continue
-            p = cm.predict(s, hw, ranks=sorted({0, s.world - 1} | {k * dp * tp for k in range(pp)}))
-            cands.append(p)
+            cands.append(predict(s, hw, ranks=sorted({0, s.world - 1} | {k * dp * tp for k in range(pp)})))
     if not cands:
         raise SimparError(f"no layout of {world} ranks is valid for this model and batch "
                           f"(widths divisible by tp, pp <= {spec.n_layers} layers, batch >= dp*microbatches)")
-    fits = lambda p: not limit or p["memory"]["max_total"] <= limit
-    ranked = sorted(cands, key=lambda p: (not fits(p), p["time"]["step_s"]))
-    if as_json:
-        print(json.dumps({"world": world, "memory_limit": limit, "ranked": ranked}, indent=1, default=str))
-        return 0
-    print(f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, {world} rank{'s' if world > 1 else ''} on {hw.name}, "
-          f"{spec.precision} {spec.optimizer}" + (f", memory limit {fmt_bytes(limit)} per rank" if limit else ""))
-    print(f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
-          f"{'pp+bubble':>9} {'dp/zero':>9}")
-    for i, p in enumerate(ranked[:15], 1):
-        t = p["time"]
-        print(f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
-              f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}{fmt_time(t['compute_s']):>9} "
-              f"{fmt_time(t['tp_s']):>9} {fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}")
-    if len(ranked) > 15:
-        print(f"    ... {len(ranked) - 15} more")
-    notes = [f"{invalid} factorizations skipped as invalid for this model"] if invalid else []
-    if limit:
-        over = sum(not fits(p) for p in ranked)
-        notes.append(f"{over} of {len(ranked)} layouts exceed the memory limit (marked !)" if over else "every layout fits in memory")
-    print("(" + "; ".join(notes) + ")" if notes else "")
-    print("\n" + "\n".join(explain(ranked, limit, fits)))
-    return 0
+    fits = fits_in(limit)
+    return sorted(cands, key=lambda p: (not fits(p), p["time"]["step_s"])), invalid
+
+
+def fits_in(limit: float | None):
+    """A predicate: does a prediction's fullest rank fit in `limit` bytes (always, without a limit)?"""
+    return lambda p: not limit or p["memory"]["max_total"] <= limit
 
 
 def explain(ranked: list[dict], limit: float | None, fits) -> list[str]:

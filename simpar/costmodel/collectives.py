@@ -1,13 +1,13 @@
 """Per-algorithm cost formulas: what ONE rank sends in ONE collective, counted in elements.
 
-Part of the cost model (simpar/costmodel.py is the public face and says how the files fit together).
+Part of the cost model (costmodel/__init__.py says how its files fit together).
 `ALLREDUCE[name](n, p, r)` is rank r's Cost of an all-reduce of n elements over p ranks, for each
-algorithm `--collectives` can pick (simpar/collectives.py, simpar/collectives_more.py);
+algorithm `--collectives` can pick (the algorithms themselves: simpar/collectives/);
 ring_reduce_scatter and ring_allgather are the halves ZeRO uses on their own. Who runs which
-collective, on how many elements, how often: simpar/rank_costs.py.
+collective, on how many elements, how often: rank.py.
 
 Chunks are cut by np.array_split, so chunk i of N split p ways has N//p + (i < N%p) elements
-(collectives.chunk_bounds):
+(the np.array_split rule):
 
   ring reduce-scatter  rank r sends every chunk but its own:            N - c_r
   ring all-gather      rank r sends every chunk but chunk r+1:          N - c_(r+1)
@@ -71,7 +71,7 @@ def ring_allreduce(n: int, p: int, r: int) -> Cost:
 
 def rabenseifner_allreduce(n: int, p: int, r: int) -> Cost:
     """Recursive halving reduce-scatter + recursive doubling all-gather over q = 2^floor(log2 p)
-    ranks, the e = p - q extra ranks folded in first and out last (collectives_more.py; Rabenseifner
+    ranks, the e = p - q extra ranks folded in first and out last (collectives/rabenseifner.py; Rabenseifner
     2004; Thakur et al. 2005 sec. 4.4). Blocks: np.array_split(n, q). Rank m of the q sends, at
     halving step d, the half of its block range it gives away; at doubling step d, all it holds."""
     if p == 1:
@@ -103,7 +103,7 @@ def rabenseifner_allreduce(n: int, p: int, r: int) -> Cost:
 
 
 def tree_allreduce(n: int, p: int, r: int) -> Cost:
-    """Binomial reduce to rank 0, binomial broadcast back (collectives_more.py; Thakur et al. 2005,
+    """Binomial reduce to rank 0, binomial broadcast back (collectives/tree.py; Thakur et al. 2005,
     sec. 4): rank r sends the whole buffer to its parent (r != 0) and to each of its c(r) children,
     c(r) = #{k : 2^k > r and r + 2^k < p}. Rank 0 sends ceil(log2 p) * n: the bottleneck."""
     if p == 1:

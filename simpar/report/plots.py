@@ -11,12 +11,11 @@ renamed into place (report.atomic_write), so a half-written PNG never appears.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 
-from .config import SimparError
-from .report import read_json
+from ..config import SimparError
+from ..files import read_json
 
 CATS = ("data", "model", "activation")
 CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
@@ -32,7 +31,7 @@ def _plt():
 
 
 def _save(fig, path: str) -> str:
-    from .report import atomic_write
+    from ..files import atomic_write
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     _plt().close(fig)
     return path
@@ -52,8 +51,8 @@ def _bytes_axis(ax, axis: str = "y") -> None:
 
 def _prediction(metrics: dict) -> dict | None:
     """The cost model's prediction for the run a metrics file describes (None if it cannot say)."""
-    from .config import RunConfig
-    from .costmodel import predict_from_config
+    from ..config import RunConfig
+    from ..costmodel import predict_from_config
     try:
         cfg = RunConfig(**{k: v for k, v in metrics["config"].items() if k in RunConfig.__dataclass_fields__})
         return predict_from_config(cfg, metrics["world_size"], steps=1)
@@ -119,9 +118,9 @@ def _per_rank(pred: dict) -> float:
 
 def _family_curve(config: dict, key: str, values: list[int]):
     """Predicted per-rank bytes of one layout family as `key` (world | width | batch) varies."""
-    from .config import RunConfig
-    from .costmodel import Spec, check, predict
-    from .hardware import LOCAL_DEFAULTS
+    from ..config import RunConfig
+    from ..costmodel import Spec, check, predict
+    from ..costmodel.hardware import LOCAL_DEFAULTS
     xs, ys = [], []
     for v in values:
         cfg = RunConfig(**{k: val for k, val in config.items() if k in RunConfig.__dataclass_fields__})
@@ -232,45 +231,6 @@ def load_metrics(path: str) -> dict:
     if not isinstance(m, dict) or not all(k in m for k in ("comm", "memory", "config", "world_size")):
         raise SimparError(f"{path} is not a simpar metrics file (written by `simpar train --metrics-out`)")
     return m
-
-
-def plot_main(argv: list[str]) -> int:
-    """`simpar plot A.json B.json ... -o compare.png` | `simpar plot --timeline trace.json -o t.png`."""
-    if "--timeline" in argv:
-        from .timeline import timeline_main
-        return timeline_main(argv)
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise SimparError(message)
-
-    p = Parser(prog="simpar plot", description="Compare metrics files: traffic and memory per layout.",
-               epilog="Pipeline timeline instead: simpar plot --timeline trace.json -o timeline.png "
-                      "(trace.json from `simpar train --trace`).")
-    p.add_argument("metrics", nargs="+", help="metrics JSON files (simpar train --metrics-out)")
-    p.add_argument("-o", "--out", default="compare.png")
-    p.add_argument("--scaling", default=None, help="also write the scaling plot here")
-    args = p.parse_args(argv)
-    results = []
-    for path in args.metrics:
-        m = load_metrics(path)
-        name = m.get("layout") or os.path.splitext(os.path.basename(path))[0]
-        results.append((name if name not in [n for n, _ in results] else f"{name} ({path})", m))
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise SimparError(f"-o {args.out}: folder {folder} does not exist")
-    plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(results) + 6), 4.8))
-    comm_by_layout(a, results)
-    memory_by_layout(b, results)
-    fig.suptitle("simpar: " + ", ".join(n for n, _ in results), fontsize=10)
-    fig.tight_layout()
-    _save(fig, args.out)
-    print(f"wrote {args.out}")
-    if args.scaling:
-        comm_scaling(args.scaling, results)
-        print(f"wrote {args.scaling}")
-    return 0
 
 
 # -- `simpar plan --sweep` ---------------------------------------------------------------------------

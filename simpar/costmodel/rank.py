@@ -1,23 +1,22 @@
 """One rank's step: the bytes and messages it sends, by category and by collective, the memory it
 holds and the FLOPs it computes (predict_rank).
 
-Part of the cost model: the formulas of each collective are in simpar/collective_costs.py, the Spec
-and how simpar cuts it up in simpar/costspec.py; simpar/costmodel.py turns these numbers into a
-step time. The bytes and the params/grads/optimizer memory are derived from the same rules the
+Part of the cost model: the formulas of each collective are in collectives.py, the Spec
+and how simpar cuts it up in spec.py; predict.py turns these numbers into a step time. The bytes and the params/grads/optimizer memory are derived from the same rules the
 implementation follows, and the tests hold the ledger to them to the byte.
 
 Where the numbers come from (p ranks in a group, N elements; the ring reduce-scatter, all-gather and
-all-reduce of N, and how chunks are cut, are in collective_costs.py):
+all-reduce of N, and how chunks are cut, are in collectives.py):
 
   data parallel        each gradient BUCKET is one all-reduce, so a rank sends the sum over buckets
-                       (buckets: parallel/data.py GradientBuckets; 2(p-1)/p * P * bpe overall)
+                       (buckets: spec.dp_buckets; 2(p-1)/p * P * bpe overall)
   ZeRO-1               reduce-scatter + all-gather of the flat P        (ZeRO paper, Rajbhandari et al.
   ZeRO-2               the same, layer by layer                          2020, sec. 7.2.1: = DDP)
   ZeRO-3               per micro-step, per layer: all-gather in forward, again in backward, and a
                        reduce-scatter of the gradient: 3(p-1)/p * P       (sec. 7.2.2: 1.5x DDP)
   tensor parallel      per (column, row) pair per micro-batch: g = all-reduce of rows x out-width in
                        forward, f = all-reduce of rows x in-width in backward (skipped at layer 0)
-                       (Megatron-LM, Shoeybi et al. 2019, sec. 3, Fig. 3; parallel/tensor.py)
+                       (Megatron-LM, Shoeybi et al. 2019, sec. 3, Fig. 3)
   pipeline             per micro-batch: rows x out-width forward ("pp-send-act") from every stage but
                        the last, rows x in-width backward ("pp-send-grad") from every stage but the first
   data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
@@ -26,10 +25,9 @@ all-reduce of N, and how chunks are cut, are in collective_costs.py):
 from __future__ import annotations
 
 from collections import Counter
-from functools import lru_cache
 
-from .collective_costs import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .costspec import Shape, Spec, coords_of, layer_flops, micro_rows, split
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
 
 CATS = ("data", "model", "activation")
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations_peak")
@@ -121,28 +119,24 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             "layers": (lo, hi), "params_local": P}
 
 
+def alive_window(schedule: str, S: int, M: int, s: int) -> int:
+    """How many consecutive micro-batches stage s holds activations for at its peak, in closed form:
+    naive 1; GPipe all M (every forward before any backward); 1F1B min(S - s, M): S - s - 1 warm-up
+    forwards, then each new forward is followed by the backward of the oldest (Narayanan et al. 2021)."""
+    if S == 1 or schedule == "naive":
+        return 1
+    if schedule == "gpipe":
+        return M
+    return min(S - s, M)
+
+
 def peak_alive_rows(spec: Spec, s: int, rows: list[list[int]]) -> int:
-    """Most rows whose activations stage s holds at once: walk its schedule (parallel/schedules.py),
-    a Forward keeps a micro-batch, its Backward frees it. GPipe holds all M at the turn, 1F1B at
-    most S - s, naive one. Each grad-accum micro-step starts empty."""
+    """Most rows whose activations stage s holds at once: the largest sum of `alive_window`
+    consecutive micro-batches (they are freed oldest first). Each grad-accum micro-step starts empty."""
     if spec.pp == 1:
         return max(max(step) for step in rows)
-    order = _alive_changes(spec.schedule, spec.pp, spec.microbatches)[s]
-    peak = 0
-    for step in rows:
-        alive = 0
-        for sign, mb in order:
-            alive += sign * step[mb]
-            peak = max(peak, alive)
-    return peak
-
-
-@lru_cache(maxsize=64)
-def _alive_changes(schedule: str, S: int, M: int) -> list[list[tuple[int, int]]]:
-    """Per stage: (+1 forward | -1 backward, micro-batch) in schedule order."""
-    from .parallel.schedules import Backward, Forward, build_schedule
-    return [[(1 if isinstance(x, Forward) else -1, x.mb) for x in steps if isinstance(x, (Forward, Backward))]
-            for steps in build_schedule(schedule, S, M)]
+    k = alive_window(spec.schedule, spec.pp, spec.microbatches, s)
+    return max(sum(step[i:i + k]) for step in rows for i in range(len(step) - k + 1))
 
 
 def _book_root_scatter(spec: Spec, book: Book) -> None:

@@ -1,0 +1,81 @@
+"""The reference operations, in plain NumPy, written the way the math reads.
+
+Every backend (kernels/cpu.py, kernels/cuda.py) is tested against these; simpar's model (simpar/model.py)
+builds its layers from them. Nothing here knows about ranks or layouts.
+
+    y = act(x @ W + b)            x: (batch, fan_in)   W: (fan_in, fan_out)   b: (fan_out,)
+
+Backward of one linear layer, given dL/dz for z = x @ W + b:
+    dL/dx = dz @ W.T      dL/dW = x.T @ dz      dL/db = sum over the batch of dz
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# -- activations: forward(z) -> y, backward(dy, z, y) -> dz -------------------------------------
+
+def relu(z):
+    return np.maximum(z, 0)
+
+
+def relu_backward(dy, z, y):
+    return dy * (z > 0)
+
+
+def tanh(z):
+    return np.tanh(z)
+
+
+def tanh_backward(dy, z, y):
+    return dy * (1 - y * y)
+
+
+# GELU, tanh approximation: the constants every backend uses (cpu.py and cuda.py import them).
+GELU_C = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
+
+
+def gelu(z):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in sec. 2)."""
+    return 0.5 * z * (1 + np.tanh(GELU_C * (z + GELU_A * z ** 3)))
+
+
+def gelu_backward(dy, z, y):
+    inner = GELU_C * (z + GELU_A * z ** 3)
+    t = np.tanh(inner)
+    dinner = GELU_C * (1 + 3 * GELU_A * z * z)
+    return dy * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * dinner)
+
+
+def identity(z):
+    return z
+
+
+def identity_backward(dy, z, y):
+    return dy
+
+
+ACTIVATIONS = {
+    "relu": (relu, relu_backward),
+    "tanh": (tanh, tanh_backward),
+    "gelu": (gelu, gelu_backward),
+    "none": (identity, identity_backward),
+}
+
+
+# -- linear layer ----------------------------------------------------------------------------------
+
+def linear_forward(x, W, b=None):
+    """z = x @ W + b (b=None: no bias -- a row-parallel shard adds its bias after the all-reduce)."""
+    z = x @ W
+    if b is not None:
+        z += b                      # in place: one temporary fewer than x @ W + b
+    return z
+
+
+def linear_backward(dz, x, W, need_dx=True):
+    """(dx, dW, db) for z = x @ W + b. The first layer skips dx (nothing upstream wants it)."""
+    dx = dz @ W.T if need_dx else None
+    return dx, x.T @ dz, dz.sum(axis=0)

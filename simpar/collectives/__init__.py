@@ -1,0 +1,69 @@
+"""Collective algorithms built from the Communicator's counted point-to-point messages.
+
+One file per algorithm, all on base.py's generator shape (see its docstring):
+
+  ring.py          ring reduce-scatter, all-gather, all-reduce     (Patarasuk & Yuan 2009)
+  tree.py          binomial broadcast; binomial-tree all-reduce     (Thakur et al. 2005, sec. 4)
+  rabenseifner.py  recursive halving + doubling all-reduce          (Rabenseifner 2004)
+  ps.py            parameter-server all-reduce                      (Li et al. 2014)
+  native.py        MPI's own MPI_Allreduce (volume booked as modeled)
+
+Every all-reduce moves 2(p-1) N elements over all ranks; each file's docstrings derive how that
+is spread over ranks and rounds. `--collectives NAME` picks the all-reduce from ALLREDUCE_ALGORITHMS.
+This module is the API the strategies call: start_allreduce / allreduce / reduce_scatter /
+allgather / broadcast.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..comm import Communicator
+from .base import Pending, Rounds, _flat, chunk_bounds, offsets, reduce_add, run, scratch, set_reduce_kernel  # noqa: F401
+from .native import mpi_allreduce_rounds
+from .ps import ps_allreduce_rounds
+from .rabenseifner import rabenseifner_allreduce_rounds
+from .ring import ring_allgather_rounds, ring_allreduce_rounds, ring_reduce_scatter_rounds
+from .tree import binomial_broadcast_rounds, tree_allreduce_rounds
+
+ALLREDUCE_ALGORITHMS: dict[str, Callable[..., Rounds]] = {
+    "ring": ring_allreduce_rounds,
+    "rabenseifner": rabenseifner_allreduce_rounds,
+    "tree": tree_allreduce_rounds,
+    "ps": ps_allreduce_rounds,
+    "mpi": mpi_allreduce_rounds,
+}
+
+
+def start_allreduce(comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce",
+                    algorithm: str = "ring") -> Pending:
+    """Begin summing `buf` over the group, in place; returns the in-flight collective."""
+    return Pending(ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op))
+
+
+def allreduce(comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce",
+              algorithm: str = "ring") -> np.ndarray:
+    start_allreduce(comm, buf, category, op, algorithm).wait()
+    return buf
+
+
+def reduce_scatter(comm: Communicator, buf: np.ndarray, category: str,
+                   op: str = "reduce-scatter") -> np.ndarray:
+    """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
+    flat = _flat(buf)
+    run(ring_reduce_scatter_rounds(comm, flat, category, op))
+    bounds = offsets(flat.size, comm.size)
+    return flat[bounds[comm.rank]:bounds[comm.rank + 1]]
+
+
+def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
+    """Every rank has written its chunk `comm.rank` of `buf`; fill in everyone else's."""
+    run(ring_allgather_rounds(comm, _flat(buf), category, op))
+    return buf
+
+
+def broadcast(comm: Communicator, buf: np.ndarray, root: int, category: str,
+              op: str = "broadcast") -> np.ndarray:
+    run(binomial_broadcast_rounds(comm, buf, root, category, op))
+    return buf

@@ -1,0 +1,145 @@
+"""What every collective algorithm shares: the generator shape, chunking, tags, scratch buffers.
+
+Each algorithm (ring.py, tree.py, rabenseifner.py, ps.py, native.py) is a *generator*: it posts one
+round of non-blocking sends/receives through the Communicator, yields the requests, and continues
+(e.g. reduces what arrived) once they complete. That one shape serves both
+
+  * blocking use:   `run(rounds)`                 -- runs all rounds now;
+  * overlapped use: `pending = Pending(rounds)`, then `pending.progress()` between layers of
+    backward and `pending.wait()` at the end -- how data parallelism hides gradient traffic.
+
+Chunks follow `np.array_split`: with N elements and p ranks, chunk i has c_i = N//p + (i < N%p)
+elements (some are empty when N < p; empty messages are still sent and counted, so message counts
+never depend on N). Indices of c are taken mod p.
+
+The reduction inside every reducing collective (`dst += src`) is a hook: the training loop installs
+the kernel backend's reduce-add with `set_reduce_kernel` (kernels/ itself never imports simpar).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Generator, Iterator
+
+import numpy as np
+from mpi4py import MPI
+
+from ..comm import Communicator
+
+Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
+
+# The reduction inside every reducing collective (`dst += src`); kernels/ may swap in a Numba one.
+_reduce_add: Callable[[np.ndarray, np.ndarray], None] = lambda dst, src: np.add(dst, src, out=dst)
+
+
+def set_reduce_kernel(fn: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    global _reduce_add
+    _reduce_add = fn
+
+
+def reduce_add(dst: np.ndarray, src: np.ndarray) -> None:
+    """`dst += src` with whatever kernel `set_reduce_kernel` installed (looked up at call time)."""
+    _reduce_add(dst, src)
+
+
+def offsets(n: int, p: int) -> list[int]:
+    """Start offsets of p nearly equal chunks of n elements (the np.array_split rule), plus n.
+
+    Plain Python ints: NumPy calls on tiny arrays cost microseconds each, which is most of the
+    time of a small all-reduce.
+    """
+    base, extra = divmod(n, p)
+    return [i * base + min(i, extra) for i in range(p + 1)]
+
+
+def chunk_bounds(n: int, p: int) -> np.ndarray:
+    """`offsets` as an int64 array."""
+    return np.array(offsets(n, p), dtype=np.int64)
+
+
+class _ScratchPool:
+    """Receive buffers, reused from one call to the next.
+
+    A collective that reduces must receive into a buffer of its own before adding. A fresh
+    `np.empty` of tens of MiB costs more than it looks: the kernel hands out new pages, zeroes
+    each one on first touch, and takes them back on free -- per call. So a call takes a buffer
+    from this pool while it runs (two calls in flight never share one) and returns it at the end.
+    """
+
+    def __init__(self, keep: int = 4):
+        self._free: list[np.ndarray] = []      # raw byte buffers, smallest first
+        self._keep = keep
+
+    @contextmanager
+    def take(self, n: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+        nbytes = n * np.dtype(dtype).itemsize
+        fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+        raw = self._free.pop(fits[0]) if fits else np.empty(nbytes, dtype=np.uint8)
+        try:
+            yield raw[:nbytes].view(dtype)
+        finally:
+            self._free = sorted(self._free + [raw], key=lambda b: b.nbytes)[-self._keep:]
+
+
+scratch = _ScratchPool()
+
+
+class _TagCounter:
+    """Gives each collective call its own MPI tag, so two in flight on one group never cross.
+
+    All ranks of a group start collectives in the same order, so their counters agree. A call
+    takes ONE tag when it starts (`Pending` runs the generator up to its first yield at once) and
+    uses it for all its phases: a phase that took its own tag later, when the previous phase
+    finished, would get different tags on different ranks whenever two calls in flight finish
+    their phases in a different order on different ranks.
+    """
+    def __call__(self, comm: Communicator) -> int:
+        # The count lives on the Communicator itself. (Keying a table by id(comm.mpi) breaks when
+        # a freed communicator's id is reused on some ranks but not others: counters disagree,
+        # tags differ, and the ring waits forever -- seen in the tour, which builds many groups.)
+        tag = getattr(comm, "_next_tag", 0)
+        comm._next_tag = (tag + 1) % 30000
+        return 100 + tag
+
+
+new_tag = _TagCounter()
+
+
+class Pending:
+    """An in-flight collective: advance it with `progress()` (never blocks), finish with `wait()`.
+
+    A round may be an empty list (nothing to wait for); a generator may also yield nothing at all.
+    Within a round, algorithms post their receives before their sends: a message that finds its
+    receive already posted goes straight into place, instead of queueing as "unexpected".
+    """
+
+    def __init__(self, rounds: Rounds):
+        self._rounds = rounds
+        self._requests: list = []
+        self.done = False
+        self._advance()
+
+    def _advance(self) -> None:
+        try:
+            self._requests = next(self._rounds)
+        except StopIteration:
+            self.done = True
+
+    def progress(self) -> None:
+        while not self.done and MPI.Request.Testall(self._requests):
+            self._advance()
+
+    def wait(self) -> None:
+        while not self.done:
+            MPI.Request.Waitall(self._requests)
+            self._advance()
+
+
+def run(rounds: Rounds) -> None:
+    Pending(rounds).wait()
+
+
+def _flat(buf: np.ndarray) -> np.ndarray:
+    if not buf.flags.c_contiguous:
+        raise ValueError("collectives work in place on contiguous arrays")
+    return buf.reshape(-1)
+

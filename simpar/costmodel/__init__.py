@@ -1,0 +1,25 @@
+"""The cost model: closed-form bytes, messages, memory and time of one training step, per rank.
+
+An independent witness. Nothing here runs MPI, and nothing here calls the code that moves bytes or
+schedules work (collectives/, parallel/): every rule simpar follows -- how chunks are cut, which
+layers a pipeline stage gets, how long a stage keeps activations alive -- is written down again here
+as a formula. So when the execution code changes its behaviour, `mismatches` reports it.
+
+  collectives.py  what one rank sends in one collective (ring, Rabenseifner, tree, PS, MPI)
+  spec.py         the question (Spec, precisions, check) and how simpar cuts it up (stages, shards, buckets)
+  rank.py         one rank's step: bytes, messages, memory, FLOPs (predict_rank)
+  predict.py      the time model, the whole prediction (predict) and the comparison with a run
+                  (predict_from_config, mismatches)
+  hardware.py     hardware profiles (local, dgx-h100, ib-cluster, ethernet-100g, FILE.json) and links
+  compare.py      rank every layout of N ranks (`plan --compare`) and explain the winner
+
+No printing and no command line here: `simpar plan` (cli/plan.py) is the front end.
+"""
+from .collectives import (ALLREDUCE, Cost, chunk, chunk_offset, mpi_allreduce, ps_allreduce,  # noqa: F401
+                          rabenseifner_allreduce, ring_allgather, ring_allreduce, ring_reduce_scatter, to_bytes,
+                          tree_allreduce)
+from .predict import bubble_fraction, mismatches, op_time, predict, predict_from_config  # noqa: F401
+from .rank import CATS, MEMORY_KINDS, Book, alive_window, peak_alive_rows, predict_rank  # noqa: F401
+from .spec import (DTYPE_PRECISION, PRECISIONS, Precision, Shape, Spec, balanced_counts, check,  # noqa: F401
+                   coords_of, dp_buckets, layer_flops, local_layer_size, micro_rows, split, stage_bounds,
+                   tp_kinds)
