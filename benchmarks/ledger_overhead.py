@@ -10,6 +10,7 @@ messages per step and the median step time, and prints
 
 for the busiest rank. The target is < 3% of the step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,27 @@ def main(argv=None) -> int:
     per_message = booking_cost()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "m.json")
-        res = run(args.ranks, ["train", "--dataset", "synthetic", "--samples", str(4 * args.batch + 100),
-                               "--layers", args.layers, "--batch", str(args.batch), "--steps", str(args.steps),
-                               "--bucket-mb", args.bucket_mb, "--quiet", "--metrics-out", out])
+        res = run(
+            args.ranks,
+            [
+                "train",
+                "--dataset",
+                "synthetic",
+                "--samples",
+                str(4 * args.batch + 100),
+                "--layers",
+                args.layers,
+                "--batch",
+                str(args.batch),
+                "--steps",
+                str(args.steps),
+                "--bucket-mb",
+                args.bucket_mb,
+                "--quiet",
+                "--metrics-out",
+                out,
+            ],
+        )
         if res.returncode:
             raise SystemExit(res.stderr)
         with open(out) as f:
@@ -64,14 +83,20 @@ def main(argv=None) -> int:
     messages = max(sum(r["messages"].values()) for r in m["comm"]["ranks"]) / m["steps"]
     # per message it sends, a rank books one send and (about) one receive: one `per_message`
     overhead = messages * per_message / step
-    result = {"booking_us": per_message * 1e6 / 2, "messages_per_step": messages, "step_ms": step * 1e3,
-              "overhead_fraction": overhead}
+    result = {
+        "booking_us": per_message * 1e6 / 2,
+        "messages_per_step": messages,
+        "step_ms": step * 1e3,
+        "overhead_fraction": overhead,
+    }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"one ledger booking: {per_message * 1e6 / 2:.2f} us; busiest rank sends {messages:.0f} messages "
-              f"per step (and books as many receives); median step {step * 1e3:.2f} ms "
-              f"-> ledger overhead {overhead:.3%} of the step (target < 3%)")
+        print(
+            f"one ledger booking: {per_message * 1e6 / 2:.2f} us; busiest rank sends {messages:.0f} messages "
+            f"per step (and books as many receives); median step {step * 1e3:.2f} ms "
+            f"-> ledger overhead {overhead:.3%} of the step (target < 3%)"
+        )
     return 0
 
 

@@ -9,6 +9,7 @@ compute-bound limit = ranks x (single-thread GEMM FLOP/s measured here) / (FLOPs
 with the fraction of it that simpar reaches. PyTorch is optional: `pip install torch==2.13.0`
 (exactly that pin -- a looser one pulls a multi-GB CUDA build); without it the torch column says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,19 +47,46 @@ def gemm_rate(n: int = 1024, repeats: int = 5) -> float:
         t = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
 def simpar_rate(ranks: int, steps: int, kernels: str) -> float:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     from simpar.launch import run
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "m.json")
-        res = run(ranks, ["train", "--dataset", "synthetic", "--samples", str(PER_RANK_BATCH * ranks * 4 + 100),
-                          "--layers", ",".join(map(str, LAYERS)), "--batch", str(PER_RANK_BATCH * ranks),
-                          "--steps", str(steps), "--optimizer", "sgd", "--momentum", "0", "--lr", "0.01",
-                          "--dtype", "float32", "--kernels", kernels, "--quiet", "--metrics-out", out], timeout=600)
+        res = run(
+            ranks,
+            [
+                "train",
+                "--dataset",
+                "synthetic",
+                "--samples",
+                str(PER_RANK_BATCH * ranks * 4 + 100),
+                "--layers",
+                ",".join(map(str, LAYERS)),
+                "--batch",
+                str(PER_RANK_BATCH * ranks),
+                "--steps",
+                str(steps),
+                "--optimizer",
+                "sgd",
+                "--momentum",
+                "0",
+                "--lr",
+                "0.01",
+                "--dtype",
+                "float32",
+                "--kernels",
+                kernels,
+                "--quiet",
+                "--metrics-out",
+                out,
+            ],
+            timeout=600,
+        )
         if res.returncode:
             raise SystemExit(res.stderr)
         with open(out) as f:
@@ -100,13 +128,21 @@ def torch_rate(ranks: int, steps: int, python: str) -> float | None:
     if check.returncode:
         return None
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = dict(os.environ)
-    procs = [subprocess.Popen([python, "-c", TORCH_WORKER, str(r), str(ranks), str(steps), port],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(ranks)]
+    procs = [
+        subprocess.Popen(
+            [python, "-c", TORCH_WORKER, str(r), str(ranks), str(steps), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(ranks)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("torch worker failed:\n" + "\n".join(o[1][-2000:] for o in outs))
@@ -119,8 +155,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", default="numpy", help="simpar kernels: numpy | numba | auto")
-    ap.add_argument("--torch-python", default=sys.executable,
-                    help="interpreter that has torch (e.g. another venv's python)")
+    ap.add_argument(
+        "--torch-python",
+        default=sys.executable,
+        help="interpreter that has torch (e.g. another venv's python)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -129,23 +168,36 @@ def main(argv=None) -> int:
     torch = None if torch_runs[0] is None else statistics.median(torch_runs)
     gemm = gemm_rate()
     limit = args.ranks * gemm / flops_per_sample()
-    result = {"ranks": args.ranks, "layers": LAYERS, "batch_per_rank": PER_RANK_BATCH, "kernels": args.kernels,
-              "simpar_samples_per_s": simpar, "torch_ddp_samples_per_s": torch,
-              "ratio_vs_torch": simpar / torch if torch else None,
-              "gemm_gflops_1thread": gemm / 1e9, "compute_bound_samples_per_s": limit,
-              "fraction_of_compute_bound": simpar / limit}
+    result = {
+        "ranks": args.ranks,
+        "layers": LAYERS,
+        "batch_per_rank": PER_RANK_BATCH,
+        "kernels": args.kernels,
+        "simpar_samples_per_s": simpar,
+        "torch_ddp_samples_per_s": torch,
+        "ratio_vs_torch": simpar / torch if torch else None,
+        "gemm_gflops_1thread": gemm / 1e9,
+        "compute_bound_samples_per_s": limit,
+        "fraction_of_compute_bound": simpar / limit,
+    }
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"MLP {'-'.join(map(str, LAYERS))}, float32, batch {PER_RANK_BATCH}/rank, {args.ranks} ranks, "
-          f"1 thread each, median of {args.repeats} runs x {args.steps} steps")
+    print(
+        f"MLP {'-'.join(map(str, LAYERS))}, float32, batch {PER_RANK_BATCH}/rank, {args.ranks} ranks, "
+        f"1 thread each, median of {args.repeats} runs x {args.steps} steps"
+    )
     print(f"  simpar data parallel ({args.kernels:>5}) : {simpar:9.0f} samples/s")
     if torch:
-        print(f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   ratio simpar/torch = {simpar / torch:.2f}x")
+        print(
+            f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   ratio simpar/torch = {simpar / torch:.2f}x"
+        )
     else:
         print("  PyTorch DDP                   : torch is not installed (pip install torch==2.13.0)")
-    print(f"  compute-bound limit           : {limit:9.0f} samples/s   ({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
-          f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {simpar / limit:.0%}")
+    print(
+        f"  compute-bound limit           : {limit:9.0f} samples/s   ({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
+        f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {simpar / limit:.0%}"
+    )
     return 0
 
 

@@ -11,6 +11,7 @@ A backend is an object with
 Backends: "numpy" (the readable reference in reference.py; NumPy calls OpenBLAS), "numba" (kernels/cpu.py),
 "cuda" (kernels/cuda.py). `use(name)` picks one for the whole process; `active()` returns it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +21,7 @@ from .reference import ACTIVATIONS, linear_backward, linear_forward
 
 class NumpyKernels:
     """The reference: plain NumPy, written the way the math reads."""
+
     name = "numpy"
 
     @staticmethod
@@ -49,16 +51,18 @@ def load(name: str):
     if name not in _BACKENDS:
         if name == "numba":
             from . import cpu
+
             _BACKENDS["numba"] = cpu.NumbaKernels
         elif name == "cuda":
             from . import cuda
+
             _BACKENDS["cuda"] = cuda.CudaKernels
         else:
             raise ValueError(f"unknown kernels {name!r}; choose from {', '.join(available())}")
     return _BACKENDS[name]
 
 
-AUTO_MAX_MACS = 1 << 14   # see choose_auto
+AUTO_MAX_MACS = 1 << 14  # see choose_auto
 
 
 def choose_auto(widths, batch, dtype) -> str:

@@ -52,12 +52,13 @@ tiny layers. kernels.choose_auto encodes when that repays loading the kernels.
 
 All kernels take and return one float dtype (float32 or float64) and never promote.
 """
+
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import numba
+import numpy as np
 from numba import njit
 
 from .reference import GELU_A, GELU_C
@@ -70,10 +71,10 @@ from .reference import GELU_A, GELU_C
 # later in this process (simpar has none).
 numba.config.SLP_VECTORIZE = 1
 
-MR = 5            # rows of the register tile: 5 x 2 = 10 accumulator registers
-NR_BYTES = 64     # its width: two AVX2 registers per row (16 float32 or 8 float64)
-KC = 512          # k-block: a KC x NR panel of B (32 KiB) stays in L1/L2 while a tile is computed
-MC = 60           # row block: the packed MC x KC block of A (120-240 KiB) stays in L2
+MR = 5  # rows of the register tile: 5 x 2 = 10 accumulator registers
+NR_BYTES = 64  # its width: two AVX2 registers per row (16 float32 or 8 float64)
+KC = 512  # k-block: a KC x NR panel of B (32 KiB) stays in L1/L2 while a tile is computed
+MC = 60  # row block: the packed MC x KC block of A (120-240 KiB) stays in L2
 ACTS = {"none": 0, "relu": 1, "tanh": 2, "gelu": 3}
 
 
@@ -98,13 +99,15 @@ def _micro_kernel_source(mr, nr):
     vectoriser starts, are not adjacent: either way LLVM no longer vectorises -- 20x slower.
     """
     tile = [(r, c) for r in range(mr) for c in range(nr)]
-    lines = [f"def _micro_{mr}x{nr}(A, B, kc, S, T, first, zero):",
-             "    if first:",
-             "        " + "; ".join(f"c{r}_{c} = zero" for r, c in tile),
-             "    else:",
-             "        " + "; ".join(f"c{r}_{c} = S[{r}, {c}]" for r, c in tile),
-             "    for k in range(kc):",
-             "        " + "; ".join(f"b{c} = B[k, {c}]" for c in range(nr))]
+    lines = [
+        f"def _micro_{mr}x{nr}(A, B, kc, S, T, first, zero):",
+        "    if first:",
+        "        " + "; ".join(f"c{r}_{c} = zero" for r, c in tile),
+        "    else:",
+        "        " + "; ".join(f"c{r}_{c} = S[{r}, {c}]" for r, c in tile),
+        "    for k in range(kc):",
+        "        " + "; ".join(f"b{c} = B[k, {c}]" for c in range(nr)),
+    ]
     for r in range(mr):
         lines.append(f"        a = A[k, {r}]; " + "; ".join(f"c{r}_{c} += a * b{c}" for c in range(nr)))
     lines.append("    " + "; ".join(f"T[{r}, {c}] = c{r}_{c}" for r, c in tile))
@@ -133,8 +136,8 @@ def _pack_a(Ap, A, ta, i0, mc, p0, kc):
         if rows < MR:
             Ap[p, :kc, :] = 0
         # Through views whose indices start at 0, LLVM can drop Numba's negative-index checks.
-        dst, src = Ap[p], A[p0:p0 + kc, i:i + rows] if ta else A[i:i + rows, p0:p0 + kc].T
-        if rows == MR:                          # a constant: the inner loop is unrolled
+        dst, src = Ap[p], A[p0 : p0 + kc, i : i + rows] if ta else A[i : i + rows, p0 : p0 + kc].T
+        if rows == MR:  # a constant: the inner loop is unrolled
             for k in range(kc):
                 for r in range(MR):
                     dst[k, r] = src[k, r]
@@ -147,30 +150,30 @@ def _pack_a(Ap, A, ta, i0, mc, p0, kc):
 @njit(cache=True)
 def _pack_b(Bp, B, tb, p0, kc, N):
     """Bp[q, k, c] = op(B)[p0 + k, q*NR + c]: NR-column panels, NR contiguous numbers per k."""
-    NR = NR_BYTES // B.itemsize                 # a compile-time constant
+    NR = NR_BYTES // B.itemsize  # a compile-time constant
     for q in range(Bp.shape[0]):
         j = q * NR
         cols = min(NR, N - j)
         if cols < NR:
             Bp[q, :kc, :] = 0
-        if tb:                                  # op(B) = B.T (dz @ W.T)
+        if tb:  # op(B) = B.T (dz @ W.T)
             for c in range(cols):
                 for k in range(kc):
                     Bp[q, k, c] = B[j + c, p0 + k]
-        elif cols == NR:                        # one 64-byte row copy per k
+        elif cols == NR:  # one 64-byte row copy per k
             for k in range(kc):
                 for c in range(NR):
                     Bp[q, k, c] = B[p0 + k, j + c]
         else:
             for k in range(kc):
-                Bp[q, k, :cols] = B[p0 + k, j:j + cols]
+                Bp[q, k, :cols] = B[p0 + k, j : j + cols]
 
 
 @njit(cache=True)
 def _activate(z, act, zero, one, half, c, a):
     """act(z) for one element; the constants come in z's dtype, so float32 math stays float32."""
     if act == 1:
-        return zero if z < zero else z      # NaN stays NaN, as in np.maximum
+        return zero if z < zero else z  # NaN stays NaN, as in np.maximum
     if act == 2:
         return math.tanh(z)
     if act == 3:
@@ -206,13 +209,13 @@ def _gemm(Z, Y, A, ta, B, tb, bias, act, work):
     K = B.shape[1] if tb else B.shape[0]
     NR = NR_BYTES // Z.itemsize
     kb, nq, mp = max(1, min(KC, K)), (N + NR - 1) // NR, (M + MR - 1) // MR
-    cq, cm = (nq, mp) if K > KC else (1, 1)        # partial sums between k-blocks, if any
+    cq, cm = (nq, mp) if K > KC else (1, 1)  # partial sums between k-blocks, if any
     nb, na, nc = nq * kb * NR, ((min(MC, M) + MR - 1) // MR) * kb * MR, cq * cm * MR * NR
     if work.size < nb + na + nc:
         work = np.empty(nb + na + nc, Z.dtype)
     Bp = work[:nb].reshape((nq, kb, NR))
-    Ap = work[nb:nb + na].reshape((na // (kb * MR), kb, MR))
-    Cp = work[nb + na:nb + na + nc].reshape((cq, cm, MR, NR))
+    Ap = work[nb : nb + na].reshape((na // (kb * MR), kb, MR))
+    Cp = work[nb + na : nb + na + nc].reshape((cq, cm, MR, NR))
     tile = np.empty((MR, NR), Z.dtype)
     if K == 0:
         Z[:] = 0
@@ -230,12 +233,12 @@ def _gemm(Z, Y, A, ta, B, tb, bias, act, work):
                         _micro(Ap[p], Bp[q], kc, S, S, first)
                         continue
                     _micro(Ap[p], Bp[q], kc, S, tile, first)
-                    if i + MR <= M and j + NR <= N:     # into Z while the tile is in L1
+                    if i + MR <= M and j + NR <= N:  # into Z while the tile is in L1
                         for r in range(MR):
                             for c in range(NR):
                                 Z[i + r, j + c] = tile[r, c]
                     else:
-                        Z[i:i + MR, j:j + NR] = tile[:min(MR, M - i), :min(NR, N - j)]
+                        Z[i : i + MR, j : j + NR] = tile[: min(MR, M - i), : min(NR, N - j)]
     _bias_act(Z, Y, bias, act)
     return work
 
@@ -269,10 +272,11 @@ def matmul(a, b, trans_a=False, trans_b=False):
     return out
 
 
-_WORK = {}   # matmul's packing buffers, one per dtype, kept between calls (see _gemm)
+_WORK = {}  # matmul's packing buffers, one per dtype, kept between calls (see _gemm)
 
 
 # -- the fused linear layer ------------------------------------------------------------------------
+
 
 @njit(cache=True)
 def _bias_act(z, y, bias, act):
@@ -283,7 +287,7 @@ def _bias_act(z, y, bias, act):
         if bias.size > 0:
             for j in range(z.shape[1]):
                 z[i, j] += bias[j]
-        if act != 0:                # z[i] is in L1 now; y is written in the same sweep
+        if act != 0:  # z[i] is in L1 now; y is written in the same sweep
             for j in range(z.shape[1]):
                 y[i, j] = _activate(z[i, j], act, zero, one, half, gc, ga)
 
@@ -319,13 +323,13 @@ def _backward_small(dy, x, W, z, y, act, need_dx, dx, dW, db):
     # Flags as variables, not literals: Numba would compile a separate _gemm for each literal
     # combination, tripling the compile time.
     yes, no, identity = need_dx | True, need_dx & False, act * 0
-    work = none                                                # small: fresh buffers are cheap
+    work = none  # small: fresh buffers are cheap
     if need_dx:
-        work = _gemm(dx, dx, dz, no, W, yes, none, identity, work)     # dx = dz @ W.T
-    _gemm(dW, dW, x, yes, dz, no, none, identity, work)                # dW = x.T @ dz
+        work = _gemm(dx, dx, dz, no, W, yes, none, identity, work)  # dx = dz @ W.T
+    _gemm(dW, dW, x, yes, dz, no, none, identity, work)  # dW = x.T @ dz
 
 
-SMALL_MACS = 1 << 14   # up to here the whole layer is one Numba call (measured crossover, see top)
+SMALL_MACS = 1 << 14  # up to here the whole layer is one Numba call (measured crossover, see top)
 
 
 def linear_act_forward(x, W, b, act):
@@ -334,15 +338,15 @@ def linear_act_forward(x, W, b, act):
         b = np.empty(0, W.dtype)
     x, W, b = _prep(x, W, b)
     y_is_z = act == "none"
-    if x.shape[0] * x.shape[1] * W.shape[1] <= SMALL_MACS:    # one Numba call does it all
+    if x.shape[0] * x.shape[1] * W.shape[1] <= SMALL_MACS:  # one Numba call does it all
         z = np.empty((x.shape[0], W.shape[1]), x.dtype)
         y = z if y_is_z else np.empty_like(z)
         _gemm(z, y, x, False, W, False, b, ACTS[act], np.empty(0, x.dtype))
         return z, y
-    z = np.matmul(x, W)                                        # the GEMM: OpenBLAS
+    z = np.matmul(x, W)  # the GEMM: OpenBLAS
     y = z if y_is_z else np.empty_like(z)
     if b.size or not y_is_z:
-        _bias_act(z, y, b, ACTS[act])                          # + the fused epilogue
+        _bias_act(z, y, b, ACTS[act])  # + the fused epilogue
     return z, y
 
 
@@ -356,11 +360,12 @@ def linear_act_backward(dy, x, W, z, y, act, need_dx):
         _backward_small(dy, x, W, z, y, ACTS[act], need_dx, dx, dW, db)
         return (dx if need_dx else None), dW, db
     dz = np.empty_like(dy)
-    _act_backward(dy, z, y, ACTS[act], dz, db)                 # act' and the bias gradient, one sweep
-    return (dz @ W.T if need_dx else None), x.T @ dz, db       # then the two GEMMs: OpenBLAS
+    _act_backward(dy, z, y, ACTS[act], dz, db)  # act' and the bias gradient, one sweep
+    return (dz @ W.T if need_dx else None), x.T @ dz, db  # then the two GEMMs: OpenBLAS
 
 
 # -- the reduction inside collectives --------------------------------------------------------------
+
 
 @njit(cache=True)
 def _reduce_add(dst, src):
@@ -370,8 +375,15 @@ def _reduce_add(dst, src):
 
 def reduce_add(dst, src):
     """dst += src in place (1-D chunks of a ring all-reduce); other layouts fall back to NumPy."""
-    if (dst.ndim == 1 and src.ndim == 1 and dst.flags.c_contiguous and src.flags.c_contiguous
-            and dst.dtype == src.dtype and dst.dtype in (np.float32, np.float64) and dst.shape == src.shape):
+    if (
+        dst.ndim == 1
+        and src.ndim == 1
+        and dst.flags.c_contiguous
+        and src.flags.c_contiguous
+        and dst.dtype == src.dtype
+        and dst.dtype in (np.float32, np.float64)
+        and dst.shape == src.shape
+    ):
         _reduce_add(dst, src)
     else:
         np.add(dst, src, out=dst)
@@ -381,7 +393,7 @@ def warm_up():
     """Compile (first run) or load from the cache (later runs) every kernel for both dtypes now,
     so that the first training step does not pay for it (about 20 s to compile, 0.5 s to load)."""
     for dtype in (np.float32, np.float64):
-        for n in (2, 64):                       # both paths: below and above SMALL_MACS
+        for n in (2, 64):  # both paths: below and above SMALL_MACS
             x = np.ones((n, n), dtype)
             z, y = linear_act_forward(x, x, x[0], "relu")
             linear_act_backward(x, x, x, z, y, "relu", True)
@@ -390,6 +402,7 @@ def warm_up():
 
 class NumbaKernels:
     """The Numba backend: same interface and results (to rounding) as kernels.NumpyKernels."""
+
     name = "numba"
     linear_act_forward = staticmethod(linear_act_forward)
     linear_act_backward = staticmethod(linear_act_backward)

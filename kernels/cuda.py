@@ -17,6 +17,7 @@ a drop-in backend but not a fast one; benchmarks/gpu_kernels.py times the kernel
 
 Runs without a GPU under the simulator: set NUMBA_ENABLE_CUDASIM=1 before numba is first imported.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,7 +28,7 @@ from numba import cuda, from_dtype
 
 from .reference import GELU_A, GELU_C
 
-TILE = 16                               # 16 x 16 = 256 threads per block
+TILE = 16  # 16 x 16 = 256 threads per block
 ACTS = {"none": 0, "relu": 1, "tanh": 2, "gelu": 3}
 
 
@@ -61,29 +62,29 @@ def kernels_for(dtype):
         """Z = op(A) @ op(B) (+ bias), Y = act(Z). Grid: ceil(N/TILE) x ceil(M/TILE) blocks."""
         sA = cuda.shared.array((TILE, TILE), nbtype)
         sB = cuda.shared.array((TILE, TILE), nbtype)
-        tx = cuda.threadIdx.x                     # column inside the tile: consecutive threads
-        ty = cuda.threadIdx.y                     # read consecutive addresses (coalesced)
+        tx = cuda.threadIdx.x  # column inside the tile: consecutive threads
+        ty = cuda.threadIdx.y  # read consecutive addresses (coalesced)
         row = cuda.blockIdx.y * TILE + ty
         col = cuda.blockIdx.x * TILE + tx
         M, N = Z.shape
         K = A.shape[0] if ta else A.shape[1]
         acc = zero
         for t0 in range(0, K, TILE):
-            ka = t0 + tx                          # this thread loads op(A)[row, ka] ...
-            kb = t0 + ty                          # ... and op(B)[kb, col]
+            ka = t0 + tx  # this thread loads op(A)[row, ka] ...
+            kb = t0 + ty  # ... and op(B)[kb, col]
             if row < M and ka < K:
                 sA[ty, tx] = A[ka, row] if ta else A[row, ka]
             else:
-                sA[ty, tx] = zero                 # padding: contributes nothing to the sum
+                sA[ty, tx] = zero  # padding: contributes nothing to the sum
             if kb < K and col < N:
                 sB[ty, tx] = B[col, kb] if tb else B[kb, col]
             else:
                 sB[ty, tx] = zero
-            cuda.syncthreads()                    # the whole tile is loaded ...
+            cuda.syncthreads()  # the whole tile is loaded ...
             for k in range(TILE):
                 acc += sA[ty, k] * sB[k, tx]
-            cuda.syncthreads()                    # ... and used by everyone before it is overwritten
-        if row < M and col < N:                   # the fused epilogue: one write of z and y
+            cuda.syncthreads()  # ... and used by everyone before it is overwritten
+        if row < M and col < N:  # the fused epilogue: one write of z and y
             if bias.size > 0:
                 acc += bias[col]
             Z[row, col] = acc
@@ -93,7 +94,7 @@ def kernels_for(dtype):
     def bias_act(Z, bias, act, Y):
         """The UNFUSED epilogue, for comparison only: a second kernel that reads z back from global
         memory, adds the bias and applies act -- the extra memory pass that `linear` avoids."""
-        j, i = cuda.grid(2)                       # x runs along a row: coalesced accesses
+        j, i = cuda.grid(2)  # x runs along a row: coalesced accesses
         if i < Z.shape[0] and j < Z.shape[1]:
             z = Z[i, j] + bias[j]
             Z[i, j] = z
@@ -102,7 +103,7 @@ def kernels_for(dtype):
     @cuda.jit
     def act_backward(dy, z, y, act, dz):
         """dz = act'(z) * dy elementwise (formulas of simpar/model.py); one thread per element."""
-        j, i = cuda.grid(2)                       # x runs along a row: coalesced accesses
+        j, i = cuda.grid(2)  # x runs along a row: coalesced accesses
         if i < dz.shape[0] and j < dz.shape[1]:
             g = dy[i, j]
             if act == 1:
@@ -131,8 +132,13 @@ def kernels_for(dtype):
         if i < dst.shape[0]:
             dst[i] += src[i]
 
-    return {"linear": linear, "bias_act": bias_act, "act_backward": act_backward,
-            "column_sum": column_sum, "reduce_add": reduce_add}
+    return {
+        "linear": linear,
+        "bias_act": bias_act,
+        "act_backward": act_backward,
+        "column_sum": column_sum,
+        "reduce_add": reduce_add,
+    }
 
 
 def grid_2d(m, n):
@@ -208,6 +214,7 @@ def reduce_add(dst, src):
 
 class CudaKernels:
     """The CUDA backend: same interface as kernels.NumpyKernels; host arrays in, host arrays out."""
+
     name = "cuda"
     linear_act_forward = staticmethod(linear_act_forward)
     linear_act_backward = staticmethod(linear_act_backward)

@@ -8,6 +8,7 @@ builds its layers from them. Nothing here knows about ranks or layouts.
 Backward of one linear layer, given dL/dz for z = x @ W + b:
     dL/dx = dz @ W.T      dL/dW = x.T @ dz      dL/db = sum over the batch of dz
 """
+
 from __future__ import annotations
 
 import math
@@ -15,6 +16,7 @@ import math
 import numpy as np
 
 # -- activations: forward(z) -> y, backward(dy, z, y) -> dz -------------------------------------
+
 
 def relu(z):
     return np.maximum(z, 0)
@@ -39,11 +41,11 @@ GELU_A = 0.044715
 
 def gelu(z):
     """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in sec. 2)."""
-    return 0.5 * z * (1 + np.tanh(GELU_C * (z + GELU_A * z ** 3)))
+    return 0.5 * z * (1 + np.tanh(GELU_C * (z + GELU_A * z**3)))
 
 
 def gelu_backward(dy, z, y):
-    inner = GELU_C * (z + GELU_A * z ** 3)
+    inner = GELU_C * (z + GELU_A * z**3)
     t = np.tanh(inner)
     dinner = GELU_C * (1 + 3 * GELU_A * z * z)
     return dy * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * dinner)
@@ -67,11 +69,12 @@ ACTIVATIONS = {
 
 # -- linear layer ----------------------------------------------------------------------------------
 
+
 def linear_forward(x, W, b=None):
     """z = x @ W + b (b=None: no bias -- a row-parallel shard adds its bias after the all-reduce)."""
     z = x @ W
     if b is not None:
-        z += b                      # in place: one temporary fewer than x @ W + b
+        z += b  # in place: one temporary fewer than x @ W + b
     return z
 
 

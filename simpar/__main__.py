@@ -4,6 +4,7 @@ One compute thread per rank, set BEFORE numpy or numba are imported: several ran
 cores, and each BLAS/Numba library spawning a thread per core oversubscribes the machine (measured
 here: 2 threads per rank on 2 cores with 4 ranks makes a step about 5x slower).
 """
+
 import os
 
 from simpar.units import THREAD_VARS  # pure Python: loads no NumPy

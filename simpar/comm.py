@@ -16,6 +16,7 @@ collective built from these sends cannot move a byte that is not counted. When a
 native collectives, MPI hides what it really sends; `record_modeled` then books the bandwidth-optimal
 volume and flags the op as modeled.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -31,11 +32,13 @@ CATEGORIES = ("data", "model", "activation", "control")
 class Ledger:
     """Bytes and messages this rank sent and received, by category, op and peer."""
 
-    sent: dict = field(default_factory=lambda: defaultdict(int))          # category -> bytes
-    received: dict = field(default_factory=lambda: defaultdict(int))      # category -> bytes
-    messages: dict = field(default_factory=lambda: defaultdict(int))      # category -> sends
-    by_op: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))  # (cat, op) -> [sent, recv, msgs]
-    by_peer: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))   # peer -> [sent, recv]
+    sent: dict = field(default_factory=lambda: defaultdict(int))  # category -> bytes
+    received: dict = field(default_factory=lambda: defaultdict(int))  # category -> bytes
+    messages: dict = field(default_factory=lambda: defaultdict(int))  # category -> sends
+    by_op: dict = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0, 0])
+    )  # (cat, op) -> [sent, recv, msgs]
+    by_peer: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # peer -> [sent, recv]
     modeled_ops: set = field(default_factory=set)
 
     def book_send(self, category: str, op: str, peer: int, nbytes: int) -> None:
@@ -57,8 +60,10 @@ class Ledger:
             "sent": {c: int(self.sent.get(c, 0)) for c in CATEGORIES},
             "received": {c: int(self.received.get(c, 0)) for c in CATEGORIES},
             "messages": {c: int(self.messages.get(c, 0)) for c in CATEGORIES},
-            "by_op": {f"{c}/{op}": {"sent": v[0], "received": v[1], "messages": v[2]}
-                      for (c, op), v in sorted(self.by_op.items())},
+            "by_op": {
+                f"{c}/{op}": {"sent": v[0], "received": v[1], "messages": v[2]}
+                for (c, op), v in sorted(self.by_op.items())
+            },
             "by_peer": {str(p): {"sent": v[0], "received": v[1]} for p, v in sorted(self.by_peer.items())},
             "modeled_ops": sorted(self.modeled_ops),
         }
@@ -122,21 +127,31 @@ class Communicator:
         self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
         return self.mpi.Irecv(buf, source=source, tag=tag)
 
-    def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
-                 category: str, op: str, tag: int = 0) -> np.ndarray:
+    def sendrecv(
+        self,
+        sendbuf: np.ndarray,
+        dest: int,
+        recvbuf: np.ndarray,
+        source: int,
+        category: str,
+        op: str,
+        tag: int = 0,
+    ) -> np.ndarray:
         """Send to `dest` and receive from `source` at once: deadlock-free for exchanges in a ring."""
         _check_category(category)
         sendbuf = np.ascontiguousarray(sendbuf)
         self.ledger.book_send(category, op, self.world_ranks[dest], sendbuf.nbytes)
         status = MPI.Status()
-        self.mpi.Sendrecv(sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag,
-                          status=status)
+        self.mpi.Sendrecv(
+            sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag, status=status
+        )
         self.ledger.book_recv(category, op, self.world_ranks[source], status.Get_count(MPI.BYTE))
         return recvbuf
 
     # -- native MPI, counted by model ------------------------------------------------------------
-    def record_modeled(self, category: str, op: str, nbytes_sent: int, nbytes_received: int,
-                       messages: int) -> None:
+    def record_modeled(
+        self, category: str, op: str, nbytes_sent: int, nbytes_received: int, messages: int
+    ) -> None:
         """Book traffic that MPI moved inside a native collective (its real pattern is hidden)."""
         _check_category(category)
         self.ledger.sent[category] += nbytes_sent
@@ -160,6 +175,7 @@ class Communicator:
     def gather_object(self, obj, root: int = 0):
         """Gather a small Python object to `root` (metrics, final weights): control traffic."""
         import pickle
+
         nbytes = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         result = self.mpi.gather(obj, root=root)
         if self.rank != root:
@@ -170,6 +186,7 @@ class Communicator:
 
     def bcast_object(self, obj, root: int = 0):
         import pickle
+
         result = self.mpi.bcast(obj, root=root)
         if self.rank == root and self.size > 1:
             nbytes = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))

@@ -3,6 +3,7 @@
 `validate` runs on every rank before any MPI traffic, on the same inputs, so every rank reaches the
 same verdict: a bad configuration ends the whole job with one clear line instead of a hang.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,11 +33,11 @@ class RunConfig:
     seed: int = 0
     # data
     dataset: str = "digits"
-    samples: int = 4096            # synthetic only
-    data_dir: str | None = None    # mnist only
-    data_source: str = "local"     # local: every rank reads its own rows; root: rank 0 scatters them
+    samples: int = 4096  # synthetic only
+    data_dir: str | None = None  # mnist only
+    data_source: str = "local"  # local: every rank reads its own rows; root: rank 0 scatters them
     # optimisation
-    batch: int = 64                # GLOBAL batch (all data-parallel ranks together)
+    batch: int = 64  # GLOBAL batch (all data-parallel ranks together)
     steps: int | None = None
     epochs: int | None = None
     lr: float = 0.05
@@ -44,7 +45,7 @@ class RunConfig:
     optimizer: str = "sgd"
     grad_accum: int = 1
     # layout
-    dp: int | None = None          # None: whatever is left of the world after tp*pp
+    dp: int | None = None  # None: whatever is left of the world after tp*pp
     tp: int = 1
     pp: int = 1
     zero: int = 0
@@ -80,10 +81,15 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(len(cfg.layers) >= 2, "--layers needs at least an input and an output width, e.g. 64,128,10")
     _require(all(w >= 1 for w in cfg.layers), f"--layers widths must be positive, got {cfg.layers}")
     _require(cfg.dataset in DATASETS, f"unknown dataset {cfg.dataset!r} (choose from {', '.join(DATASETS)})")
-    _require(cfg.optimizer in OPTIMIZERS, f"unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+    _require(
+        cfg.optimizer in OPTIMIZERS,
+        f"unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})",
+    )
     _require(cfg.dtype in DTYPES, f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
     _require(cfg.activation in ACTIVATIONS, f"unknown activation {cfg.activation!r}")
-    _require(cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})")
+    _require(
+        cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})"
+    )
     _require(cfg.collectives in COLLECTIVES, f"unknown collectives {cfg.collectives!r}")
     _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
     _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
@@ -104,36 +110,51 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
 
     model_ranks = cfg.tp * cfg.pp
     if cfg.dp is None:
-        _require(world_size % model_ranks == 0,
-                 f"world size {world_size} is not divisible by tp*pp = {cfg.tp}*{cfg.pp} = {model_ranks}")
+        _require(
+            world_size % model_ranks == 0,
+            f"world size {world_size} is not divisible by tp*pp = {cfg.tp}*{cfg.pp} = {model_ranks}",
+        )
         cfg.dp = world_size // model_ranks
     _require(cfg.dp >= 1, "--dp must be at least 1")
-    _require(cfg.dp * model_ranks == world_size,
-             f"world size {world_size} does not factor into dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = "
-             f"{cfg.dp * model_ranks}; launch with mpiexec -n {cfg.dp * model_ranks} or change the layout")
-    _require(cfg.batch >= cfg.dp * cfg.grad_accum,
-             f"--batch {cfg.batch} is smaller than dp*grad-accum = {cfg.dp * cfg.grad_accum}: "
-             "some rank would get no rows")
+    _require(
+        cfg.dp * model_ranks == world_size,
+        f"world size {world_size} does not factor into dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = "
+        f"{cfg.dp * model_ranks}; launch with mpiexec -n {cfg.dp * model_ranks} or change the layout",
+    )
+    _require(
+        cfg.batch >= cfg.dp * cfg.grad_accum,
+        f"--batch {cfg.batch} is smaller than dp*grad-accum = {cfg.dp * cfg.grad_accum}: "
+        "some rank would get no rows",
+    )
     if cfg.tp > 1:
         hidden = cfg.layers[1:-1]
         bad = [w for w in hidden if w % cfg.tp]
         _require(not bad, f"hidden widths {bad} are not divisible by --tp {cfg.tp}")
     if cfg.pp > 1:
-        _require(cfg.pp <= cfg.n_layers,
-                 f"--pp {cfg.pp} asks for more pipeline stages than the model has layers ({cfg.n_layers})")
+        _require(
+            cfg.pp <= cfg.n_layers,
+            f"--pp {cfg.pp} asks for more pipeline stages than the model has layers ({cfg.n_layers})",
+        )
         need = cfg.microbatches * cfg.dp * cfg.grad_accum
-        _require(cfg.batch >= need,
-                 f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel "
-                 f"rank(s) x {cfg.grad_accum} accumulation step(s): every micro-batch needs a row (>= {need})")
+        _require(
+            cfg.batch >= need,
+            f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel "
+            f"rank(s) x {cfg.grad_accum} accumulation step(s): every micro-batch needs a row (>= {need})",
+        )
     if cfg.stage_layers is not None:
-        _require(len(cfg.stage_layers) == cfg.pp and all(n >= 1 for n in cfg.stage_layers)
-                 and sum(cfg.stage_layers) == cfg.n_layers,
-                 f"--stage-layers {cfg.stage_layers} must give {cfg.pp} positive counts summing to {cfg.n_layers}")
+        _require(
+            len(cfg.stage_layers) == cfg.pp
+            and all(n >= 1 for n in cfg.stage_layers)
+            and sum(cfg.stage_layers) == cfg.n_layers,
+            f"--stage-layers {cfg.stage_layers} must give {cfg.pp} positive counts summing to {cfg.n_layers}",
+        )
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
-        _require(cfg.collectives == "ring",
-                 f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "
-                 "all-reduce layouts only")
+        _require(
+            cfg.collectives == "ring",
+            f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "
+            "all-reduce layouts only",
+        )
     return cfg
 
 

@@ -16,6 +16,7 @@ only the first pipeline stage needs inputs and only the last needs labels.
   --data-source root   rank 0 alone holds the data and sends every rank its rows each step:
                        that is the `data` traffic of the ledger.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -46,7 +47,7 @@ def load_digits(dtype) -> Dataset:
         images, labels = z["images"], z["labels"]
     x = (images.reshape(len(images), -1) / 16.0).astype(dtype)
     y = labels.astype(np.int64)
-    order = np.random.default_rng(20_17).permutation(len(x))   # fixed split, independent of --seed
+    order = np.random.default_rng(20_17).permutation(len(x))  # fixed split, independent of --seed
     train, val = order[:1500], order[1500:]
     return Dataset(x[train], y[train], x[val], y[val], 10)
 
@@ -76,11 +77,12 @@ def read_idx(path: str) -> np.ndarray:
     ndim = raw[3]
     if len(raw) < 4 + 4 * ndim:
         raise SimparError(f"{path} is truncated or corrupt: the header is cut short")
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     offset = 4 + 4 * ndim
     if len(raw) - offset != int(np.prod(dims)):
-        raise SimparError(f"{path} is truncated or corrupt: header says {dims}, "
-                          f"found {len(raw) - offset} bytes of data")
+        raise SimparError(
+            f"{path} is truncated or corrupt: header says {dims}, found {len(raw) - offset} bytes of data"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(dims)
 
 
@@ -93,8 +95,15 @@ def _find(data_dir: str, stem: str) -> str:
 
 
 def load_mnist(data_dir: str, dtype) -> Dataset:
-    parts = [read_idx(_find(data_dir, stem)) for stem in
-             ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+    parts = [
+        read_idx(_find(data_dir, stem))
+        for stem in (
+            "train-images-idx3-ubyte",
+            "train-labels-idx1-ubyte",
+            "t10k-images-idx3-ubyte",
+            "t10k-labels-idx1-ubyte",
+        )
+    ]
     (xi, yi, xv, yv) = parts
     if len(xi) != len(yi) or len(xv) != len(yv):
         raise SimparError(f"{data_dir}: image and label counts differ")
@@ -111,9 +120,13 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     else:
         data = load_mnist(cfg.data_dir, dtype)
     if data.width != cfg.layers[0]:
-        raise SimparError(f"--layers starts with {cfg.layers[0]} but {cfg.dataset} inputs have {data.width} features")
+        raise SimparError(
+            f"--layers starts with {cfg.layers[0]} but {cfg.dataset} inputs have {data.width} features"
+        )
     if cfg.layers[-1] < data.n_classes:
-        raise SimparError(f"--layers ends with {cfg.layers[-1]} outputs but {cfg.dataset} has {data.n_classes} classes")
+        raise SimparError(
+            f"--layers ends with {cfg.layers[-1]} outputs but {cfg.dataset} has {data.n_classes} classes"
+        )
     if len(data.x_train) < cfg.batch:
         raise SimparError(f"--batch {cfg.batch} is larger than the {len(data.x_train)} training rows")
     return data
@@ -121,8 +134,9 @@ def load_dataset(cfg: RunConfig) -> Dataset:
 
 # -- which rows each rank gets ------------------------------------------------------------------
 
+
 def steps_per_epoch(n_train: int, batch: int) -> int:
-    return n_train // batch          # the last, incomplete batch is dropped: every step has B rows
+    return n_train // batch  # the last, incomplete batch is dropped: every step has B rows
 
 
 def total_steps(cfg: RunConfig, n_train: int) -> int:
@@ -138,7 +152,7 @@ def global_batches(n_train: int, batch: int, seed: int, steps: int):
         epoch, i = divmod(step, per_epoch)
         if i == 0:
             order = np.random.default_rng([seed, epoch]).permutation(n_train)
-        yield epoch, order[i * batch:(i + 1) * batch]
+        yield epoch, order[i * batch : (i + 1) * batch]
 
 
 def distributed_sampler(rows: np.ndarray, dp: int, dp_index: int) -> np.ndarray:
@@ -159,6 +173,7 @@ class BatchFeeder:
 
     def _needs(self, world_rank: int) -> tuple[int, bool, bool]:
         from .mesh import coords_of
+
         p, d, _ = coords_of(world_rank, self.mesh.dp, self.mesh.tp, self.mesh.pp)
         return d, p == 0, p == self.mesh.pp - 1
 
@@ -171,8 +186,10 @@ class BatchFeeder:
         world = self.mesh.world
         _, need_x, need_y = self._needs(world.rank)
         if self.cfg.data_source == "local":
-            return [(self.data.x_train[r] if need_x else None, self.data.y_train[r] if need_y else None)
-                    for r in self.rows_of(world.rank, rows)]
+            return [
+                (self.data.x_train[r] if need_x else None, self.data.y_train[r] if need_y else None)
+                for r in self.rows_of(world.rank, rows)
+            ]
         return self._scatter_from_root(rows, need_x, need_y)
 
     def _scatter_from_root(self, rows, need_x, need_y):
@@ -185,11 +202,17 @@ class BatchFeeder:
                         world.send(np.ascontiguousarray(self.data.x_train[r]), dest, "data", "scatter-batch")
                     if dy:
                         world.send(np.ascontiguousarray(self.data.y_train[r]), dest, "data", "scatter-batch")
-            return [(self.data.x_train[r] if need_x else None, self.data.y_train[r] if need_y else None)
-                    for r in self.rows_of(0, rows)]
+            return [
+                (self.data.x_train[r] if need_x else None, self.data.y_train[r] if need_y else None)
+                for r in self.rows_of(0, rows)
+            ]
         out = []
         for r in self.rows_of(world.rank, rows):
-            x = world.recv(np.empty((len(r), self.width), self.dtype), 0, "data", "scatter-batch") if need_x else None
+            x = (
+                world.recv(np.empty((len(r), self.width), self.dtype), 0, "data", "scatter-batch")
+                if need_x
+                else None
+            )
             y = world.recv(np.empty(len(r), np.int64), 0, "data", "scatter-batch") if need_y else None
             out.append((x, y))
         return out

@@ -3,6 +3,7 @@
 Files are written to a temporary name in the same folder and renamed into place, so a reader
 never sees half a file (rename is atomic on POSIX) and a crash leaves the old file intact.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import tempfile
 import numpy as np
 
 from .config import SimparError
+
 
 def writable(path: str) -> bool:
     """Can a file be written (by rename) at `path`? Its folder must exist and be writable, and
@@ -33,7 +35,7 @@ def atomic_write(path: str, write_fn, binary: bool = False) -> None:
             write_fn(f)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; a results file should be readable
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a results file should be readable
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -10,6 +10,7 @@ dict with the final full-shape weights under "weights". Keyword arguments become
 dp=2 -> --dp 2, no_overlap=True -> --no-overlap, layers=[64, 32, 10] -> --layers 64,32,10.
 A failed run raises LaunchError carrying the `simpar: error: ...` line.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ def mpiexec_path() -> str:
 
 def _env() -> dict:
     env = one_thread_env(dict(os.environ))
-    root = str(Path(__file__).resolve().parents[1])     # so an un-installed checkout works too
+    root = str(Path(__file__).resolve().parents[1])  # so an un-installed checkout works too
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -66,15 +67,32 @@ def run(n: int, args: list[str], timeout: float = 300) -> subprocess.CompletedPr
 def launch(n: int, timeout: float = 300, trace: bool = False, **kwargs) -> dict:
     """Train on n ranks; return the metrics (plus "weights", and "trace" events if trace=True)."""
     import numpy as np
+
     with tempfile.TemporaryDirectory(prefix="simpar-") as tmp:
         metrics, weights, trace_file = (os.path.join(tmp, f) for f in ("m.json", "w.npz", "t.json"))
         extra = ["--trace", trace_file] if trace else []
-        res = run(n, ["train", *options(**kwargs), "--quiet", "--metrics-out", metrics,
-                      "--weights-out", weights, *extra], timeout=timeout)
+        res = run(
+            n,
+            [
+                "train",
+                *options(**kwargs),
+                "--quiet",
+                "--metrics-out",
+                metrics,
+                "--weights-out",
+                weights,
+                *extra,
+            ],
+            timeout=timeout,
+        )
         if res.returncode != 0:
             lines = [l for l in res.stderr.splitlines() if l.strip()]
-            raise LaunchError(next((l for l in lines if l.startswith("simpar: error")),
-                                   "\n".join(lines[-15:]) or f"exit status {res.returncode}"))
+            raise LaunchError(
+                next(
+                    (l for l in lines if l.startswith("simpar: error")),
+                    "\n".join(lines[-15:]) or f"exit status {res.returncode}",
+                )
+            )
         with open(metrics) as f:
             out = json.load(f)
         with np.load(weights) as z:

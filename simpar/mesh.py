@@ -11,6 +11,7 @@ fastest links), and a pipeline stage is a contiguous block of dp*tp ranks.
   dp group: ranks that share (pp, tp)  -- all-reduce gradients of the same shard
   pp group: ranks that share (dp, tp)  -- pass activations from stage to stage
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,6 +12,7 @@ exactly -- no averaging step that could be forgotten or done twice.
 Weights come from (seed, layer index) on the FULL shape, so a tensor-parallel shard is a slice of
 exactly the numbers the serial model starts from.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,6 +24,7 @@ import kernels
 from kernels.reference import ACTIVATIONS, linear_forward  # noqa: F401  (re-exported)
 
 # -- loss ------------------------------------------------------------------------------------------
+
 
 def softmax_cross_entropy(logits, labels, global_batch):
     """Loss of these rows divided by the global batch size, and dL/dlogits for them.
@@ -43,7 +45,10 @@ def softmax_cross_entropy(logits, labels, global_batch):
 
 # -- parameters --------------------------------------------------------------------------------------
 
-def init_layer(seed: int, layer_index: int, fan_in: int, fan_out: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+
+def init_layer(
+    seed: int, layer_index: int, fan_in: int, fan_out: int, dtype
+) -> tuple[np.ndarray, np.ndarray]:
     """Full-shape (W, b) of layer `layer_index`: He-normal W, small normal b, drawn in float64.
 
     Every layout calls this with the full shape and slices its shard, so all start identical.
@@ -61,7 +66,8 @@ def parameter_count(widths: list[int]) -> int:
 @dataclass
 class Linear:
     """One (possibly sharded) linear layer + activation. W, b, dW, db are views into flat buffers."""
-    index: int            # position in the full model (0 = first layer)
+
+    index: int  # position in the full model (0 = first layer)
     W: np.ndarray
     b: np.ndarray
     dW: np.ndarray
@@ -73,6 +79,7 @@ class Linear:
 class Context:
     """What forward keeps for backward: the input x, the pre-activation z and the output y
     (relu and tanh differentiate from y; y is also the next layer's x, so it is counted there)."""
+
     x: np.ndarray
     z: np.ndarray
     y: np.ndarray
@@ -89,8 +96,9 @@ def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.n
     return y, Context(x, z, y)
 
 
-def layer_backward(layer: Linear, ctx: Context, dy: np.ndarray, need_dx: bool = True,
-                   bias: bool = True) -> np.ndarray | None:
+def layer_backward(
+    layer: Linear, ctx: Context, dy: np.ndarray, need_dx: bool = True, bias: bool = True
+) -> np.ndarray | None:
     """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx."""
     dx, dW, db = kernels.active().linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
     layer.dW += dW
@@ -106,6 +114,7 @@ class ParamStore:
     Flat buffers let data parallelism all-reduce gradients in large buckets and let ZeRO cut the
     model into equal shards without caring where one layer ends.
     """
+
     params: np.ndarray
     grads: np.ndarray
     layers: list[Linear] = field(default_factory=list)
@@ -122,9 +131,13 @@ class ParamStore:
             views = []
             for arr in (W, b):
                 n = arr.size
-                params[offset:offset + n] = arr.reshape(-1)
-                views.append((params[offset:offset + n].reshape(arr.shape),
-                              grads[offset:offset + n].reshape(arr.shape)))
+                params[offset : offset + n] = arr.reshape(-1)
+                views.append(
+                    (
+                        params[offset : offset + n].reshape(arr.shape),
+                        grads[offset : offset + n].reshape(arr.shape),
+                    )
+                )
                 offset += n
             (Wv, dWv), (bv, dbv) = views
             store.layers.append(Linear(index, Wv, bv, dWv, dbv, act))
@@ -141,8 +154,13 @@ def activation_of(layer_index: int, n_layers: int, activation: str) -> str:
 
 def serial_store(widths: list[int], activation: str, seed: int, dtype) -> ParamStore:
     n = len(widths) - 1
-    return ParamStore.build([(i, *init_layer(seed, i, widths[i], widths[i + 1], dtype),
-                              activation_of(i, n, activation)) for i in range(n)], dtype)
+    return ParamStore.build(
+        [
+            (i, *init_layer(seed, i, widths[i], widths[i + 1], dtype), activation_of(i, n, activation))
+            for i in range(n)
+        ],
+        dtype,
+    )
 
 
 def predict(weights: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, activation: str) -> np.ndarray:

@@ -5,6 +5,7 @@ flat buffer (data parallelism), a tensor-parallel shard, or a ZeRO slice of 1/p 
 get exactly the numbers the serial run gets. The optimizer state (momentum, Adam moments) lives
 beside the shard it updates -- which is precisely what ZeRO-1 exploits to cut memory.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,8 @@ class Adam:
             m += t(1 - self.beta1) * g
             v *= t(self.beta2)
             v += t(1 - self.beta2) * (g * g)
-            m_hat_scale = t(1 / (1 - self.beta1 ** self.t))
-            v_hat_scale = t(1 / (1 - self.beta2 ** self.t))
+            m_hat_scale = t(1 / (1 - self.beta1**self.t))
+            v_hat_scale = t(1 / (1 - self.beta2**self.t))
             w -= t(self.lr) * (m * m_hat_scale) / (np.sqrt(v * v_hat_scale) + t(self.eps))
 
     def state_nbytes(self) -> int:

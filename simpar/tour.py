@@ -7,16 +7,17 @@ rank 0 alone while the others wait), and is checked against the serial run: the 
 of any step's loss must stay within the dtype's tolerance (float64 1e-10, float32 1e-4 relative).
 Writes simpar-out/<layout>.json for each layout, then the comparison plots.
 """
+
 from __future__ import annotations
 
 import copy
 import os
 import time
 
-from .files import write_json, write_trace
-from .units import fmt_bytes
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError
+from .files import write_json, write_trace
+from .units import fmt_bytes
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
 
@@ -47,7 +48,9 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
 
 def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:
     from mpi4py import MPI
+
     from .train import run_training
+
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     if base.steps is None and base.epochs is None:
@@ -78,7 +81,7 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
             started = time.perf_counter()
             try:
                 metrics = run_training(cfg, Communicator(sub, Ledger(), name))
-            except SimparError as exc:       # raised on every rank of `sub`, rank 0 among them
+            except SimparError as exc:  # raised on every rank of `sub`, rank 0 among them
                 problem = f"{name}: {exc}"
             sub.Free()
             if metrics is not None:
@@ -100,8 +103,10 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         _plots(results, out_dir)
         print(f"\nmetrics and plots in {out_dir}/")
         if size == 1:
-            print("one rank shows only the serial reference: run `mpiexec -n 4 python -m mpi4py -m simpar` "
-                  "for data, tensor, pipeline, ZeRO and hybrid layouts")
+            print(
+                "one rank shows only the serial reference: run `mpiexec -n 4 python -m mpi4py -m simpar` "
+                "for data, tensor, pipeline, ZeRO and hybrid layouts"
+            )
         if not ok:
             raise SimparError("a layout did not match the serial run or the cost model (see the table above)")
     return 0
@@ -111,9 +116,11 @@ def print_tour_table(results, dtype: str) -> bool:
     serial = results[0][1]["losses"]
     tol = TOLERANCE[dtype]
     print(f"\nsimpar tour: {len(results)} layouts, same model and data, {len(serial)} steps, {dtype}")
-    head = (f"{'layout':<14} {'ranks':>5} {'final loss':>10} {'max|dloss|':>10} {'acc':>6} "
-            f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'step ms':>8} "
-            f"{'pred ms':>8} {'bytes=pred':>10}")
+    head = (
+        f"{'layout':<14} {'ranks':>5} {'final loss':>10} {'max|dloss|':>10} {'acc':>6} "
+        f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'step ms':>8} "
+        f"{'pred ms':>8} {'bytes=pred':>10}"
+    )
     print(head)
     print("-" * len(head))
     all_ok = True
@@ -122,21 +129,29 @@ def print_tour_table(results, dtype: str) -> bool:
         ok = diff <= tol
         all_ok &= ok
         per = m["comm"]["per_step"]
-        mem = max(sum(r[k] for k in ("params", "grads", "optimizer", "activations_peak")) for r in m["memory"]["ranks"])
+        mem = max(
+            sum(r[k] for k in ("params", "grads", "optimizer", "activations_peak"))
+            for r in m["memory"]["ranks"]
+        )
         acc = m.get("accuracy")
-        print(f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
-              f"{(acc if acc is not None else float('nan')):>6.3f} {fmt_bytes(per['data']):>10} "
-              f"{fmt_bytes(per['model']):>10} {fmt_bytes(per['activation']):>10} "
-              f"{fmt_bytes(mem):>10} {1000 * m['time']['step_s_median']:>8.2f} "
-              f"{1000 * m['predicted']['time']['step_s']:>8.2f} "
-              f"{'exact' if not m['prediction_mismatches'] else 'NO':>10}")
+        print(
+            f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
+            f"{(acc if acc is not None else float('nan')):>6.3f} {fmt_bytes(per['data']):>10} "
+            f"{fmt_bytes(per['model']):>10} {fmt_bytes(per['activation']):>10} "
+            f"{fmt_bytes(mem):>10} {1000 * m['time']['step_s_median']:>8.2f} "
+            f"{1000 * m['predicted']['time']['step_s']:>8.2f} "
+            f"{'exact' if not m['prediction_mismatches'] else 'NO':>10}"
+        )
         all_ok &= not m["prediction_mismatches"]
-    print(f"(bytes: sent by all ranks together per step; max|dloss|: largest relative difference of any "
-          f"step's loss from serial, tolerance {tol:g}; step ms: median measured; pred ms: cost model; "
-          f"bytes=pred: every rank's bytes per category and shard memory equal the cost model's)")
+    print(
+        f"(bytes: sent by all ranks together per step; max|dloss|: largest relative difference of any "
+        f"step's loss from serial, tolerance {tol:g}; step ms: median measured; pred ms: cost model; "
+        f"bytes=pred: every rank's bytes per category and shard memory equal the cost model's)"
+    )
     return all_ok
 
 
 def _plots(results, out_dir):
     from .report import plots
+
     plots.tour_plots(results, out_dir)

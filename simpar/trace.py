@@ -17,12 +17,13 @@ so the timeline plot can colour by kind and measure one training step at a time.
 Timestamps are wall-clock microseconds since the epoch, advanced with the high-resolution
 monotonic clock: ranks on one machine share that clock, so their events line up.
 """
+
 from __future__ import annotations
 
 import time
 
 KINDS = ("forward", "backward", "comm", "allreduce", "other")
-COMM_KINDS = ("comm", "allreduce")          # drawn on tid 1
+COMM_KINDS = ("comm", "allreduce")  # drawn on tid 1
 
 _active: "Tracer | None" = None
 
@@ -52,10 +53,18 @@ class Tracer:
         return (self._wall0 + (time.perf_counter() - self._perf0)) * 1e6
 
     def add(self, name: str, kind: str, start_us: float, end_us: float, args: dict | None = None) -> None:
-        self.events.append({
-            "name": name, "ph": "X", "pid": self.rank, "tid": 1 if kind in COMM_KINDS else 0,
-            "ts": start_us, "dur": max(end_us - start_us, 0.0), "cat": kind,
-            "args": {"kind": kind, "step": self.step, **(args or {})}})
+        self.events.append(
+            {
+                "name": name,
+                "ph": "X",
+                "pid": self.rank,
+                "tid": 1 if kind in COMM_KINDS else 0,
+                "ts": start_us,
+                "dur": max(end_us - start_us, 0.0),
+                "cat": kind,
+                "args": {"kind": kind, "step": self.step, **(args or {})},
+            }
+        )
 
 
 class _Span:

@@ -9,6 +9,7 @@ Run it:
     python -m simpar train --dtype float64 --steps 20
     mpiexec -n 4 python -m mpi4py -m simpar train --dp 4 --metrics-out m.json
 """
+
 from __future__ import annotations
 
 import math
@@ -16,19 +17,20 @@ import time
 
 import numpy as np
 
-from .report.metrics import build_metrics
-from .report.tables import print_summary
-from .files import writable, write_json, write_trace, write_weights
 from . import collectives
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError, validate
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
+from .files import writable, write_json, write_trace, write_weights
 from .mesh import Mesh
 from .model import parameter_count, predict
+from .report.metrics import build_metrics
+from .report.tables import print_summary
 
 
 def init_mpi():
     from mpi4py import MPI
+
     return Communicator(MPI.COMM_WORLD, Ledger(), "world")
 
 
@@ -36,6 +38,7 @@ def select_kernels(cfg: RunConfig) -> str:
     """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
     on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths."""
     import kernels
+
     name = cfg.kernels
     if name == "auto":
         splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
@@ -44,14 +47,18 @@ def select_kernels(cfg: RunConfig) -> str:
         name = kernels.choose_auto(widths, rows, cfg.dtype)
     if name == "cuda":
         from numba import cuda
+
         if not cuda.is_available():
-            raise SimparError("--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
-                              "to run the same kernels in Numba's CPU simulator, slowly)")
+            raise SimparError(
+                "--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
+                "to run the same kernels in Numba's CPU simulator, slowly)"
+            )
     backend = kernels.use(name)
-    collectives.set_reduce_kernel(backend.reduce_add)      # the `dst += src` inside every reducing collective
+    collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
         from kernels import cpu
+
         cpu.warm_up()
     return backend.name
 
@@ -90,6 +97,7 @@ class Progress:
         self.bar = None
         if enabled:
             from tqdm import tqdm
+
             self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
 
     def update(self, loss: float) -> None:
@@ -120,9 +128,10 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     validate(cfg, world.size)
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
-    kernels_name = select_kernels(cfg)       # after every check: Numba may compile for seconds
+    kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
     from .parallel import build_strategy
+
     strategy = build_strategy(cfg, mesh)
     feeder = BatchFeeder(data, cfg, mesh, cfg.dtype)
 
@@ -149,9 +158,13 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
         epoch_samples += cfg.batch
         if (step + 1) % per_epoch == 0 or step + 1 == steps:
             now = time.perf_counter()
-            entry = {"epoch": epoch + 1, "step": step + 1, "loss": loss,
-                     "samples_per_s": epoch_samples / max(now - epoch_start, 1e-9)}
-            if cfg.eval_every_epoch:       # every rank joins: gathering weights may be collective
+            entry = {
+                "epoch": epoch + 1,
+                "step": step + 1,
+                "loss": loss,
+                "samples_per_s": epoch_samples / max(now - epoch_start, 1e-9),
+            }
+            if cfg.eval_every_epoch:  # every rank joins: gathering weights may be collective
                 eval_start = time.perf_counter()
                 weights = strategy.full_weights()
                 if is_root and data is not None:
@@ -159,8 +172,10 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
                 eval_s += time.perf_counter() - eval_start
             if show:
                 acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
-                progress.write(f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
-                               f"  {entry['samples_per_s']:.0f} samples/s")
+                progress.write(
+                    f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
+                    f"  {entry['samples_per_s']:.0f} samples/s"
+                )
             epoch_log.append(entry)
             epoch_start, epoch_samples = time.perf_counter(), 0
     world.barrier()
@@ -170,19 +185,39 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     # Everything below is bookkeeping: snapshot the training traffic before control traffic adds up.
     ledger = world.ledger.snapshot()
     weights = strategy.full_weights()
-    gathered = world.gather_object({"rank": world.rank, "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
-                                    "ledger": ledger, "memory": strategy.memory(),
-                                    "trace": tracer.events if tracer else None}, root=0)
+    gathered = world.gather_object(
+        {
+            "rank": world.rank,
+            "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
+            "ledger": ledger,
+            "memory": strategy.memory(),
+            "trace": tracer.events if tracer else None,
+        },
+        root=0,
+    )
     if tracer is not None:
-        tracer.uninstall()        # the tour runs several layouts in one process
+        tracer.uninstall()  # the tour runs several layouts in one process
     if not is_root:
         return None
-    metrics = build_metrics(cfg, world.size, mesh, parameter_count(cfg.layers), losses, epoch_log,
-                                   gathered, elapsed, steps, kernels_name, step_times, eval_s)
+    metrics = build_metrics(
+        cfg,
+        world.size,
+        mesh,
+        parameter_count(cfg.layers),
+        losses,
+        epoch_log,
+        gathered,
+        elapsed,
+        steps,
+        kernels_name,
+        step_times,
+        eval_s,
+    )
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
+
     metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     metrics["_weights"] = weights
@@ -194,8 +229,11 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
     """Fail before training, not after it, if rank 0 will not be able to write an output file."""
     problem = None
     if world.rank == 0:
-        for flag, path in (("--metrics-out", cfg.metrics_out), ("--weights-out", cfg.weights_out),
-                           ("--trace", cfg.trace)):
+        for flag, path in (
+            ("--metrics-out", cfg.metrics_out),
+            ("--weights-out", cfg.weights_out),
+            ("--trace", cfg.trace),
+        ):
             if path and not writable(path):
                 problem = f"{flag} {path}: not a writable file path (its folder is missing or read-only, or it is a folder)"
                 break
@@ -208,6 +246,7 @@ def _tracer(cfg, world):
     if not cfg.trace:
         return None
     from .trace import Tracer
+
     return Tracer.install(world.rank)
 
 
@@ -215,14 +254,20 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator) -> N
     """All ranks see the same reduced loss, so all get here together; find who went bad first."""
     mine = strategy.first_nonfinite
     first = world.allreduce_scalar(mine if mine is not None else math.inf, op=_mpi_min())
-    where = f"the output of layer {int(first)} was the first to hold NaN/inf" if math.isfinite(first) \
+    where = (
+        f"the output of layer {int(first)} was the first to hold NaN/inf"
+        if math.isfinite(first)
         else "no layer output was non-finite, so the loss itself overflowed"
-    raise SimparError(f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
-                      f"(now {strategy.cfg.lr}) or --dtype float64")
+    )
+    raise SimparError(
+        f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
+        f"(now {strategy.cfg.lr}) or --dtype float64"
+    )
 
 
 def _mpi_min():
     from mpi4py import MPI
+
     return MPI.MIN
 
 

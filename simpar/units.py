@@ -6,6 +6,7 @@ Two byte styles, on purpose:
 
 No NumPy here: __main__ reads THREAD_VARS before NumPy may be imported.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,14 @@ from .config import SimparError
 # Every library that may start a thread pool of its own. One compute thread per rank: several ranks
 # share the cores, and a pool per rank oversubscribes them (measured: 2 threads per rank on 2 cores
 # with 4 ranks makes a step about 5x slower).
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def one_thread_env(env: dict) -> dict:

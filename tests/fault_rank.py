@@ -1,5 +1,6 @@
 """Run under mpiexec by test_errors: rank 2 raises in its 4th step while the others are inside
 a collective. `python -m mpi4py` must turn that into MPI_Abort, ending every rank."""
+
 from simpar import parallel
 from simpar.config import RunConfig
 from simpar.train import init_mpi, run_training

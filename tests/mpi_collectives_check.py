@@ -10,6 +10,7 @@ input, relative to the sum of magnitudes; `digest`, a hash of the result (replic
 bit for bit); the ledger's `sent`/`received` bytes and `messages` for the call; and `reduced`, the
 elements the call added up through the reduce kernel (so a Numba kernel sees every reduction).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,8 +61,14 @@ def counted(comm: Communicator, call) -> dict:
     _reduced[0] = 0
     result = call()
     led = comm.ledger
-    return {"result": result, "sent": int(led.sent["model"]), "received": int(led.received["model"]),
-            "messages": int(led.messages["model"]), "reduced": _reduced[0], "modeled": sorted(led.modeled_ops)}
+    return {
+        "result": result,
+        "sent": int(led.sent["model"]),
+        "received": int(led.received["model"]),
+        "messages": int(led.messages["model"]),
+        "reduced": _reduced[0],
+        "modeled": sorted(led.modeled_ops),
+    }
 
 
 def digest(a: np.ndarray) -> str:
@@ -76,27 +83,51 @@ def cases(comm: Communicator):
             for alg in C.ALLREDUCE_ALGORITHMS:
                 buf = contribution(n, dtype, r)
                 rec = counted(comm, lambda: C.allreduce(comm, buf, "model", algorithm=alg))
-                yield {"kind": "allreduce", "alg": alg, "n": n, "dtype": dtype,
-                       "err": rel_err(buf, want, scale), "digest": digest(buf), **rec}
+                yield {
+                    "kind": "allreduce",
+                    "alg": alg,
+                    "n": n,
+                    "dtype": dtype,
+                    "err": rel_err(buf, want, scale),
+                    "digest": digest(buf),
+                    **rec,
+                }
 
             bounds = C.chunk_bounds(n, p)
             mine = slice(int(bounds[r]), int(bounds[r + 1]))
             buf = contribution(n, dtype, r)
             rec = counted(comm, lambda: C.reduce_scatter(comm, buf, "model"))
-            yield {"kind": "reduce-scatter", "n": n, "dtype": dtype,
-                   "err": rel_err(rec["result"], want[mine], scale[mine]), **rec}
+            yield {
+                "kind": "reduce-scatter",
+                "n": n,
+                "dtype": dtype,
+                "err": rel_err(rec["result"], want[mine], scale[mine]),
+                **rec,
+            }
 
-            full = contribution(n, dtype, 0)                # everyone's chunk of one known array
+            full = contribution(n, dtype, 0)  # everyone's chunk of one known array
             buf = np.zeros(n, dtype=dtype)
             buf[mine] = full[mine]
             rec = counted(comm, lambda: C.allgather(comm, buf, "model"))
-            yield {"kind": "all-gather", "n": n, "dtype": dtype, "exact": bool(np.array_equal(buf, full)), **rec}
+            yield {
+                "kind": "all-gather",
+                "n": n,
+                "dtype": dtype,
+                "exact": bool(np.array_equal(buf, full)),
+                **rec,
+            }
 
             for root in sorted({0, p - 1}):
                 buf = full.copy() if r == root else np.zeros(n, dtype=dtype)
                 rec = counted(comm, lambda: C.broadcast(comm, buf, root, "model"))
-                yield {"kind": "broadcast", "root": root, "n": n, "dtype": dtype,
-                       "exact": bool(np.array_equal(buf, full)), **rec}
+                yield {
+                    "kind": "broadcast",
+                    "root": root,
+                    "n": n,
+                    "dtype": dtype,
+                    "exact": bool(np.array_equal(buf, full)),
+                    **rec,
+                }
 
 
 def concurrent(comm: Communicator):
@@ -104,8 +135,8 @@ def concurrent(comm: Communicator):
     p, r = comm.size, comm.rank
     for alg in C.ALLREDUCE_ALGORITHMS:
         a, b = contribution(1001, "float64", r), contribution(1000, "float32", r)  # sizes differ: a
-        first = C.start_allreduce(comm, a, "model", algorithm=alg)            # cross-matched message
-        second = C.start_allreduce(comm, b, "model", algorithm="ring")        # would be an MPI error
+        first = C.start_allreduce(comm, a, "model", algorithm=alg)  # cross-matched message
+        second = C.start_allreduce(comm, b, "model", algorithm="ring")  # would be an MPI error
         order = (first, second) if r % 2 == 0 else (second, first)
         while not (first.done and second.done):
             for pending in order:
@@ -123,7 +154,7 @@ def main() -> None:
     for case in [*cases(comm), *concurrent(comm)]:
         case.pop("result", None)
         mine.append(case)
-    everyone = comm.mpi.gather(mine, root=0)     # raw MPI: not part of what is being measured
+    everyone = comm.mpi.gather(mine, root=0)  # raw MPI: not part of what is being measured
     if comm.rank == 0:
         merged = []
         for i, case in enumerate(everyone[0]):

@@ -4,6 +4,7 @@
 the job instead of hanging it; the timeout is the last line of defence. The launching itself is
 simpar.launch's (the same code the notebooks use).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,17 @@ def train_json(n: int, args: list[str], tmp_path, name: str = "m", timeout: floa
     """Run `simpar train` on n ranks with --metrics-out and --weights-out; return the metrics dict
     with the final weights loaded under key "weights" (list of (W, b))."""
     import numpy as np
+
     metrics = Path(tmp_path) / f"{name}.json"
     weights = Path(tmp_path) / f"{name}.npz"
-    res = run_mpi(n, ["train", *args, "--quiet", "--metrics-out", str(metrics), "--weights-out", str(weights)],
-                  timeout=timeout)
-    assert res.returncode == 0, f"exit {res.returncode}\nSTDOUT:\n{res.stdout[-3000:]}\nSTDERR:\n{res.stderr[-3000:]}"
+    res = run_mpi(
+        n,
+        ["train", *args, "--quiet", "--metrics-out", str(metrics), "--weights-out", str(weights)],
+        timeout=timeout,
+    )
+    assert res.returncode == 0, (
+        f"exit {res.returncode}\nSTDOUT:\n{res.stdout[-3000:]}\nSTDERR:\n{res.stderr[-3000:]}"
+    )
     out = json.loads(metrics.read_text())
     with np.load(weights) as z:
         out["weights"] = [(z[f"W{i}"], z[f"b{i}"]) for i in range(len(z.files) // 2)]

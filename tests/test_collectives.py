@@ -5,6 +5,7 @@ prints a JSON report; the tests below judge it. The formulas here are written ou
 docstrings of simpar/collectives/ (one file per algorithm), independently of the code
 that sends, so a change to either side that breaks the ledger-vs-formula promise shows up.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,11 @@ from tests.mpiutil import run_script
 SCRIPT = Path(__file__).with_name("mpi_collectives_check.py")
 WORLD_SIZES = range(1, 9)
 ALGORITHMS = ("ring", "rabenseifner", "tree", "ps", "mpi")
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}     # relative to the sum of |inputs|
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # relative to the sum of |inputs|
 
 
 # -- the formulas (elements sent, elements received, messages) of rank r --------------------------
+
 
 def c(n: int, p: int, i: int) -> int:
     """Size of chunk i (mod p) of np.array_split(n, p)."""
@@ -31,13 +33,13 @@ def c(n: int, p: int, i: int) -> int:
 
 
 def tree_children(p: int, r: int) -> int:
-    return sum(1 for k in range(p.bit_length()) if 2 ** k > r and r + 2 ** k < p)
+    return sum(1 for k in range(p.bit_length()) if 2**k > r and r + 2**k < p)
 
 
 def allreduce_formula(alg: str, n: int, p: int, r: int) -> tuple[int, int, int]:
     if p == 1:
         return 0, 0, 0
-    if alg in ("ring", "mpi"):       # mpi books the ring's volume (modeled)
+    if alg in ("ring", "mpi"):  # mpi books the ring's volume (modeled)
         return 2 * n - c(n, p, r) - c(n, p, r + 1), 2 * n - c(n, p, r - 1) - c(n, p, r), 2 * (p - 1)
     if alg == "tree":
         k = (r != 0) + tree_children(p, r)
@@ -51,7 +53,7 @@ def allreduce_formula(alg: str, n: int, p: int, r: int) -> tuple[int, int, int]:
         return n, n, 1
     m = r // 2 if r < 2 * e else r - e
     blocks = [c(n, q, i) for i in range(q)]
-    gathered = sum(sum(blocks[(m >> k << k):(m >> k << k) + 2 ** k]) for k in range(L))
+    gathered = sum(sum(blocks[(m >> k << k) : (m >> k << k) + 2**k]) for k in range(L))
     core = n - blocks[m] + gathered
     fold = n if r < 2 * e else 0
     return core + fold, core + fold, 2 * L + (r < 2 * e)
@@ -59,11 +61,11 @@ def allreduce_formula(alg: str, n: int, p: int, r: int) -> tuple[int, int, int]:
 
 def allreduce_reduced(alg: str, n: int, p: int, r: int) -> int:
     """Elements rank r adds up through the reduce kernel (the gamma term of the alpha-beta model)."""
-    if p == 1 or alg == "mpi":       # MPI reduces inside the library, out of simpar's sight
+    if p == 1 or alg == "mpi":  # MPI reduces inside the library, out of simpar's sight
         return 0
-    if alg == "ring":                # every chunk it receives in the reduce-scatter
+    if alg == "ring":  # every chunk it receives in the reduce-scatter
         return n - c(n, p, r - 1)
-    if alg == "tree":                # each child's whole buffer
+    if alg == "tree":  # each child's whole buffer
         return tree_children(p, r) * n
     if alg == "ps":
         return (p - 1) * n if r == 0 else 0
@@ -73,7 +75,7 @@ def allreduce_reduced(alg: str, n: int, p: int, r: int) -> int:
         return 0
     m = r // 2 if r < 2 * e else r - e
     blocks = [c(n, q, i) for i in range(q)]
-    halves = sum(sum(blocks[(m >> k << k):(m >> k << k) + 2 ** k]) for k in range(L))  # the kept halves
+    halves = sum(sum(blocks[(m >> k << k) : (m >> k << k) + 2**k]) for k in range(L))  # the kept halves
     return halves + (n if r < 2 * e else 0)
 
 
@@ -81,8 +83,13 @@ def allreduce_total_messages(alg: str, p: int) -> int:
     if p == 1:
         return 0
     q = 1 << (p.bit_length() - 1)
-    return {"ring": 2 * p * (p - 1), "mpi": 2 * p * (p - 1), "tree": 2 * (p - 1), "ps": 2 * (p - 1),
-            "rabenseifner": 2 * (q.bit_length() - 1) * q + 2 * (p - q)}[alg]
+    return {
+        "ring": 2 * p * (p - 1),
+        "mpi": 2 * p * (p - 1),
+        "tree": 2 * (p - 1),
+        "ps": 2 * (p - 1),
+        "rabenseifner": 2 * (q.bit_length() - 1) * q + 2 * (p - q),
+    }[alg]
 
 
 def other_formula(kind: str, n: int, p: int, r: int, root: int = 0) -> tuple[int, int, int]:
@@ -94,18 +101,19 @@ def other_formula(kind: str, n: int, p: int, r: int, root: int = 0) -> tuple[int
         return n - c(n, p, r + 1), n - c(n, p, r), p - 1
     assert kind == "broadcast"
     me = (r - root) % p
-    sends = sum(1 for k in range(p.bit_length()) if 2 ** k > me and me + 2 ** k < p)
+    sends = sum(1 for k in range(p.bit_length()) if 2**k > me and me + 2**k < p)
     return sends * n, (me != 0) * n, sends
 
 
 # -- one launch per world size --------------------------------------------------------------------
+
 
 @lru_cache(maxsize=None)
 def report(p: int) -> dict:
     res = run_script(p, SCRIPT, timeout=120)
     assert res.returncode == 0, f"p={p}: exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("REPORT "))
-    return json.loads(line[len("REPORT "):])
+    return json.loads(line[len("REPORT ") :])
 
 
 def ledger_in_elements(case: dict) -> list[tuple[int, int, int]]:
@@ -122,7 +130,7 @@ def test_allreduce_sums_and_ledger(p):
     for cs in cases:
         alg, n, where = cs["alg"], cs["n"], f"{cs['alg']} p={p} N={cs['n']} {cs['dtype']}"
         assert max(cs["err"]) <= TOLERANCE[cs["dtype"]], where
-        if alg != "mpi":             # simpar's algorithms reduce each element once: replicas agree bitwise
+        if alg != "mpi":  # simpar's algorithms reduce each element once: replicas agree bitwise
             assert len(set(cs["digest"])) == 1, where
         got = ledger_in_elements(cs)
         want = [allreduce_formula(alg, n, p, r) for r in range(p)]
@@ -130,7 +138,7 @@ def test_allreduce_sums_and_ledger(p):
         assert cs["reduced"] == [allreduce_reduced(alg, n, p, r) for r in range(p)], where
         assert sum(s for s, _, _ in got) == sum(v for _, v, _ in got) == 2 * (p - 1) * n, where
         assert sum(m for _, _, m in got) == allreduce_total_messages(alg, p), where
-        if alg in ("ring", "mpi"):   # within a few elements of the textbook 2(p-1)/p N
+        if alg in ("ring", "mpi"):  # within a few elements of the textbook 2(p-1)/p N
             assert all(abs(s - 2 * (p - 1) / p * n) <= 2 for s, _, _ in got), where
         assert cs["modeled"] == (["model/allreduce"] if alg == "mpi" and p > 1 else []), where
 
@@ -140,7 +148,11 @@ def test_reduce_scatter_allgather_broadcast(p):
     cases = [cs for cs in report(p)["cases"] if cs["kind"] != "allreduce" and cs["kind"] != "concurrent"]
     assert {cs["kind"] for cs in cases} == {"reduce-scatter", "all-gather", "broadcast"}
     for cs in cases:
-        kind, n, where = cs["kind"], cs["n"], f"{cs['kind']} p={p} N={cs['n']} {cs['dtype']} root={cs.get('root')}"
+        kind, n, where = (
+            cs["kind"],
+            cs["n"],
+            f"{cs['kind']} p={p} N={cs['n']} {cs['dtype']} root={cs.get('root')}",
+        )
         if kind == "reduce-scatter":
             assert max(cs["err"]) <= TOLERANCE[cs["dtype"]], where
         else:
@@ -188,29 +200,47 @@ def test_pending_copes_with_empty_rounds():
 
 # -- the benchmark ------------------------------------------------------------------------------------
 
+
 def test_bench_parses_sizes_and_rejects_bad_input():
     from simpar.cli.bench import allreduce_args as parse_args
-    from simpar.units import parse_buffer_size as parse_size
     from simpar.config import SimparError
+    from simpar.units import parse_buffer_size as parse_size
 
-    assert [parse_size(s) for s in ("4096", "1K", "64M", "2g", "1KiB")] == [4096, 1024, 64 * 2 ** 20, 2 * 2 ** 30, 1024]
+    assert [parse_size(s) for s in ("4096", "1K", "64M", "2g", "1KiB")] == [
+        4096,
+        1024,
+        64 * 2**20,
+        2 * 2**30,
+        1024,
+    ]
     args = parse_args(["--sizes", "1K,4M", "--algorithms", "tree,ring,mpi,tree"])
-    assert args.sizes == [1024, 4 * 2 ** 20] and args.algorithms == ["mpi", "tree", "ring"]
-    for bad in (["--sizes", "12Q"], ["--sizes", "0"], ["--sizes", ","], ["--algorithms", "butterfly"],
-                ["--dtype", "int8"], ["--iters", "0"], ["--sizes", "6", "--dtype", "float32"], ["--bogus"]):
+    assert args.sizes == [1024, 4 * 2**20] and args.algorithms == ["mpi", "tree", "ring"]
+    for bad in (
+        ["--sizes", "12Q"],
+        ["--sizes", "0"],
+        ["--sizes", ","],
+        ["--algorithms", "butterfly"],
+        ["--dtype", "int8"],
+        ["--iters", "0"],
+        ["--sizes", "6", "--dtype", "float32"],
+        ["--bogus"],
+    ):
         with pytest.raises(SimparError):
             parse_args(bad)
 
 
 def test_bench_runs_on_two_ranks():
-    code = ("from simpar.cli.bench import allreduce_main as main; "
-            "main(['--sizes', '4K,64K', '--algorithms', 'ring,rabenseifner,tree,ps', '--iters', '2', '--json'])")
+    code = (
+        "from simpar.cli.bench import allreduce_main as main; "
+        "main(['--sizes', '4K,64K', '--algorithms', 'ring,rabenseifner,tree,ps', '--iters', '2', '--json'])"
+    )
     res = run_script(2, "-c", [code], timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     assert out["ranks"] == 2
     assert [(r["size"], r["algorithm"]) for r in out["rows"]] == [
-        (s, a) for s in (4096, 65536) for a in ("mpi", "ring", "rabenseifner", "tree", "ps")]
+        (s, a) for s in (4096, 65536) for a in ("mpi", "ring", "rabenseifner", "tree", "ps")
+    ]
     for row in out["rows"]:
         assert row["count"] == row["size"] // 4 and row["time_us"] > 0
-        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])   # 2(p-1)/p = 1 on two ranks
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(p-1)/p = 1 on two ranks

@@ -6,6 +6,7 @@ Patarasuk & Yuan 2009), ZeRO memory (2+2+K)P, 4P+KP/p, 2P+(2+K)P/p, (2+2+K)P/p f
 Adam with K = 12 (Rajbhandari et al. 2020, sec. 5 and 7), the pipeline bubble (S-1)/(M+S-1)
 (GPipe, Huang et al. 2019).
 """
+
 from __future__ import annotations
 
 import io
@@ -16,9 +17,9 @@ from contextlib import redirect_stdout
 import pytest
 
 from simpar import costmodel as cm
-from simpar.costmodel import hardware
-from simpar.config import RunConfig, SimparError
 from simpar.cli.plan import plan_main, standin_widths
+from simpar.config import RunConfig, SimparError
+from simpar.costmodel import hardware
 from tests.mpiutil import train_json
 
 DIGITS = [64, 128, 128, 128, 10]
@@ -33,19 +34,20 @@ def run_plan(*argv) -> str:
 
 # -- collective volumes -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n,p", [(1200, 4), (1201, 4), (7, 3), (2, 5), (42634, 3)])
 def test_ring_volumes(n, p):
     ar = [cm.ring_allreduce(n, p, r) for r in range(p)]
-    assert sum(c.sent for c in ar) == 2 * (p - 1) * n           # exactly, over all ranks
+    assert sum(c.sent for c in ar) == 2 * (p - 1) * n  # exactly, over all ranks
     assert all(c.messages == 2 * (p - 1) for c in ar)
-    for r, c in enumerate(ar):                                    # each within 2 elements of 2(p-1)/p N
+    for r, c in enumerate(ar):  # each within 2 elements of 2(p-1)/p N
         assert abs(c.sent - 2 * (p - 1) * n / p) <= 2
     assert sum(cm.ring_reduce_scatter(n, p, r).sent for r in range(p)) == (p - 1) * n
     assert sum(cm.ring_allgather(n, p, r).sent for r in range(p)) == (p - 1) * n
 
 
 def test_ring_allreduce_even():
-    assert cm.ring_allreduce(1200, 4, 2).sent == 1800                # 2 * 3/4 * 1200
+    assert cm.ring_allreduce(1200, 4, 2).sent == 1800  # 2 * 3/4 * 1200
     assert cm.ring_allreduce(1200, 1, 0).sent == 0
 
 
@@ -62,7 +64,7 @@ def test_allreduce_shapes():
     assert cm.ps_allreduce(100, 5, 0).sent == 400 and cm.ps_allreduce(100, 5, 3).sent == 100
     assert cm.tree_allreduce(100, 8, 0).sent == 300 and cm.tree_allreduce(100, 8, 7).sent == 100
     assert [cm.rabenseifner_allreduce(800, 8, r).sent for r in range(8)] == [1400] * 8
-    assert cm.rabenseifner_allreduce(800, 8, 0).messages == 6             # 2 log2 p
+    assert cm.rabenseifner_allreduce(800, 8, 0).messages == 6  # 2 log2 p
 
 
 def test_data_parallel_step_bytes():
@@ -90,7 +92,12 @@ def test_zero_memory_mixed_adam():
     n = 1024 * 1024 + 1024
     P, p, K = 8 * n, 8, 12
     assert P == 8_396_800
-    expect = {0: 16 * P, 1: 4 * P + K * P // p, 2: 2 * P + (2 + K) * P // p + 2 * n, 3: (2 + 2 + K) * P // p + 2 * n}
+    expect = {
+        0: 16 * P,
+        1: 4 * P + K * P // p,
+        2: 2 * P + (2 + K) * P // p + 2 * n,
+        3: (2 + 2 + K) * P // p + 2 * n,
+    }
     assert expect[0] == 134_348_800 and expect[1] == 46_182_400
     for stage, total in expect.items():
         spec = cm.Spec(widths=widths, batch=64, dp=p, zero=stage, precision="mixed", optimizer="adam")
@@ -104,7 +111,7 @@ def test_tensor_parallel_pair():
     spec = cm.Spec(widths=[64, 128, 128, 10], batch=64, tp=2)
     r = cm.predict_rank(spec, 1)
     assert r["sent"] == {"data": 0, "model": 0, "activation": 64 * 128 * 4}
-    spec = cm.Spec(widths=DIGITS, batch=64, tp=2)                     # two pairs: f at layer 2
+    spec = cm.Spec(widths=DIGITS, batch=64, tp=2)  # two pairs: f at layer 2
     ops = cm.predict_rank(spec, 0)["ops"]
     assert ops[("activation", "tp-f-allreduce", "tp")].sent == 64 * 128 * 4
     assert ops[("activation", "tp-g-allreduce", "tp")].sent == (64 * 128 + 64 * 10) * 4
@@ -117,8 +124,12 @@ def test_pipeline_boundary_bytes_and_bubble():
     assert r0["sent"]["activation"] == r1["sent"]["activation"] == 64 * 128 * 4
     assert r0["messages"]["activation"] == 4
     assert cm.bubble_fraction(cm.Spec(widths=DIGITS, batch=64, pp=4, microbatches=8)) == pytest.approx(3 / 11)
-    assert cm.bubble_fraction(cm.Spec(widths=DIGITS, batch=64, pp=4, microbatches=8, schedule="gpipe")) == pytest.approx(3 / 11)
-    assert cm.bubble_fraction(cm.Spec(widths=DIGITS, batch=64, pp=4, schedule="naive")) == pytest.approx(3 / 4)
+    assert cm.bubble_fraction(
+        cm.Spec(widths=DIGITS, batch=64, pp=4, microbatches=8, schedule="gpipe")
+    ) == pytest.approx(3 / 11)
+    assert cm.bubble_fraction(cm.Spec(widths=DIGITS, batch=64, pp=4, schedule="naive")) == pytest.approx(
+        3 / 4
+    )
 
 
 def test_activation_peak_gpipe_vs_1f1b():
@@ -130,14 +141,15 @@ def test_activation_peak_gpipe_vs_1f1b():
 
 # -- hardware ----------------------------------------------------------------------------------------
 
+
 def test_group_links_follow_the_rank_layout():
     hw = hardware.load("ib-cluster")
-    assert hardware.group_link(hw, "tp", 4, 8, 2).name == "NVLink4"        # 8 consecutive ranks
+    assert hardware.group_link(hw, "tp", 4, 8, 2).name == "NVLink4"  # 8 consecutive ranks
     assert hardware.group_link(hw, "dp", 4, 8, 2).name == "IB-NDR"
-    assert hardware.group_link(hw, "dp", 2, 4, 1).name == "NVLink4"        # dp*tp = 8 fits a node
+    assert hardware.group_link(hw, "dp", 2, 4, 1).name == "NVLink4"  # dp*tp = 8 fits a node
     eth = hardware.load("ethernet-100g")
     one, eight = hardware.group_link(eth, "dp", 16, 1, 1), hardware.group_link(eth, "dp", 2, 8, 1)
-    assert eight.bw == pytest.approx(one.bw / 8)                           # 8 rings share the one NIC
+    assert eight.bw == pytest.approx(one.bw / 8)  # 8 rings share the one NIC
 
 
 def test_hardware_errors(tmp_path):
@@ -154,33 +166,85 @@ def test_hardware_errors(tmp_path):
 
 # -- plan on the command line -----------------------------------------------------------------------------
 
+
 def test_plan_one_trillion_parameters_is_instant():
     start = time.perf_counter()
-    out = run_plan("--params", "1T", "--batch", "8192", "--dp", "64", "--tp", "8", "--pp", "32",
-                   "--microbatches", "64", "--precision", "mixed", "--optimizer", "adam",
-                   "--hardware", "ib-cluster", "--memory-limit", "80GB")
+    out = run_plan(
+        "--params",
+        "1T",
+        "--batch",
+        "8192",
+        "--dp",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "32",
+        "--microbatches",
+        "64",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adam",
+        "--hardware",
+        "ib-cluster",
+        "--memory-limit",
+        "80GB",
+    )
     assert time.perf_counter() - start < 1.0
     assert "999.57 B params" in out and "pipeline bubble (1f1b): (S-1)/(M+S-1) = 31/95" in out
-    assert sum(standin_widths(10 ** 12)[1:]) > 0
+    assert sum(standin_widths(10**12)[1:]) > 0
 
 
 def test_plan_json_and_errors():
-    pred = json.loads(run_plan("--layers", "784,4096,4096,10", "--batch", "1024", "--dp", "8", "--tp", "4",
-                               "--pp", "2", "--hardware", "dgx-h100", "--json"))
+    pred = json.loads(
+        run_plan(
+            "--layers",
+            "784,4096,4096,10",
+            "--batch",
+            "1024",
+            "--dp",
+            "8",
+            "--tp",
+            "4",
+            "--pp",
+            "2",
+            "--hardware",
+            "dgx-h100",
+            "--json",
+        )
+    )
     assert pred["world"] == 64 and pred["time"]["step_s"] > 0
-    for argv, message in ((["--layers", "64,100,10", "--tp", "3"], "not divisible by --tp"),
-                          (["--params", "lots"], "expected a number"),
-                          (["--compare"], "--world"),
-                          (["--pp", "9"], "more pipeline stages"),
-                          (["--precision", "fp8"], "unknown precision"),
-                          (["--sweep", "colour=1,2"], "KEY=V1")):
+    for argv, message in (
+        (["--layers", "64,100,10", "--tp", "3"], "not divisible by --tp"),
+        (["--params", "lots"], "expected a number"),
+        (["--compare"], "--world"),
+        (["--pp", "9"], "more pipeline stages"),
+        (["--precision", "fp8"], "unknown precision"),
+        (["--sweep", "colour=1,2"], "KEY=V1"),
+    ):
         with pytest.raises(SimparError, match=message):
             plan_main(argv)
 
 
 def test_plan_compare_explains_the_winner():
-    out = run_plan("--params", "13e9", "--batch", "512", "--compare", "--world", "64", "--hardware", "ib-cluster",
-                   "--precision", "mixed", "--optimizer", "adam", "--memory-limit", "80GB")
+    out = run_plan(
+        "--params",
+        "13e9",
+        "--batch",
+        "512",
+        "--compare",
+        "--world",
+        "64",
+        "--hardware",
+        "ib-cluster",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adam",
+        "--memory-limit",
+        "80GB",
+    )
     assert "winner:" in out and "dp64 would need" in out and "x the memory limit" in out
 
 
@@ -191,7 +255,7 @@ def test_plan_show_schedule():
 
 # -- prediction == measurement, on real MPI runs --------------------------------------------------------
 
-LAYOUTS = {                                                   # name: (ranks, extra train arguments)
+LAYOUTS = {  # name: (ranks, extra train arguments)
     "dp4": (4, ["--dp", "4", "--bucket-mb", "0.05"]),
     "dp2-root-accum": (2, ["--dp", "2", "--data-source", "root", "--grad-accum", "3", "--batch", "50"]),
     "zero1": (2, ["--dp", "2", "--zero", "1", "--optimizer", "adam"]),
@@ -223,8 +287,13 @@ def test_prediction_equals_ledger(name, tmp_path):
     for measured, predicted in zip(m["comm"]["ranks"], pred["comm"]["ranks"]):
         assert measured["sent"] == predicted["sent"], (name, measured["rank"])
         assert measured["messages"] == predicted["messages"], (name, measured["rank"])
-        ops = {k: v["sent"] for k, v in measured["by_op"].items() if not k.startswith("control/") and v["sent"]}
-        assert ops == {k: v["sent"] for k, v in predicted["by_op"].items() if v["sent"]}, (name, measured["rank"])
+        ops = {
+            k: v["sent"] for k, v in measured["by_op"].items() if not k.startswith("control/") and v["sent"]
+        }
+        assert ops == {k: v["sent"] for k, v in predicted["by_op"].items() if v["sent"]}, (
+            name,
+            measured["rank"],
+        )
     assert cm.mismatches(m, pred) == []
     for r, (measured, predicted) in enumerate(zip(m["memory"]["ranks"], pred["memory"]["ranks"])):
         for kind in ("params", "grads", "optimizer", "activations_peak"):
@@ -234,6 +303,7 @@ def test_prediction_equals_ledger(name, tmp_path):
 def test_calibrate_writes_a_usable_profile(tmp_path):
     """`bench --calibrate` measures GEMM, numpy.add and an MPI ping-pong (< 30 s), and `plan` reads it."""
     from simpar.cli.bench import bench_main
+
     path = tmp_path / "hw.json"
     with redirect_stdout(io.StringIO()):
         assert bench_main(["--calibrate", "-o", str(path)]) == 0

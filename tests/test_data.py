@@ -1,4 +1,5 @@
 """Datasets and the DistributedSampler."""
+
 import gzip
 
 import numpy as np

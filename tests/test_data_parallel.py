@@ -3,7 +3,6 @@
 The serial reference is `python -m simpar train` on one process; every parallel run must give the
 same losses (every step) and the same final weights: float64 to ~1e-12 relative, float32 to ~1e-5.
 """
-import json
 
 import numpy as np
 import pytest
@@ -35,15 +34,18 @@ def assert_same_model(run, ref, rtol):
 BASE = ["--dtype", "float64", "--steps", str(STEPS)]
 
 
-@pytest.mark.parametrize("dp,extra", [
-    (1, []),
-    (2, []),
-    (3, []),
-    (4, []),
-    (4, ["--no-overlap"]),
-    (4, ["--bucket-mb", "0.02"]),                 # several buckets in flight at once
-    (2, ["--bucket-mb", "0.02", "--collectives", "ring"]),
-])
+@pytest.mark.parametrize(
+    "dp,extra",
+    [
+        (1, []),
+        (2, []),
+        (3, []),
+        (4, []),
+        (4, ["--no-overlap"]),
+        (4, ["--bucket-mb", "0.02"]),  # several buckets in flight at once
+        (2, ["--bucket-mb", "0.02", "--collectives", "ring"]),
+    ],
+)
 def test_data_parallel_equals_serial_float64(tmp_path, tmp_path_factory, dp, extra):
     ref = serial(tmp_path_factory, *BASE)
     run = train_json(dp, BASE + extra, tmp_path)
@@ -56,11 +58,17 @@ def test_every_allreduce_algorithm_trains_the_serial_model(tmp_path, tmp_path_fa
     ref = serial(tmp_path_factory, *BASE)
     run = train_json(3, BASE + ["--collectives", algorithm, "--bucket-mb", "0.05"], tmp_path)
     assert_same_model(run, ref, 1e-12)
-    assert run["comm"]["total_sent"]["model"] == 2 * (3 - 1) * P * 8 * STEPS   # all four: 2(p-1)N in total
+    assert run["comm"]["total_sent"]["model"] == 2 * (3 - 1) * P * 8 * STEPS  # all four: 2(p-1)N in total
 
 
-@pytest.mark.parametrize("n,layout", [(2, ["--tp", "2"]), (2, ["--pp", "2", "--activation", "gelu"]),
-                                      (4, ["--dp", "2", "--tp", "2", "--collectives", "tree"])])
+@pytest.mark.parametrize(
+    "n,layout",
+    [
+        (2, ["--tp", "2"]),
+        (2, ["--pp", "2", "--activation", "gelu"]),
+        (4, ["--dp", "2", "--tp", "2", "--collectives", "tree"]),
+    ],
+)
 def test_model_parallel_layouts_with_numba_kernels(tmp_path, tmp_path_factory, n, layout):
     """The fused Numba kernels on the sharded paths (a row-parallel layer has no bias in its kernel)."""
     extra = ["--activation", "gelu"] if "gelu" in layout else []
@@ -80,7 +88,7 @@ def test_gradient_accumulation_equals_serial(tmp_path, tmp_path_factory):
 
 
 def test_uneven_batch_equals_serial(tmp_path, tmp_path_factory):
-    args = BASE + ["--batch", "50"]          # 13, 13, 12, 12 rows
+    args = BASE + ["--batch", "50"]  # 13, 13, 12, 12 rows
     ref = serial(tmp_path_factory, *args)
     assert_same_model(train_json(4, args, tmp_path), ref, 1e-12)
 
@@ -123,8 +131,8 @@ def test_data_source_root_scatters_exactly_the_rows(tmp_path, tmp_path_factory):
     ref = serial(tmp_path_factory, *args)
     assert_same_model(run, ref, 1e-12)
     ranks = run["comm"]["ranks"]
-    rows = [len(a) for a in np.array_split(np.arange(62), 4)]          # 16, 16, 15, 15
-    per_row = 64 * 8 + 8                                                # inputs (float64) + int64 label
+    rows = [len(a) for a in np.array_split(np.arange(62), 4)]  # 16, 16, 15, 15
+    per_row = 64 * 8 + 8  # inputs (float64) + int64 label
     assert ranks[0]["sent"]["data"] == sum(rows[1:]) * per_row * STEPS
     for r, n in zip(ranks[1:], rows[1:]):
         assert r["received"]["data"] == n * per_row * STEPS
@@ -138,7 +146,18 @@ def test_local_data_source_moves_no_data(tmp_path):
 
 def test_metrics_json_has_the_documented_keys(tmp_path):
     m = train_json(2, ["--steps", "3"], tmp_path)
-    for key in ("config", "world_size", "mesh", "params", "losses", "final_loss", "accuracy", "comm", "memory", "time"):
+    for key in (
+        "config",
+        "world_size",
+        "mesh",
+        "params",
+        "losses",
+        "final_loss",
+        "accuracy",
+        "comm",
+        "memory",
+        "time",
+    ):
         assert key in m
     assert m["params"] == P and len(m["losses"]) == 3 and m["world_size"] == 2
     assert set(m["comm"]["ranks"][1]["sent"]) == {"data", "model", "activation"}

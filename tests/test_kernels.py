@@ -6,6 +6,7 @@ an output that cancels to nearly zero may legitimately differ from NumPy's in it
 The CUDA kernels run under the simulator in a subprocess: NUMBA_ENABLE_CUDASIM must be set before
 numba is imported, and this process has imported it already.
 """
+
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kernels
 from kernels import cpu
@@ -42,7 +44,7 @@ def messy(a, how):
     if how == 2:
         wide = np.zeros((a.shape[0], 2 * a.shape[1]), a.dtype)
         wide[:, ::2] = a
-        return wide[:, ::2]                     # a non-contiguous view
+        return wide[:, ::2]  # a non-contiguous view
     return a
 
 
@@ -55,10 +57,11 @@ def check_layer(m, k, n, dtype, act, bias, need_dx, layout, seed):
     z0, y0 = kernels.NumpyKernels.linear_act_forward(x, W, b, act)
     scale = np.abs(x) @ np.abs(W) + (0 if b is None else np.abs(b))
     close(z, z0, scale, dtype)
-    close(y, y0, 1.2 * scale, dtype)             # every activation has slope <= 1.13
+    close(y, y0, 1.2 * scale, dtype)  # every activation has slope <= 1.13
     dy = rng.standard_normal((m, n)).astype(dtype)
-    dx, dW, db = cpu.NumbaKernels.linear_act_backward(messy(dy, layout), messy(x, layout), messy(W, layout),
-                                                      z0, y0, act, need_dx)
+    dx, dW, db = cpu.NumbaKernels.linear_act_backward(
+        messy(dy, layout), messy(x, layout), messy(W, layout), z0, y0, act, need_dx
+    )
     dx0, dW0, db0 = kernels.NumpyKernels.linear_act_backward(dy, x, W, z0, y0, act, need_dx)
     # dz = act'(z) * dy may cancel (gelu' crosses zero near z = -0.75): bound it by the size of
     # its terms, which is at most 2 |dy| for every activation here.
@@ -75,15 +78,31 @@ dims = st.integers(1, 70)
 
 
 @settings(max_examples=60, deadline=None)
-@given(m=dims, k=dims, n=dims, dtype=st.sampled_from([np.float32, np.float64]), act=st.sampled_from(ACTS),
-       bias=st.booleans(), need_dx=st.booleans(), layout=st.integers(0, 2), seed=st.integers(0, 2**32 - 1))
+@given(
+    m=dims,
+    k=dims,
+    n=dims,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    act=st.sampled_from(ACTS),
+    bias=st.booleans(),
+    need_dx=st.booleans(),
+    layout=st.integers(0, 2),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_linear_layer_matches_numpy(m, k, n, dtype, act, bias, need_dx, layout, seed):
     check_layer(m, k, n, dtype, act, bias, need_dx, layout, seed)
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=dims, k=dims, n=dims, dtype=st.sampled_from([np.float32, np.float64]),
-       ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@given(
+    m=dims,
+    k=dims,
+    n=dims,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    ta=st.booleans(),
+    tb=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_matmul_matches_numpy(m, k, n, dtype, ta, tb, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
@@ -121,9 +140,9 @@ def test_reduce_add(n, dtype, seed):
     dst, src = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
     expected = dst + src
     cpu.reduce_add(dst, src)
-    np.testing.assert_array_equal(dst, expected)          # one addition per element: exact
+    np.testing.assert_array_equal(dst, expected)  # one addition per element: exact
     buf = rng.standard_normal(2 * n + 2).astype(dtype)
-    view, expected = buf[::2], buf[::2] + buf[1::2]       # strided chunks fall back to NumPy
+    view, expected = buf[::2], buf[::2] + buf[1::2]  # strided chunks fall back to NumPy
     cpu.reduce_add(view, buf[1::2].copy())
     np.testing.assert_array_equal(buf[::2], expected)
 
@@ -136,7 +155,7 @@ def test_load_numba_through_the_package():
 
 
 def test_choose_auto_rule():
-    assert kernels.choose_auto([64, 16, 10], 16, "float32") == "numba"       # 16*64*16 = 16384
+    assert kernels.choose_auto([64, 16, 10], 16, "float32") == "numba"  # 16*64*16 = 16384
     assert kernels.choose_auto([64, 17, 10], 16, "float64") == "numpy"
     assert kernels.choose_auto([64, 128, 128, 128, 10], 64, np.float32) == "numpy"
     assert kernels.choose_auto([8, 8], 1, "float16") == "numpy"
@@ -181,10 +200,14 @@ CUDA_SCRIPT = textwrap.dedent("""
 
 
 def test_cuda_kernels_under_the_simulator():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
+    env = dict(
+        os.environ,
+        NUMBA_ENABLE_CUDASIM="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CUDA_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["ok"]
 
@@ -196,13 +219,39 @@ def test_end_to_end_training_with_each_backend_matches_numpy(tmp_path, backend, 
     import json
     import subprocess
     import sys
+
     from simpar.launch import _env, mpiexec_path
-    args = ["train", "--layers", "64,16,16,10", "--batch", "16", "--steps", "3", "--dtype", "float64", "--quiet"]
+
+    args = [
+        "train",
+        "--layers",
+        "64,16,16,10",
+        "--batch",
+        "16",
+        "--steps",
+        "3",
+        "--dtype",
+        "float64",
+        "--quiet",
+    ]
     runs = {}
     for name, extra_env in (("numpy", {}), (backend, env)):
         out = tmp_path / f"{name}.json"
-        cmd = [mpiexec_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "simpar", *args,
-               "--kernels", name, "--metrics-out", str(out)]
+        cmd = [
+            mpiexec_path(),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "mpi4py",
+            "-m",
+            "simpar",
+            *args,
+            "--kernels",
+            name,
+            "--metrics-out",
+            str(out),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**_env(), **extra_env})
         assert res.returncode == 0, res.stderr[-2000:]
         runs[name] = json.loads(out.read_text())

@@ -4,6 +4,7 @@ No import cycle among simpar's and kernels' modules (function-local imports coun
 kernels/ imports simpar, and the cost model never imports the code that moves bytes or schedules
 work (collectives/, parallel/). Read from the source with `ast`, so no module is executed.
 """
+
 from __future__ import annotations
 
 import ast
@@ -88,13 +89,20 @@ def test_no_import_cycles():
 
 
 def test_kernels_import_nothing_from_simpar():
-    bad = [(m, t) for m, ts in _graph().items() if m.startswith("kernels") for t in ts if t.startswith("simpar")]
+    bad = [
+        (m, t) for m, ts in _graph().items() if m.startswith("kernels") for t in ts if t.startswith("simpar")
+    ]
     assert bad == []
 
 
 def test_cost_model_is_independent_of_the_execution_code():
-    bad = [(m, t) for m, ts in _graph().items() if m.startswith("simpar.costmodel")
-           for t in ts if t.startswith(("simpar.collectives", "simpar.parallel", "simpar.comm", "simpar.train"))]
+    bad = [
+        (m, t)
+        for m, ts in _graph().items()
+        if m.startswith("simpar.costmodel")
+        for t in ts
+        if t.startswith(("simpar.collectives", "simpar.parallel", "simpar.comm", "simpar.train"))
+    ]
     assert bad == []
 
 

@@ -1,4 +1,5 @@
 """Gradients of every layer type against finite differences (float64), and the optimizers' updates."""
+
 import numpy as np
 import pytest
 
@@ -25,7 +26,7 @@ def numeric_grad(f, x, eps=1e-6):
 def test_activation_backward_matches_finite_differences(act):
     rng = np.random.default_rng(0)
     z = rng.standard_normal((4, 5))
-    z[np.abs(z) < 1e-3] = 0.1          # keep away from ReLU's kink
+    z[np.abs(z) < 1e-3] = 0.1  # keep away from ReLU's kink
     fwd, bwd = model.ACTIVATIONS[act]
     dy = rng.standard_normal(z.shape)
     analytic = bwd(dy, z, fwd(z))
@@ -88,7 +89,10 @@ def test_init_is_a_function_of_seed_and_layer_only():
 
 
 def test_parameter_count():
-    assert model.parameter_count([64, 128, 128, 128, 10]) == 64 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 10 + 10
+    assert (
+        model.parameter_count([64, 128, 128, 128, 10])
+        == 64 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 10 + 10
+    )
 
 
 def test_sgd_momentum_matches_hand_computation():
@@ -96,7 +100,7 @@ def test_sgd_momentum_matches_hand_computation():
     opt = optim.SGD(lr=0.1, momentum=0.9)
     opt.step([w], [g])
     np.testing.assert_allclose(w, [0.95, 2.1])
-    opt.step([w], [g])          # v = 0.9*g + g = 1.9 g
+    opt.step([w], [g])  # v = 0.9*g + g = 1.9 g
     np.testing.assert_allclose(w, [0.95 - 0.095, 2.1 + 0.19])
     assert opt.state_nbytes() == 16
 

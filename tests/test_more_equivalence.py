@@ -1,6 +1,7 @@
 """Layout x option combinations the per-strategy matrices leave out, each against its serial run:
 ZeRO fed by rank 0 (--data-source root), pipeline with tanh, the 4-rank hybrids in float32, and
 a tree all-reduce under tensor x data parallelism with gradient accumulation."""
+
 import numpy as np
 import pytest
 
@@ -17,14 +18,42 @@ def serial(tmp_path_factory, args):
 
 
 CASES = [
-    ("zero2-root", 3, ["--dtype", "float64", "--batch", "50"], ["--zero", "2", "--data-source", "root"], 1e-12),
-    ("zero3-root-adam", 2, ["--dtype", "float64", "--optimizer", "adam", "--lr", "0.01"],
-     ["--zero", "3", "--data-source", "root"], 1e-12),
-    ("pp2-tanh", 2, ["--dtype", "float64", "--activation", "tanh"], ["--pp", "2", "--schedule", "gpipe"], 1e-12),
+    (
+        "zero2-root",
+        3,
+        ["--dtype", "float64", "--batch", "50"],
+        ["--zero", "2", "--data-source", "root"],
+        1e-12,
+    ),
+    (
+        "zero3-root-adam",
+        2,
+        ["--dtype", "float64", "--optimizer", "adam", "--lr", "0.01"],
+        ["--zero", "3", "--data-source", "root"],
+        1e-12,
+    ),
+    (
+        "pp2-tanh",
+        2,
+        ["--dtype", "float64", "--activation", "tanh"],
+        ["--pp", "2", "--schedule", "gpipe"],
+        1e-12,
+    ),
     ("dp2xtp2-f32", 4, ["--dtype", "float32"], ["--dp", "2", "--tp", "2"], 1e-5),
-    ("tp2xpp2-f32-root", 4, ["--dtype", "float32"], ["--tp", "2", "--pp", "2", "--data-source", "root"], 1e-5),
-    ("dp2xtp2-tree-accum", 4, ["--dtype", "float64", "--batch", "60"],
-     ["--dp", "2", "--tp", "2", "--collectives", "tree", "--grad-accum", "3"], 1e-12),
+    (
+        "tp2xpp2-f32-root",
+        4,
+        ["--dtype", "float32"],
+        ["--tp", "2", "--pp", "2", "--data-source", "root"],
+        1e-5,
+    ),
+    (
+        "dp2xtp2-tree-accum",
+        4,
+        ["--dtype", "float64", "--batch", "60"],
+        ["--dp", "2", "--tp", "2", "--collectives", "tree", "--grad-accum", "3"],
+        1e-12,
+    ),
 ]
 
 
@@ -39,4 +68,4 @@ def test_layout_equals_serial(tmp_path, tmp_path_factory, name, n, common, layou
         assert W.dtype == W0.dtype == np.dtype(common[common.index("--dtype") + 1])
         np.testing.assert_allclose(W, W0, rtol=rtol, atol=rtol * np.abs(W0).max())
         np.testing.assert_allclose(b, b0, rtol=rtol, atol=rtol * np.abs(b0).max())
-    assert run["prediction_mismatches"] == []          # and the cost model still predicts every byte
+    assert run["prediction_mismatches"] == []  # and the cost model still predicts every byte

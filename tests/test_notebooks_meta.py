@@ -1,5 +1,6 @@
 """The lessons in notebooks/: all eight present, stored without outputs, portable, each with a plot
 and an exercise. (Running them is the job of `pytest --nbmake notebooks/`.)"""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,25 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ("00_start_here", "01_data_parallel", "02_collectives", "03_tensor_parallel",
-         "04_pipeline_parallel", "05_zero_and_memory", "06_hybrid_and_planning", "07_debugging")
+NAMES = (
+    "00_start_here",
+    "01_data_parallel",
+    "02_collectives",
+    "03_tensor_parallel",
+    "04_pipeline_parallel",
+    "05_zero_and_memory",
+    "06_hybrid_and_planning",
+    "07_debugging",
+)
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
-ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:home|Users|tmp|work|root|mnt|opt|var|usr|private|scratch)/"
-                      r"|\b[A-Za-z]:\\\\")
-PLOT = re.compile(r"\bplt\.|\.(?:plot|bar|barh|loglog|semilogy|semilogx|imshow|scatter|broken_barh)\(|plot_timeline\(")
+ABSOLUTE = re.compile(
+    r"(?<![\w.~/-])/(?:home|Users|tmp|work|root|mnt|opt|var|usr|private|scratch)/"
+    r"|\b[A-Za-z]:\\\\"
+)
+PLOT = re.compile(
+    r"\bplt\.|\.(?:plot|bar|barh|loglog|semilogy|semilogx|imshow|scatter|broken_barh)\(|plot_timeline\("
+)
 EXERCISE = re.compile(r"^#{1,6}\s*Exercise\b", re.MULTILINE)
 
 

@@ -8,6 +8,7 @@
   (unless first stage) bytes of "activation"; no "model" bytes unless dp > 1.
 * Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,30 @@ from simpar.parallel.schedules import partition_layers
 from .mpiutil import run_script, train_json
 
 LAYERS = [64, 32, 32, 32, 10]
-STEPS, BATCH = 3, 50          # 50 rows: 3, 4 and 8 micro-batches are uneven, on purpose
-BASE = dict(layers=LAYERS, dtype="float64", steps=STEPS, batch=BATCH, kernels="numpy", quiet=True,
-            eval_every_epoch=False)
-CLI = ["--layers", ",".join(map(str, LAYERS)), "--dtype", "float64", "--steps", str(STEPS),
-       "--batch", str(BATCH), "--kernels", "numpy"]
+STEPS, BATCH = 3, 50  # 50 rows: 3, 4 and 8 micro-batches are uneven, on purpose
+BASE = dict(
+    layers=LAYERS,
+    dtype="float64",
+    steps=STEPS,
+    batch=BATCH,
+    kernels="numpy",
+    quiet=True,
+    eval_every_epoch=False,
+)
+CLI = [
+    "--layers",
+    ",".join(map(str, LAYERS)),
+    "--dtype",
+    "float64",
+    "--steps",
+    str(STEPS),
+    "--batch",
+    str(BATCH),
+    "--kernels",
+    "numpy",
+]
 
-MATRIX_SCRIPT = r'''
+MATRIX_SCRIPT = r"""
 import json, sys
 import numpy as np
 from mpi4py import MPI
@@ -54,7 +72,7 @@ for name, kw in cases:
     out[name] = metrics
 if rank == 0:
     json.dump(out, open(sys.argv[2], "w"))
-'''
+"""
 
 
 def run_matrix(S: int, cases: list, tmp_path) -> dict:
@@ -69,8 +87,10 @@ def run_matrix(S: int, cases: list, tmp_path) -> dict:
 
 def rows_per_rank(batch: int, dp: int, grad_accum: int = 1) -> list[int]:
     """Rows each dp rank processes per step (the BatchFeeder's split)."""
-    return [sum(len(np.array_split(m, dp)[d]) for m in np.array_split(np.arange(batch), grad_accum))
-            for d in range(dp)]
+    return [
+        sum(len(np.array_split(m, dp)[d]) for m in np.array_split(np.arange(batch), grad_accum))
+        for d in range(dp)
+    ]
 
 
 def check_activation_bytes(m: dict, layers=LAYERS, stage_layers=None) -> None:
@@ -90,24 +110,34 @@ def check_activation_bytes(m: dict, layers=LAYERS, stage_layers=None) -> None:
         assert ops.get("activation/pp-send-grad", {}).get("sent", 0) == bwd, (r["rank"], ops)
         # What stage s receives is what its neighbours send: the same two boundaries.
         assert ops.get("activation/pp-send-act", {}).get("received", 0) == (
-            B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0)
+            B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0
+        )
         assert ops.get("activation/pp-send-grad", {}).get("received", 0) == (
-            B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0)
+            B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0
+        )
         if dp == 1:
             assert r["sent"]["model"] == 0 and r["received"]["model"] == 0
 
 
 def matrix_cases(S: int) -> list:
-    cases = [(f"{sched}-M{M}", dict(BASE, pp=S, schedule=sched, microbatches=M))
-             for sched in ("naive", "gpipe", "1f1b") for M in (1, 3, 4, 8)]
+    cases = [
+        (f"{sched}-M{M}", dict(BASE, pp=S, schedule=sched, microbatches=M))
+        for sched in ("naive", "gpipe", "1f1b")
+        for M in (1, 3, 4, 8)
+    ]
     if S == 2:
-        cases += [("stage-layers-3,1", dict(BASE, pp=2, schedule="1f1b", microbatches=4, stage_layers=[3, 1])),
-                  ("grad-accum-2", dict(BASE, pp=2, schedule="gpipe", microbatches=3, grad_accum=2)),
-                  ("float32", dict(BASE, pp=2, schedule="1f1b", microbatches=3, dtype="float32"))]
+        cases += [
+            ("stage-layers-3,1", dict(BASE, pp=2, schedule="1f1b", microbatches=4, stage_layers=[3, 1])),
+            ("grad-accum-2", dict(BASE, pp=2, schedule="gpipe", microbatches=3, grad_accum=2)),
+            ("float32", dict(BASE, pp=2, schedule="1f1b", microbatches=3, dtype="float32")),
+        ]
     else:
         # Memory: fixed micro-batch of 8 rows, so M micro-batches in flight = M * 8 rows of activations.
-        cases += [(f"mem-{sched}-M{M}", dict(BASE, pp=4, schedule=sched, microbatches=M, batch=8 * M, steps=1))
-                  for sched in ("gpipe", "1f1b") for M in (2, 8)]
+        cases += [
+            (f"mem-{sched}-M{M}", dict(BASE, pp=4, schedule=sched, microbatches=M, batch=8 * M, steps=1))
+            for sched in ("gpipe", "1f1b")
+            for M in (2, 8)
+        ]
     return cases
 
 
@@ -120,6 +150,7 @@ def matrices(tmp_path_factory):
         if S not in cache:
             cache[S] = run_matrix(S, matrix_cases(S), tmp_path_factory.mktemp(f"pp{S}"))
         return cache[S]
+
     return get
 
 
@@ -138,13 +169,13 @@ def test_memory_gpipe_grows_1f1b_bounded(matrices):
     # Stage 0 holds layer 0's context per micro-batch: input (64) + pre-activation (32) per row.
     per_mb = 8 * (64 + 32) * 8
     peak = {name: m["memory"]["ranks"][0]["activations_peak"] for name, m in results.items()}
-    assert peak["mem-gpipe-M2"] == 2 * per_mb and peak["mem-gpipe-M8"] == 8 * per_mb     # grows with M
-    assert peak["mem-1f1b-M2"] == 2 * per_mb and peak["mem-1f1b-M8"] == S * per_mb       # stops at S
+    assert peak["mem-gpipe-M2"] == 2 * per_mb and peak["mem-gpipe-M8"] == 8 * per_mb  # grows with M
+    assert peak["mem-1f1b-M2"] == 2 * per_mb and peak["mem-1f1b-M8"] == S * per_mb  # stops at S
     # Every stage s: 1F1B keeps at most S - s micro-batches.
     last = results["mem-1f1b-M8"]["memory"]["ranks"]
     widths = [(64, 32), (32, 32), (32, 32), (32, 10)]
     for s, (w_in, w_out) in enumerate(widths):
-        row = w_in + (w_out if s < 3 else 0)       # the logits layer's z IS its output: counted once
+        row = w_in + (w_out if s < 3 else 0)  # the logits layer's z IS its output: counted once
         assert last[s]["activations_peak"] == (S - s) * 8 * row * 8
 
 
@@ -157,13 +188,19 @@ def assert_same_model(run, ref, tol=1e-12):
     np.testing.assert_allclose(run["losses"], ref["losses"], rtol=tol)
     assert len(run["weights"]) == len(ref["weights"])
     for (W, b), (Wr, br) in zip(run["weights"], ref["weights"]):
-        assert np.abs(W - Wr).max() <= tol * np.abs(Wr).max() and np.abs(b - br).max() <= tol * np.abs(br).max()
+        assert (
+            np.abs(W - Wr).max() <= tol * np.abs(Wr).max() and np.abs(b - br).max() <= tol * np.abs(br).max()
+        )
 
 
 def test_dp2_pp2_with_trace(serial, tmp_path):
     trace_path = tmp_path / "trace.json"
-    run = train_json(4, CLI + ["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "3",
-                               "--trace", str(trace_path)], tmp_path)
+    run = train_json(
+        4,
+        CLI
+        + ["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "3", "--trace", str(trace_path)],
+        tmp_path,
+    )
     assert_same_model(run, serial)
     check_activation_bytes(run)
     # Each stage all-reduces its own layers' gradients over 2 dp ranks: ring, p = 2 -> P_s * bpe per rank.
@@ -182,7 +219,9 @@ def test_dp2_pp2_with_trace(serial, tmp_path):
 
 def test_tp2_pp2(serial, tmp_path):
     pytest.importorskip("simpar.parallel.tensor")
-    run = train_json(4, CLI + ["--tp", "2", "--pp", "2", "--schedule", "gpipe", "--microbatches", "4"], tmp_path)
+    run = train_json(
+        4, CLI + ["--tp", "2", "--pp", "2", "--schedule", "gpipe", "--microbatches", "4"], tmp_path
+    )
     assert_same_model(run, serial)
     check_activation_bytes(run)
     assert all(r["sent"]["model"] == 0 for r in run["comm"]["ranks"])
@@ -190,7 +229,25 @@ def test_tp2_pp2(serial, tmp_path):
 
 def test_dp2_tp2_pp2_eight_ranks(serial, tmp_path):
     pytest.importorskip("simpar.parallel.tensor")
-    run = train_json(8, CLI + ["--dp", "2", "--tp", "2", "--pp", "2", "--schedule", "1f1b",
-                               "--microbatches", "3", "--grad-accum", "2"], tmp_path, timeout=180)
+    run = train_json(
+        8,
+        CLI
+        + [
+            "--dp",
+            "2",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--schedule",
+            "1f1b",
+            "--microbatches",
+            "3",
+            "--grad-accum",
+            "2",
+        ],
+        tmp_path,
+        timeout=180,
+    )
     assert_same_model(run, serial)
     check_activation_bytes(run)

@@ -3,6 +3,7 @@
 The metrics here are built in-process from the cost model (which equals the ledger, see
 test_costmodel.py), so these tests need no MPI and take a few seconds.
 """
+
 from __future__ import annotations
 
 import io
@@ -11,12 +12,12 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from simpar.report import plots
+from simpar.cli.plan import plan_main
+from simpar.cli.plot import plot_main
 from simpar.config import RunConfig, SimparError
 from simpar.costmodel import predict_from_config
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
-from simpar.cli.plan import plan_main
-from simpar.cli.plot import plot_main
+from simpar.report import plots
 
 STEPS = 3
 
@@ -27,25 +28,47 @@ def fake_metrics(**layout) -> dict:
     world = (cfg.dp or 1) * cfg.tp * cfg.pp
     cfg.dp = cfg.dp or 1
     pred = predict_from_config(cfg, world, steps=STEPS, hw=LOCAL_DEFAULTS)
-    ranks = [{"rank": r["rank"], "coords": r["coords"], "sent": r["sent"], "received": r["sent"],
-              "messages": r["messages"], "by_op": r["by_op"]} for r in pred["comm"]["ranks"]]
+    ranks = [
+        {
+            "rank": r["rank"],
+            "coords": r["coords"],
+            "sent": r["sent"],
+            "received": r["sent"],
+            "messages": r["messages"],
+            "by_op": r["by_op"],
+        }
+        for r in pred["comm"]["ranks"]
+    ]
     total = {c: sum(r["sent"][c] for r in ranks) for c in ("data", "model", "activation")}
-    return {"config": cfg.to_dict(), "world_size": world, "mesh": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
-            "layout": pred["layout"], "params": 42634, "steps": STEPS, "losses": [2.3, 2.2, 2.1], "final_loss": 2.1,
-            "comm": {"ranks": ranks, "total_sent": total, "per_step": {c: v / STEPS for c, v in total.items()}},
-            "memory": {"ranks": pred["memory"]["ranks"], "max": pred["memory"]["max"]},
-            "time": {"total_s": 0.3, "step_s": 0.1, "samples_per_s": 640.0}}
+    return {
+        "config": cfg.to_dict(),
+        "world_size": world,
+        "mesh": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+        "layout": pred["layout"],
+        "params": 42634,
+        "steps": STEPS,
+        "losses": [2.3, 2.2, 2.1],
+        "final_loss": 2.1,
+        "comm": {"ranks": ranks, "total_sent": total, "per_step": {c: v / STEPS for c, v in total.items()}},
+        "memory": {"ranks": pred["memory"]["ranks"], "max": pred["memory"]["max"]},
+        "time": {"total_s": 0.3, "step_s": 0.1, "samples_per_s": 640.0},
+    }
 
 
 @pytest.fixture(scope="module")
 def results():
-    return [("serial", fake_metrics(dp=1)), ("dp2", fake_metrics(dp=2)),
-            ("dp2-zero3", fake_metrics(dp=2, zero=3)), ("tp2", fake_metrics(dp=1, tp=2)),
-            ("pp2-1f1b", fake_metrics(dp=1, pp=2))]
+    return [
+        ("serial", fake_metrics(dp=1)),
+        ("dp2", fake_metrics(dp=2)),
+        ("dp2-zero3", fake_metrics(dp=2, zero=3)),
+        ("tp2", fake_metrics(dp=1, tp=2)),
+        ("pp2-1f1b", fake_metrics(dp=1, pp=2)),
+    ]
 
 
 def is_png(path) -> bool:
     import matplotlib.image as mpimg
+
     with open(path, "rb") as f:
         if f.read(8) != b"\x89PNG\r\n\x1a\n":
             return False
@@ -58,7 +81,7 @@ def test_tour_plots_written(results, tmp_path):
     names = sorted(p.split("/")[-1] for p in written)
     assert names == ["comm_by_layout.png", "comm_scaling.png", "memory_by_layout.png"]
     assert all(is_png(p) for p in written)
-    assert not list(tmp_path.glob(".*.tmp"))          # atomic writes leave no temporary files
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files
 
 
 def test_plot_main_compares_metrics_files(results, tmp_path):
@@ -80,7 +103,7 @@ def test_plot_main_errors(tmp_path):
     bad.write_text('{"losses": []}')
     with pytest.raises(SimparError, match="not a simpar metrics file"):
         plot_main([str(bad), "-o", str(tmp_path / "x.png")])
-    with pytest.raises(SimparError, match="trace"):     # --timeline goes to simpar.timeline
+    with pytest.raises(SimparError, match="trace"):  # --timeline goes to simpar.timeline
         plot_main(["--timeline", str(tmp_path / "no-trace.json"), "-o", str(tmp_path / "t.png")])
 
 
@@ -88,7 +111,22 @@ def test_plan_sweep_plot(tmp_path):
     out = tmp_path / "sweep.png"
     text = io.StringIO()
     with redirect_stdout(text):
-        assert plan_main(["--layers", "784,512,512,10", "--batch", "256", "--sweep", "tp=1,2,4,3",
-                          "--hardware", "dgx-h100", "-o", str(out)]) == 0
+        assert (
+            plan_main(
+                [
+                    "--layers",
+                    "784,512,512,10",
+                    "--batch",
+                    "256",
+                    "--sweep",
+                    "tp=1,2,4,3",
+                    "--hardware",
+                    "dgx-h100",
+                    "-o",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     assert is_png(out)
-    assert "not possible" in text.getvalue()          # tp=3 does not divide the hidden widths
+    assert "not possible" in text.getvalue()  # tp=3 does not divide the hidden widths

@@ -5,6 +5,7 @@ every micro-batch forwarded and backwarded exactly once per stage, messages in t
 dependencies respected, the textbook bubble (S-1)/(M+S-1) for GPipe and 1F1B, and the memory
 claim (1F1B holds at most S-s micro-batches on stage s, GPipe all M).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -14,9 +15,22 @@ import numpy as np
 import pytest
 
 from simpar import trace
-from simpar.parallel.schedules import (SCHEDULES, AllReduceGrads, Backward, Forward, RecvAct, RecvGrad,
-                                       SendAct, SendGrad, build_schedule, format_grid, ideal_timeline,
-                                       in_flight_peaks, partition_layers, show_schedule_main)
+from simpar.parallel.schedules import (
+    SCHEDULES,
+    AllReduceGrads,
+    Backward,
+    Forward,
+    RecvAct,
+    RecvGrad,
+    SendAct,
+    SendGrad,
+    build_schedule,
+    format_grid,
+    ideal_timeline,
+    in_flight_peaks,
+    partition_layers,
+    show_schedule_main,
+)
 
 SIZES = [(S, M) for S in range(1, 6) for M in range(1, 10)]
 
@@ -26,14 +40,24 @@ def test_every_microbatch_once_with_its_messages(name):
     for S, M in SIZES:
         for s, steps in enumerate(build_schedule(name, S, M)):
             for kind in (Forward, Backward):
-                assert sorted(st.mb for st in steps if type(st) is kind) == list(range(M)), (name, S, M, s, kind)
+                assert sorted(st.mb for st in steps if type(st) is kind) == list(range(M)), (
+                    name,
+                    S,
+                    M,
+                    s,
+                    kind,
+                )
             expect = {RecvAct: s > 0, SendAct: s < S - 1, RecvGrad: s < S - 1, SendGrad: s > 0}
             for kind, present in expect.items():
-                assert sorted(st.mb for st in steps if type(st) is kind) == (list(range(M)) if present else [])
+                assert sorted(st.mb for st in steps if type(st) is kind) == (
+                    list(range(M)) if present else []
+                )
             # Locally: receive -> compute -> send, and a micro-batch's forward before its backward.
             at = {(type(st), getattr(st, "mb", None)): i for i, st in enumerate(steps)}
             for mb in range(M):
-                chain = [k for k in (RecvAct, Forward, SendAct, RecvGrad, Backward, SendGrad) if (k, mb) in at]
+                chain = [
+                    k for k in (RecvAct, Forward, SendAct, RecvGrad, Backward, SendGrad) if (k, mb) in at
+                ]
                 assert [at[(k, mb)] for k in chain] == sorted(at[(k, mb)] for k in chain)
             assert steps[-1] == AllReduceGrads() and sum(isinstance(st, AllReduceGrads) for st in steps) == 1
 
@@ -46,12 +70,12 @@ def test_ideal_timeline_respects_dependencies(name):
         assert len(when) == 2 * S * M
         for s, mb in itertools.product(range(S), range(M)):
             f, b = when[(s, "F", mb)], when[(s, "B", mb)]
-            assert b[0] >= f[1]                                          # own forward first
+            assert b[0] >= f[1]  # own forward first
             if s > 0:
-                assert f[0] >= when[(s - 1, "F", mb)][1]                 # input from the previous stage
+                assert f[0] >= when[(s - 1, "F", mb)][1]  # input from the previous stage
             if s < S - 1:
-                assert b[0] >= when[(s + 1, "B", mb)][1]                 # gradient from the next stage
-        for row in tl.rows:                                              # one thing at a time per stage
+                assert b[0] >= when[(s + 1, "B", mb)][1]  # gradient from the next stage
+        for row in tl.rows:  # one thing at a time per stage
             ordered = sorted(row)
             assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:]))
 
@@ -79,7 +103,10 @@ def test_in_flight_1f1b_bounded_gpipe_all():
 
 def test_deadlocking_schedule_is_caught():
     # Stage 0 waits for a gradient before sending the activation that would produce it.
-    bad = [[Forward(0), RecvGrad(0), SendAct(0), Backward(0)], [RecvAct(0), Forward(0), Backward(0), SendGrad(0)]]
+    bad = [
+        [Forward(0), RecvGrad(0), SendAct(0), Backward(0)],
+        [RecvAct(0), Forward(0), Backward(0), SendGrad(0)],
+    ]
     with pytest.raises(ValueError, match="deadlock"):
         ideal_timeline(bad, 2, 1)
 
@@ -94,7 +121,10 @@ def test_show_schedule_output():
     assert "27.3%" in text and "3/11" in text
     assert "4, 3, 2, 1" in text
     assert "8, 8, 8, 8" in show_schedule_main("gpipe", 4, 8)
-    assert format_grid(ideal_timeline("naive", 2, 1)).splitlines() == ["stage 0 | F0 .  .  .  B0 B0", "stage 1 | .  F0 B0 B0 .  ."]
+    assert format_grid(ideal_timeline("naive", 2, 1)).splitlines() == [
+        "stage 0 | F0 .  .  .  B0 B0",
+        "stage 1 | .  F0 B0 B0 .  .",
+    ]
 
 
 def test_partition_balances_parameters():
@@ -113,8 +143,10 @@ def test_partition_balances_parameters():
         cost = [widths[i] * widths[i + 1] + widths[i + 1] for i in range(n)]
         for S in range(1, n + 1):
             got = max(sum(cost[lo:hi]) for lo, hi in partition_layers(widths, S))
-            best = min(max(sum(cost[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
-                       for cuts in itertools.combinations(range(1, n), S - 1))
+            best = min(
+                max(sum(cost[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
+                for cuts in itertools.combinations(range(1, n), S - 1)
+            )
             assert got == best
 
 
@@ -146,18 +178,37 @@ def _fake_trace(S=2, M=2):
             args = {"kind": "forward" if kind == "F" else "backward", "step": 1, "mb": mb, "stage": s}
             if kind == "F":
                 args.update(stages=S, microbatches=M, schedule="gpipe")
-            events.append({"name": f"{kind}{mb}", "ph": "X", "pid": s, "tid": 0, "ts": 1e6 + 1000 * start,
-                           "dur": 1000 * (end - start), "args": args})
-    events.append({"name": "recv act", "ph": "X", "pid": 1, "tid": 1, "ts": 1e6, "dur": 1000,
-                   "args": {"kind": "comm", "step": 1}})
+            events.append(
+                {
+                    "name": f"{kind}{mb}",
+                    "ph": "X",
+                    "pid": s,
+                    "tid": 0,
+                    "ts": 1e6 + 1000 * start,
+                    "dur": 1000 * (end - start),
+                    "args": args,
+                }
+            )
+    events.append(
+        {
+            "name": "recv act",
+            "ph": "X",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1e6,
+            "dur": 1000,
+            "args": {"kind": "comm", "step": 1},
+        }
+    )
     return events
 
 
 def test_timeline_plot(tmp_path, capsys):
     from simpar.cli.plot import timeline_main
     from simpar.report.timeline import measured_bubble
+
     events = _fake_trace()
-    assert measured_bubble(events) == pytest.approx(1 / 3)     # = ideal GPipe bubble for S=2, M=2
+    assert measured_bubble(events) == pytest.approx(1 / 3)  # = ideal GPipe bubble for S=2, M=2
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     assert timeline_main(["--timeline", str(path), "-o", str(tmp_path / "t.png")]) == 0

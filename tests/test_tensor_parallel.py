@@ -6,6 +6,7 @@ B_local x (pair output width) in forward and one f all-reduce of B_local x (pair
 backward, except f for a pair that starts at the model's first layer; no "model" bytes inside a tp
 group; with dp > 1, 2(dp-1)/dp x (local shard parameters) x bpe of "model" bytes per rank.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,16 @@ BATCH = 64
 DEFAULT = [64, 128, 128, 128, 10]
 BASE = ["--dtype", "float64", "--steps", str(STEPS), "--batch", str(BATCH), "--kernels", "numpy"]
 RELU_SGD = BASE
-ODD_GELU_ADAM = BASE + ["--layers", "64,32,32,10", "--activation", "gelu", "--optimizer", "adam", "--lr", "0.01"]
+ODD_GELU_ADAM = BASE + [
+    "--layers",
+    "64,32,32,10",
+    "--activation",
+    "gelu",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.01",
+]
 F32 = ["--dtype", "float32", "--steps", str(STEPS), "--batch", str(BATCH), "--kernels", "numpy"]
 
 
@@ -35,6 +45,7 @@ def serial(tmp_path_factory):
         if key not in cache:
             cache[key] = train_json(1, list(args), tmp_path_factory.mktemp("serial"))
         return cache[key]
+
     return get
 
 
@@ -54,6 +65,7 @@ def assert_same_model(run, ref, tol):
 
 # -- the traffic the design promises, derived independently of the implementation ---------------
 
+
 def ring_allreduce_sent(n: int, p: int, r: int) -> int:
     """Elements rank r sends in a ring all-reduce of n: all chunks but its own in the reduce-scatter,
     all but chunk r+1 in the all-gather (2(p-1)/p * n up to rounding; 2(p-1)*n over the ring)."""
@@ -64,17 +76,19 @@ def ring_allreduce_sent(n: int, p: int, r: int) -> int:
 
 
 def local_rows(batch, dp, grad_accum, dp_index) -> list[int]:
-    return [len(np.array_split(np.arange(len(m)), dp)[dp_index])
-            for m in np.array_split(np.arange(batch), grad_accum)]
+    return [
+        len(np.array_split(np.arange(len(m)), dp)[dp_index])
+        for m in np.array_split(np.arange(batch), grad_accum)
+    ]
 
 
 def expected_activation(layers, tp, dp, grad_accum, dp_index, tp_index, bpe) -> dict:
     """Bytes sent per step by one rank, split into the g (forward) and f (backward) all-reduces."""
     g = f = 0
     for rows in local_rows(BATCH, dp, grad_accum, dp_index):
-        for c in range(0, len(layers) - 2, 2):          # pairs (c, c+1); an odd last layer has no traffic
+        for c in range(0, len(layers) - 2, 2):  # pairs (c, c+1); an odd last layer has no traffic
             g += ring_allreduce_sent(rows * layers[c + 2], tp, tp_index)
-            if c > 0:                                    # nobody wants dL/d(model input)
+            if c > 0:  # nobody wants dL/d(model input)
                 f += ring_allreduce_sent(rows * layers[c], tp, tp_index)
     return {"g": g * bpe, "f": f * bpe}
 
@@ -106,7 +120,7 @@ def assert_traffic(run, layers, tp, dp, grad_accum, bpe):
         assert r["sent"]["activation"] == r["received"]["activation"]
         total["g"] += got_g
         total["f"] += got_f
-        model = STEPS * 2 * (dp - 1) // dp * local_params(layers, tp) * bpe   # exact for dp in (1, 2)
+        model = STEPS * 2 * (dp - 1) // dp * local_params(layers, tp) * bpe  # exact for dp in (1, 2)
         assert r["sent"]["model"] == model, (r["rank"], r["sent"]["model"], model)
         assert run["memory"]["ranks"][r["rank"]]["params"] == local_params(layers, tp) * bpe
     # Over a whole tp group a ring all-reduce of N elements sends exactly 2(t-1)N: no rounding left.
@@ -120,6 +134,7 @@ def assert_traffic(run, layers, tp, dp, grad_accum, bpe):
 
 
 # -- equivalence with serial, and the ledger ----------------------------------------------------
+
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_matches_serial_and_formula(tp, serial, tmp_path):
@@ -142,7 +157,7 @@ def test_odd_layers_gelu_adam_root_data(serial, tmp_path):
     run = train_json(2, ODD_GELU_ADAM + ["--tp", "2", "--data-source", "root"], tmp_path)
     assert_same_model(run, serial(ODD_GELU_ADAM), 1e-12)
     assert_traffic(run, [64, 32, 32, 10], 2, 1, 1, 8)
-    per_step = BATCH * 64 * 8 + BATCH * 8                    # inputs (float64) + labels (int64)
+    per_step = BATCH * 64 * 8 + BATCH * 8  # inputs (float64) + labels (int64)
     assert [r["sent"]["data"] for r in run["comm"]["ranks"]] == [STEPS * per_step, 0]
 
 
@@ -159,7 +174,7 @@ def test_widths_not_divisible_by_tp_are_rejected():
 
 # -- the stack alone, as a pipeline stage would use it -------------------------------------------
 
-STAGE_SCRIPT = r'''
+STAGE_SCRIPT = r"""
 import numpy as np
 from simpar.comm import Communicator, Ledger
 from simpar.config import RunConfig
@@ -211,7 +226,7 @@ for indices in ([1, 2], [1, 2, 3], [0, 1, 2], [2], [0, 1, 2, 3]):
     assert sent_f == want_f, (indices, sent_f, want_f)
 if world.rank == 0:
     print("STAGES OK")
-'''
+"""
 
 
 def test_stack_as_pipeline_stage(tmp_path):

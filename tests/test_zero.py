@@ -5,6 +5,7 @@ Every run is a real `mpiexec` job; results are cached per module so each layout 
 its checks (losses, weights, bytes, memory) read the same metrics. The default digits model
 (64,128,128,128,10; P = 42,634) does not divide by 3 or 4, nor do its layers: uneven chunks.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ from simpar.collectives import chunk_bounds
 from tests.mpiutil import train_json
 
 LAYERS = [64, 128, 128, 128, 10]
-SIZES = [a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:])]        # n_l, flat (W, b) per layer
+SIZES = [a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:])]  # n_l, flat (W, b) per layer
 P = sum(SIZES)
 STEPS = 4
 BASE = ["--steps", str(STEPS), "--batch", "64"]
@@ -30,6 +31,7 @@ def runs(tmp_path_factory):
         if key not in cache:
             cache[key] = train_json(n, [*BASE, *args], tmp_path_factory.mktemp("zero"), timeout=120)
         return cache[key]
+
     return run
 
 
@@ -114,7 +116,7 @@ def test_adam_float64_matches_serial(runs, dp, stage):
     ref = runs(1, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.005")
     m = runs(dp, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.005", "--zero", str(stage))
     assert_same_model(m, ref, 1e-12)
-    check_memory(m, stage, dp, 8, k_opt=2)      # Adam: two moments per owned element
+    check_memory(m, stage, dp, 8, k_opt=2)  # Adam: two moments per owned element
 
 
 def test_float32_matches_serial(runs):
@@ -138,7 +140,11 @@ def test_grad_accumulation(runs, stage):
 
 def test_memory_shrinks_with_p(runs):
     """ZeRO's point (sec. 5): what a stage shards falls like 1/p; what it keeps does not."""
-    for stage, sharded in ((1, ["optimizer"]), (2, ["optimizer", "grads"]), (3, ["optimizer", "params", "grads"])):
+    for stage, sharded in (
+        (1, ["optimizer"]),
+        (2, ["optimizer", "grads"]),
+        (3, ["optimizer", "params", "grads"]),
+    ):
         mx = [runs(dp, "--dtype", "float64", "--zero", str(stage))["memory"]["max"] for dp in (2, 3, 4)]
         for key in sharded:
             assert mx[0][key] > mx[1][key] > mx[2][key], (stage, key)

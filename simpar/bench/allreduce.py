@@ -14,21 +14,19 @@ MPI's native MPI_Allreduce ("mpi") always runs too, as the yardstick; the last c
 algorithm's busbw divided by native's. Algorithms take turns inside each iteration, so a noisy
 neighbour on a shared machine slows all of them alike instead of whichever ran at the time.
 """
-from __future__ import annotations
 
-import json
+from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import ALLREDUCE_ALGORITHMS, allreduce
+from ..collectives import allreduce
 from ..comm import Communicator, Ledger  # noqa: F401  (cli/bench.py builds them)
-from ..config import SimparError
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_ALGORITHMS = "ring,rabenseifner,tree,ps"
 DTYPES = ("float32", "float64")
-UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 NATIVE = "mpi"
 
 
@@ -36,8 +34,8 @@ def iterations(size: int, iters: int) -> tuple[int, int]:
     """(warm-up, timed) for a message: `iters` up to 1 MiB, then fewer, so each size costs about the
     same wall time (64 MiB: 3 timed). Warm-up rounds (2 up to 1 MiB, then 1) let first-touch page
     faults, the scratch pool's first allocation and MPI's connection setup happen off the clock."""
-    timed = max(3, min(iters, iters * 2 ** 20 // size))
-    return (2 if size <= 2 ** 20 else 1), timed
+    timed = max(3, min(iters, iters * 2**20 // size))
+    return (2 if size <= 2**20 else 1), timed
 
 
 def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], iters: int) -> list[dict]:
@@ -48,7 +46,7 @@ def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], it
     times = {a: [] for a in algorithms}
     for it in range(warm + timed):
         for alg in algorithms:
-            buf.fill(1)                 # a fresh input each time (outside the clock): no overflow
+            buf.fill(1)  # a fresh input each time (outside the clock): no overflow
             comm.mpi.Barrier()
             t0 = MPI.Wtime()
             allreduce(comm, buf, "model", algorithm=alg)
@@ -60,12 +58,21 @@ def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], it
     rows = []
     for alg in algorithms:
         slowest = np.empty(timed)
-        comm.mpi.Allreduce(np.array(times[alg]), slowest, op=MPI.MAX)   # the slowest rank, per iteration
+        comm.mpi.Allreduce(np.array(times[alg]), slowest, op=MPI.MAX)  # the slowest rank, per iteration
         t = float(np.median(slowest))
         algbw = size / t / 1e9
-        rows.append({"size": size, "count": buf.size, "algorithm": alg, "iters": timed, "time_us": t * 1e6,
-                     "best_us": float(slowest.min()) * 1e6,    # less noisy on a shared machine
-                     "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (p - 1) / p})
+        rows.append(
+            {
+                "size": size,
+                "count": buf.size,
+                "algorithm": alg,
+                "iters": timed,
+                "time_us": t * 1e6,
+                "best_us": float(slowest.min()) * 1e6,  # less noisy on a shared machine
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (p - 1) / p,
+            }
+        )
     native = rows[0]["busbw_GBps"]
     for row in rows:
         row["vs_native"] = row["busbw_GBps"] / native if native > 0 else float("nan")
@@ -73,15 +80,17 @@ def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], it
 
 
 def format_table(rows: list[dict], p: int, dtype: str) -> str:
-    lines = [f"# simpar bench allreduce: {p} ranks, {dtype}, in place, SUM; "
-             "time = median over iterations of the slowest rank",
-             "# busbw = algbw * 2(p-1)/p (nccl-tests); vs native = busbw / MPI_Allreduce's busbw",
-             f"#{'size(B)':>11} {'count':>10}  {'algorithm':<14}{'iters':>5} {'time(us)':>11} "
-             f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10}"]
+    lines = [
+        f"# simpar bench allreduce: {p} ranks, {dtype}, in place, SUM; "
+        "time = median over iterations of the slowest rank",
+        "# busbw = algbw * 2(p-1)/p (nccl-tests); vs native = busbw / MPI_Allreduce's busbw",
+        f"#{'size(B)':>11} {'count':>10}  {'algorithm':<14}{'iters':>5} {'time(us)':>11} "
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10}",
+    ]
     for row in rows:
         name = "mpi (native)" if row["algorithm"] == NATIVE else row["algorithm"]
-        lines.append(f"{row['size']:>12} {row['count']:>10}  {name:<14}{row['iters']:>5} {row['time_us']:>11.1f} "
-                     f"{row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} {row['vs_native']:>9.2f}x")
+        lines.append(
+            f"{row['size']:>12} {row['count']:>10}  {name:<14}{row['iters']:>5} {row['time_us']:>11.1f} "
+            f"{row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} {row['vs_native']:>9.2f}x"
+        )
     return "\n".join(lines)
-
-

@@ -4,6 +4,7 @@ GEMM rate on one thread (fp64, fp32), the speed of `dst += src` on 64 MiB (gamma
 large reductions see it), MPI ping-pong between 2 local ranks (alpha, beta), and the per-layer call
 overhead of a tiny model. The result is a costmodel.hardware.Hardware, saved as JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,12 @@ from ..costmodel.hardware import Hardware
 from ..units import one_thread_env
 
 
-
 def measure_gemm(dtype: str, n: int = 384, seconds: float = 0.6) -> float:
     """Single-thread GEMM rate in FLOP/s (the caller has capped BLAS at one thread)."""
     import time
+
     import numpy as np
+
     a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
     b = a.T.copy()
     a @ b
@@ -26,7 +28,7 @@ def measure_gemm(dtype: str, n: int = 384, seconds: float = 0.6) -> float:
     while time.perf_counter() - start < seconds:
         a @ b
         count += 1
-    return 2.0 * n ** 3 * count / (time.perf_counter() - start)
+    return 2.0 * n**3 * count / (time.perf_counter() - start)
 
 
 def measure_gamma(nbytes: int = 1 << 26, seconds: float = 0.5) -> float:
@@ -35,7 +37,9 @@ def measure_gamma(nbytes: int = 1 << 26, seconds: float = 0.5) -> float:
     On 64 MiB, i.e. from main memory, not cache: the buffers that matter (gradient buckets, the
     optimizer's sweep over all parameters) are that large; a 4 MiB measurement ran 2.4x too fast."""
     import time
+
     import numpy as np
+
     dst = np.ones(nbytes // 8)
     src = np.ones_like(dst)
     count, start = 0, time.perf_counter()
@@ -49,9 +53,12 @@ def measure_layer_overhead(repeats: int = 400) -> float:
     """Seconds per layer per micro-batch of forward + backward + optimizer on a model so small that
     its arithmetic is nothing: what remains is the cost of the calls themselves."""
     import time
+
     import numpy as np
+
     from ..model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
     from ..optim import SGD
+
     store, opt = serial_store([8, 8, 8, 8, 8], "relu", 0, np.float64), SGD(0.01, 0.9)
     x, y = np.ones((1, 8)), np.zeros(1, dtype=np.int64)
     times = []
@@ -73,8 +80,10 @@ def measure_layer_overhead(repeats: int = 400) -> float:
 def pingpong_main() -> None:
     """Run on 2 ranks: fit alpha and beta from round trips of a small and a large message."""
     import time
+
     import numpy as np
     from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
     result = {}
@@ -90,7 +99,7 @@ def pingpong_main() -> None:
                 else:
                     comm.Recv(buf, source=peer)
                     comm.Send(buf, dest=peer)
-            result[size] = (time.perf_counter() - start) / (2 * reps)   # one-way time
+            result[size] = (time.perf_counter() - start) / (2 * reps)  # one-way time
     if rank == 0:
         small, big = result[8], result[1 << 22]
         alpha = small
@@ -103,12 +112,19 @@ def calibrate(timeout: float = 25.0) -> Hardware:
     import subprocess
     import sys
     from pathlib import Path
+
     flops = {"fp64": measure_gemm("float64"), "fp32": measure_gemm("float32")}
-    flops["mixed"] = flops["fp32"]          # NumPy has no fast half-precision GEMM: mixed runs at fp32 speed
+    flops["mixed"] = flops["fp32"]  # NumPy has no fast half-precision GEMM: mixed runs at fp32 speed
     gamma = measure_gamma()
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, "-c",
-           "from simpar.bench.calibrate import pingpong_main; pingpong_main()"]
+    cmd = [
+        str(mpiexec) if mpiexec.exists() else "mpiexec",
+        "-n",
+        "2",
+        sys.executable,
+        "-c",
+        "from simpar.bench.calibrate import pingpong_main; pingpong_main()",
+    ]
     env = one_thread_env(dict(os.environ))
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     try:
@@ -123,10 +139,21 @@ def calibrate(timeout: float = 25.0) -> Hardware:
     except (ValueError, OSError, AttributeError):
         memory = 0.0
     return Hardware(
-        name="local", description=f"this machine, calibrated ({os.cpu_count()} cores, 1 thread per rank)",
-        flops=flops, gamma=gamma, intra_alpha=pp["alpha"], intra_bw=1.0 / pp["beta"],
-        devices_per_node=1 << 30, memory_bytes=memory, intra_name="shared-memory", inter_name="none",
-        cores=os.cpu_count() or 1, layer_overhead=measure_layer_overhead(),
-        sources=["measured by `python -m simpar bench --calibrate`: 384x384 GEMM on one thread, numpy.add "
-                 "on 64 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
-                 "forward+backward+SGD of a 4-layer 8-wide MLP on one row (per-layer call overhead)"])
+        name="local",
+        description=f"this machine, calibrated ({os.cpu_count()} cores, 1 thread per rank)",
+        flops=flops,
+        gamma=gamma,
+        intra_alpha=pp["alpha"],
+        intra_bw=1.0 / pp["beta"],
+        devices_per_node=1 << 30,
+        memory_bytes=memory,
+        intra_name="shared-memory",
+        inter_name="none",
+        cores=os.cpu_count() or 1,
+        layer_overhead=measure_layer_overhead(),
+        sources=[
+            "measured by `python -m simpar bench --calibrate`: 384x384 GEMM on one thread, numpy.add "
+            "on 64 MiB, MPI ping-pong of 8 B and 4 MiB between 2 local ranks (one-way time), "
+            "forward+backward+SGD of a 4-layer 8-wide MLP on one row (per-layer call overhead)"
+        ],
+    )

@@ -14,16 +14,13 @@ counted, so the fused numbers show what fusion buys per unit of matmul work). Ea
 median of --repeat timed calls after one warm-up call, NumPy and Numba called alternately; a ratio
 is the median of the per-pair ratios. Ratios above 1 mean Numba is faster.
 """
+
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 
 import numpy as np
-
-from ..config import SimparError
 
 ACTS = ("none", "relu", "tanh", "gelu")
 
@@ -33,7 +30,7 @@ def paired_seconds(peer, ours, repeat: int) -> tuple[float, float, float]:
 
     The two are called alternately, so a burst of load from elsewhere slows both sides of a pair
     instead of skewing whichever block of calls it happened to hit."""
-    peer(), ours()                                # warm-up: caches, page faults, first-call costs
+    peer(), ours()  # warm-up: caches, page faults, first-call costs
     t_peer, t_ours = [], []
     for _ in range(repeat):
         for fn, times in ((peer, t_peer), (ours, t_ours)):
@@ -52,12 +49,14 @@ def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
     b = rng.standard_normal((n, n)).astype(dtype)
     x = rng.standard_normal((batch, n)).astype(dtype)
     bias = rng.standard_normal(n).astype(dtype)
-    gflop = 2.0 * n ** 3 / 1e9
+    gflop = 2.0 * n**3 / 1e9
     gflop_layer = 2.0 * batch * n * n / 1e9
     t_numpy, t_numba, matmul_ratio = paired_seconds(lambda: a @ b, lambda: cpu.matmul(a, b), repeat)
     t_unfused, t_fused, fused_ratio = paired_seconds(
         lambda: NumpyKernels.linear_act_forward(x, a, bias, act),
-        lambda: cpu.NumbaKernels.linear_act_forward(x, a, bias, act), repeat)
+        lambda: cpu.NumbaKernels.linear_act_forward(x, a, bias, act),
+        repeat,
+    )
     return {
         "n": n,
         "numpy_gflops": gflop / t_numpy,
@@ -72,15 +71,19 @@ def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
 
 
 def format_table(rows: list[dict], dtype: str, threads: str, ready_s: float) -> str:
-    lines = [f"matmul, {dtype}, BLAS threads {threads} (numba kernels ready in {ready_s:.1f} s: compiled or loaded from cache)",
-             f"{'n':>6} {'numpy GF/s':>11} {'numba GF/s':>11} {'ratio':>6}   "
-             f"{'layer (batch x n x n)':>22} {'numpy unfused':>14} {'numba fused':>12} {'ratio':>6}"]
+    lines = [
+        f"matmul, {dtype}, BLAS threads {threads} (numba kernels ready in {ready_s:.1f} s: compiled or loaded from cache)",
+        f"{'n':>6} {'numpy GF/s':>11} {'numba GF/s':>11} {'ratio':>6}   "
+        f"{'layer (batch x n x n)':>22} {'numpy unfused':>14} {'numba fused':>12} {'ratio':>6}",
+    ]
     for r in rows:
         shape = f"{r['batch']}x{r['n']}x{r['n']} {r['act']}"
-        lines.append(f"{r['n']:>6} {r['numpy_gflops']:>11.1f} {r['numba_gflops']:>11.1f} {r['matmul_ratio']:>6.2f}   "
-                     f"{shape:>22} {r['numpy_unfused_gflops']:>14.1f} {r['numba_fused_gflops']:>12.1f} "
-                     f"{r['fused_ratio']:>6.2f}")
-    lines.append("ratio = NumPy time / Numba time (above 1: Numba faster). GF/s counts the matmul's flops only.")
+        lines.append(
+            f"{r['n']:>6} {r['numpy_gflops']:>11.1f} {r['numba_gflops']:>11.1f} {r['matmul_ratio']:>6.2f}   "
+            f"{shape:>22} {r['numpy_unfused_gflops']:>14.1f} {r['numba_fused_gflops']:>12.1f} "
+            f"{r['fused_ratio']:>6.2f}"
+        )
+    lines.append(
+        "ratio = NumPy time / Numba time (above 1: Numba faster). GF/s counts the matmul's flops only."
+    )
     return "\n".join(lines)
-
-

@@ -11,6 +11,7 @@ every rank (base.finish_error). Errors are found collectively (every rank valida
 a non-finite loss is seen by all ranks through the reduced loss), so all ranks leave together and
 MPI shuts down cleanly -- no hang, no traceback per rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,13 @@ SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="simpar", description="Distributed training, for real and small, every byte counted.")
+    parser = Parser(
+        prog="simpar", description="Distributed training, for real and small, every byte counted."
+    )
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    add_tour_arguments(sub.add_parser("tour", help="every layout that fits the world size, checked against serial (default)"))
+    add_tour_arguments(
+        sub.add_parser("tour", help="every layout that fits the world size, checked against serial (default)")
+    )
     add_run_arguments(sub.add_parser("train", help="train one layout"))
     for name in ("plan", "bench", "plot"):
         p = sub.add_parser(name, add_help=False, help=f"see `simpar {name} --help`")
@@ -42,21 +47,24 @@ def main(argv: list[str] | None = None) -> int:
         if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
             raise SimparError(f"unknown command {argv[0]!r} (choose from {', '.join(SUBCOMMANDS)})")
         if not argv or argv[0] not in SUBCOMMANDS + ("-h", "--help"):
-            argv = ["tour", *argv]        # no command: the tour, with whatever options were given
+            argv = ["tour", *argv]  # no command: the tour, with whatever options were given
         if argv[0] == "plan":
             from .plan import plan_main
+
             return plan_main(argv[1:])
         if argv[0] == "plot":
             from .plot import plot_main
+
             return plot_main(argv[1:])
         if argv[0] == "bench":
             from .bench import bench_main
+
             return bench_main(argv[1:])
         args = build_parser().parse_args(argv)
         return train_command(args) if args.command == "train" else tour_command(args)
     except SimparError as exc:
         return finish_error(str(exc))
-    except BrokenPipeError:         # `simpar plan ... | head`: the reader left; nothing more to say
+    except BrokenPipeError:  # `simpar plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except SystemExit as exc:  # --help

@@ -4,6 +4,7 @@ way a run ends on bad input (`finish_error`: one line `simpar: error: ...`, exit
 Why a parser of our own: argparse prints usage and calls sys.exit on error -- on every rank at
 once. Raising SimparError instead lets the command line report it once, from one place.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def launcher_rank() -> int:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         return mpi.COMM_WORLD.Get_rank()
-    return next((int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-                 if v in os.environ), 0)
+    return next(
+        (int(os.environ[v]) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK") if v in os.environ), 0
+    )
 
 
 def finish_error(message: str) -> int:

@@ -1,10 +1,11 @@
 """`python -m simpar bench ...`: micro-benchmarks and hardware calibration (the code is in simpar/bench/).
 
-    python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 --json]
-    mpiexec -n 2 python -m mpi4py -m simpar bench allreduce [--sizes 1K,...,64M --algorithms ring,tree]
-    python -m simpar bench --calibrate [-o FILE]     measure this machine (< 30 s) and save a hardware
-                                                     profile for `plan --hardware local`
+python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 --json]
+mpiexec -n 2 python -m mpi4py -m simpar bench allreduce [--sizes 1K,...,64M --algorithms ring,tree]
+python -m simpar bench --calibrate [-o FILE]     measure this machine (< 30 s) and save a hardware
+                                                 profile for `plan --hardware local`
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ from ..files import atomic_write
 from ..units import parse_buffer_size
 from .base import Parser
 
-USAGE = ("usage: simpar bench matmul [ARGS] | simpar bench allreduce [ARGS] | "
-         "simpar bench --calibrate [-o FILE]")
+USAGE = (
+    "usage: simpar bench matmul [ARGS] | simpar bench allreduce [ARGS] | simpar bench --calibrate [-o FILE]"
+)
 
 
 def bench_main(argv: list[str]) -> int:
@@ -38,10 +40,14 @@ def bench_main(argv: list[str]) -> int:
 
 # -- bench matmul ------------------------------------------------------------------------------------
 
+
 def matmul_parser() -> argparse.ArgumentParser:
     from ..bench import matmul
-    p = Parser(prog="simpar bench matmul",
-                description="GFLOP/s of NumPy vs simpar's Numba matmul and fused linear layer (1 thread).")
+
+    p = Parser(
+        prog="simpar bench matmul",
+        description="GFLOP/s of NumPy vs simpar's Numba matmul and fused linear layer (1 thread).",
+    )
     p.add_argument("--sizes", default="256,512,1024", help="square sizes n, comma-separated")
     p.add_argument("--dtype", default="float32", help="float32 | float64")
     p.add_argument("--repeat", type=int, default=5, help="timed calls per measurement (median)")
@@ -55,7 +61,9 @@ def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise SimparError(f"--sizes {text!r}: expected comma-separated whole numbers, e.g. 256,512,1024") from None
+        raise SimparError(
+            f"--sizes {text!r}: expected comma-separated whole numbers, e.g. 256,512,1024"
+        ) from None
     if not sizes or any(not 1 <= n <= 8192 for n in sizes):
         raise SimparError(f"--sizes {text!r}: each size must be between 1 and 8192")
     return sizes
@@ -63,6 +71,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def matmul_main(argv: list[str]) -> int:
     from ..bench import matmul
+
     args = matmul_parser().parse_args(argv)
     sizes = parse_sizes(args.sizes)
     if args.dtype not in ("float32", "float64"):
@@ -78,6 +87,7 @@ def matmul_main(argv: list[str]) -> int:
 
     t0 = time.perf_counter()
     from kernels import cpu
+
     tiny = np.ones((2, 2), dtype)
     cpu.matmul(tiny, tiny)
     cpu.NumbaKernels.linear_act_forward(tiny, tiny, tiny[0], args.act)
@@ -85,8 +95,17 @@ def matmul_main(argv: list[str]) -> int:
 
     rows = [matmul.measure(n, dtype, args.repeat, args.batch, args.act) for n in sizes]
     if args.json:
-        print(json.dumps({"dtype": args.dtype, "blas_threads": threads, "repeat": args.repeat,
-                          "numba_ready_s": ready_s, "results": rows}))
+        print(
+            json.dumps(
+                {
+                    "dtype": args.dtype,
+                    "blas_threads": threads,
+                    "repeat": args.repeat,
+                    "numba_ready_s": ready_s,
+                    "results": rows,
+                }
+            )
+        )
     else:
         print(matmul.format_table(rows, args.dtype, threads, ready_s))
     return 0
@@ -94,13 +113,25 @@ def matmul_main(argv: list[str]) -> int:
 
 # -- bench allreduce --------------------------------------------------------------------------------
 
+
 def allreduce_args(argv: list[str]) -> argparse.Namespace:
     from ..bench import allreduce
-    ap = Parser(prog="simpar bench allreduce", description=allreduce.__doc__.split("\n")[0],
-                error_prefix="bench allreduce: ")
-    ap.add_argument("--sizes", default=allreduce.DEFAULT_SIZES, help=f"message sizes in bytes (default {allreduce.DEFAULT_SIZES})")
-    ap.add_argument("--algorithms", default=allreduce.DEFAULT_ALGORITHMS,
-                    help=f"from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)}; MPI's native one always runs too")
+
+    ap = Parser(
+        prog="simpar bench allreduce",
+        description=allreduce.__doc__.split("\n")[0],
+        error_prefix="bench allreduce: ",
+    )
+    ap.add_argument(
+        "--sizes",
+        default=allreduce.DEFAULT_SIZES,
+        help=f"message sizes in bytes (default {allreduce.DEFAULT_SIZES})",
+    )
+    ap.add_argument(
+        "--algorithms",
+        default=allreduce.DEFAULT_ALGORITHMS,
+        help=f"from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)}; MPI's native one always runs too",
+    )
     ap.add_argument("--dtype", default="float32", choices=allreduce.DTYPES)
     ap.add_argument("--iters", type=int, default=20, help="timed iterations at 1 MiB and below (fewer above)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
@@ -111,8 +142,10 @@ def allreduce_args(argv: list[str]) -> argparse.Namespace:
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in names if a not in allreduce.ALLREDUCE_ALGORITHMS]
     if unknown or not names:
-        raise SimparError(f"bench allreduce: unknown algorithm {', '.join(unknown) or '(none)'} "
-                          f"(choose from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)})")
+        raise SimparError(
+            f"bench allreduce: unknown algorithm {', '.join(unknown) or '(none)'} "
+            f"(choose from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)})"
+        )
     args.algorithms = [allreduce.NATIVE] + [a for a in dict.fromkeys(names) if a != allreduce.NATIVE]
     bpe = np.dtype(args.dtype).itemsize
     for size in args.sizes:
@@ -125,12 +158,15 @@ def allreduce_args(argv: list[str]) -> argparse.Namespace:
 
 def allreduce_main(argv: list[str]) -> int:
     from ..bench import allreduce
+
     args = allreduce_args(argv)
     from mpi4py import MPI
+
     world = MPI.COMM_WORLD
     if world.Get_size() < 2:
-        raise SimparError("bench allreduce needs at least 2 ranks: "
-                          "mpiexec -n 2 python -m mpi4py -m simpar bench allreduce")
+        raise SimparError(
+            "bench allreduce needs at least 2 ranks: mpiexec -n 2 python -m mpi4py -m simpar bench allreduce"
+        )
     comm = allreduce.Communicator(world, allreduce.Ledger())
     # MPICH switches Allreduce to its shared-memory algorithm only after a few collective calls
     # (MPIR_CVAR_POSIX_NUM_COLLS_THRESHOLD = 5): time its steady state, not its start-up.
@@ -140,16 +176,22 @@ def allreduce_main(argv: list[str]) -> int:
     for size in args.sizes:
         rows += allreduce.measure(comm, size, args.dtype, args.algorithms, args.iters)
     if comm.rank == 0:
-        print(json.dumps({"ranks": comm.size, "dtype": args.dtype, "rows": rows}, indent=1) if args.json
-              else allreduce.format_table(rows, comm.size, args.dtype), flush=True)
+        print(
+            json.dumps({"ranks": comm.size, "dtype": args.dtype, "rows": rows}, indent=1)
+            if args.json
+            else allreduce.format_table(rows, comm.size, args.dtype),
+            flush=True,
+        )
     return 0
 
 
 # -- bench --calibrate -------------------------------------------------------------------------------
 
+
 def calibrate_main(argv: list[str]) -> int:
     from ..bench.calibrate import calibrate
     from ..costmodel import hardware
+
     p = Parser(prog="simpar bench --calibrate")
     p.add_argument("--calibrate", action="store_true")
     p.add_argument("-o", "--out", default=None, help=f"where to save (default {hardware.cache_path()})")
@@ -160,12 +202,20 @@ def calibrate_main(argv: list[str]) -> int:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise SimparError(f"cannot create {folder}: {exc.strerror}") from None
-    print("calibrating (about 5-20 s): GEMM on one thread, numpy.add, MPI ping-pong on 2 ranks ...", flush=True)
+    print(
+        "calibrating (about 5-20 s): GEMM on one thread, numpy.add, MPI ping-pong on 2 ranks ...", flush=True
+    )
     hw = calibrate()
     atomic_write(path, lambda f: json.dump(hw.to_dict(), f, indent=1))
-    print(f"  GEMM      fp64 {hw.flops['fp64'] / 1e9:7.1f} GFLOP/s   fp32 {hw.flops['fp32'] / 1e9:7.1f} GFLOP/s")
+    print(
+        f"  GEMM      fp64 {hw.flops['fp64'] / 1e9:7.1f} GFLOP/s   fp32 {hw.flops['fp32'] / 1e9:7.1f} GFLOP/s"
+    )
     print(f"  reduce    {1 / hw.gamma / 1e9:7.1f} GB/s (gamma = {hw.gamma:.3g} s/byte)")
-    print(f"  MPI       alpha {hw.intra_alpha * 1e6:.2f} us, bandwidth {hw.intra_bw / 1e9:.2f} GB/s "
-          f"(beta = {1 / hw.intra_bw:.3g} s/byte)")
-    print(f"saved to {path}; use it with `python -m simpar plan --hardware {'local' if args.out is None else path}`")
+    print(
+        f"  MPI       alpha {hw.intra_alpha * 1e6:.2f} us, bandwidth {hw.intra_bw / 1e9:.2f} GB/s "
+        f"(beta = {1 / hw.intra_bw:.3g} s/byte)"
+    )
+    print(
+        f"saved to {path}; use it with `python -m simpar plan --hardware {'local' if args.out is None else path}`"
+    )
     return 0

@@ -1,8 +1,9 @@
 """`simpar plot`: compare metrics files, or draw a pipeline timeline from a trace.
 
-    python -m simpar plot run1.json run2.json -o compare.png [--scaling scaling.png]
-    python -m simpar plot --timeline trace.json -o timeline.png [--schedule 1f1b --stages 4 --microbatches 8]
+python -m simpar plot run1.json run2.json -o compare.png [--scaling scaling.png]
+python -m simpar plot --timeline trace.json -o timeline.png [--schedule 1f1b --stages 4 --microbatches 8]
 """
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,12 @@ def plot_main(argv: list[str]) -> int:
     """`simpar plot A.json B.json ... -o compare.png` | `simpar plot --timeline trace.json -o t.png`."""
     if "--timeline" in argv:
         return timeline_main(argv)
-    p = Parser(prog="simpar plot", description="Compare metrics files: traffic and memory per layout.",
-               epilog="Pipeline timeline instead: simpar plot --timeline trace.json -o timeline.png "
-                      "(trace.json from `simpar train --trace`).")
+    p = Parser(
+        prog="simpar plot",
+        description="Compare metrics files: traffic and memory per layout.",
+        epilog="Pipeline timeline instead: simpar plot --timeline trace.json -o timeline.png "
+        "(trace.json from `simpar train --trace`).",
+    )
     p.add_argument("metrics", nargs="+", help="metrics JSON files (simpar train --metrics-out)")
     p.add_argument("-o", "--out", default="compare.png")
     p.add_argument("--scaling", default=None, help="also write the scaling plot here")

@@ -1,14 +1,25 @@
 """`simpar train`: train one layout. Also the run options every training command shares (the tour's too).
 
-    python -m simpar train --dtype float64 --steps 20
-    mpiexec -n 4 python -m mpi4py -m simpar train --dp 2 --tp 2 --metrics-out run.json --trace trace.json
+python -m simpar train --dtype float64 --steps 20
+mpiexec -n 4 python -m mpi4py -m simpar train --dp 2 --tp 2 --metrics-out run.json --trace trace.json
 """
+
 from __future__ import annotations
 
 import argparse
 
-from ..config import (ACTIVATIONS, COLLECTIVES, DATA_SOURCES, DATASETS, DTYPES, KERNELS, OPTIMIZERS, SCHEDULES,
-                      RunConfig, SimparError)
+from ..config import (
+    ACTIVATIONS,
+    COLLECTIVES,
+    DATA_SOURCES,
+    DATASETS,
+    DTYPES,
+    KERNELS,
+    OPTIMIZERS,
+    SCHEDULES,
+    RunConfig,
+    SimparError,
+)
 from .base import int_list
 
 DEFAULT_LAYERS = {"digits": [64, 128, 128, 128, 10], "mnist": [784, 256, 256, 10]}  # synthetic: say --layers
@@ -17,7 +28,12 @@ DEFAULT_LAYERS = {"digits": [64, 128, 128, 128, 10], "mnist": [784, 256, 256, 10
 def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     d = RunConfig()
     g = p.add_argument_group("model")
-    g.add_argument("--layers", type=int_list, default=None, help="widths, input first (default 64,128,128,128,10 for digits, 784,256,256,10 for mnist)")
+    g.add_argument(
+        "--layers",
+        type=int_list,
+        default=None,
+        help="widths, input first (default 64,128,128,128,10 for digits, 784,256,256,10 for mnist)",
+    )
     g.add_argument("--activation", default=d.activation, choices=ACTIVATIONS)
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     g.add_argument("--seed", type=int, default=d.seed)
@@ -25,8 +41,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
     g.add_argument("--samples", type=int, default=d.samples, help="synthetic: number of samples")
     g.add_argument("--data-dir", default=None, help="mnist: folder with the four IDX files")
-    g.add_argument("--data-source", default=d.data_source, choices=DATA_SOURCES,
-                   help="local: each rank reads its own rows (no traffic); root: rank 0 scatters every batch (data traffic)")
+    g.add_argument(
+        "--data-source",
+        default=d.data_source,
+        choices=DATA_SOURCES,
+        help="local: each rank reads its own rows (no traffic); root: rank 0 scatters every batch (data traffic)",
+    )
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch", type=int, default=d.batch, help="global batch size")
     g.add_argument("--steps", type=int, default=None)
@@ -41,7 +61,9 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
         g.add_argument("--pp", type=int, default=1, help="pipeline stages")
         g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (with data parallelism)")
-        g.add_argument("--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1")
+        g.add_argument(
+            "--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1"
+        )
     g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--microbatches", type=int, default=d.microbatches)
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MiB")
@@ -60,20 +82,45 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if layers is None:
         layers = DEFAULT_LAYERS.get(args.dataset)
     cfg = RunConfig(
-        layers=layers or [], activation=args.activation, dtype=args.dtype, seed=args.seed,
-        dataset=args.dataset, samples=args.samples, data_dir=args.data_dir, data_source=args.data_source,
-        batch=args.batch, steps=args.steps, epochs=args.epochs, lr=args.lr, momentum=args.momentum,
-        optimizer=args.optimizer, grad_accum=args.grad_accum,
-        dp=getattr(args, "dp", None), tp=getattr(args, "tp", 1), pp=getattr(args, "pp", 1),
-        zero=getattr(args, "zero", 0), stage_layers=getattr(args, "stage_layers", None),
-        schedule=args.schedule, microbatches=args.microbatches, bucket_mb=args.bucket_mb,
-        overlap=not args.no_overlap, collectives=args.collectives, kernels=args.kernels,
-        metrics_out=args.metrics_out, weights_out=args.weights_out, trace=args.trace, quiet=args.quiet)
+        layers=layers or [],
+        activation=args.activation,
+        dtype=args.dtype,
+        seed=args.seed,
+        dataset=args.dataset,
+        samples=args.samples,
+        data_dir=args.data_dir,
+        data_source=args.data_source,
+        batch=args.batch,
+        steps=args.steps,
+        epochs=args.epochs,
+        lr=args.lr,
+        momentum=args.momentum,
+        optimizer=args.optimizer,
+        grad_accum=args.grad_accum,
+        dp=getattr(args, "dp", None),
+        tp=getattr(args, "tp", 1),
+        pp=getattr(args, "pp", 1),
+        zero=getattr(args, "zero", 0),
+        stage_layers=getattr(args, "stage_layers", None),
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        bucket_mb=args.bucket_mb,
+        overlap=not args.no_overlap,
+        collectives=args.collectives,
+        kernels=args.kernels,
+        metrics_out=args.metrics_out,
+        weights_out=args.weights_out,
+        trace=args.trace,
+        quiet=args.quiet,
+    )
     if not cfg.layers:
-        raise SimparError(f"--dataset {args.dataset} needs --layers (input width first, number of classes last)")
+        raise SimparError(
+            f"--dataset {args.dataset} needs --layers (input width first, number of classes last)"
+        )
     return cfg
 
 
 def train_command(args: argparse.Namespace) -> int:
     from ..train import train_main
+
     return train_main(config_from_args(args))

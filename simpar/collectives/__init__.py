@@ -13,6 +13,7 @@ is spread over ranks and rounds. `--collectives NAME` picks the all-reduce from 
 This module is the API the strategies call: start_allreduce / allreduce / reduce_scatter /
 allgather / broadcast.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -36,25 +37,28 @@ ALLREDUCE_ALGORITHMS: dict[str, Callable[..., Rounds]] = {
 }
 
 
-def start_allreduce(comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce",
-                    algorithm: str = "ring") -> Pending:
+def start_allreduce(
+    comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
+) -> Pending:
     """Begin summing `buf` over the group, in place; returns the in-flight collective."""
     return Pending(ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op))
 
 
-def allreduce(comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce",
-              algorithm: str = "ring") -> np.ndarray:
+def allreduce(
+    comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
+) -> np.ndarray:
     start_allreduce(comm, buf, category, op, algorithm).wait()
     return buf
 
 
-def reduce_scatter(comm: Communicator, buf: np.ndarray, category: str,
-                   op: str = "reduce-scatter") -> np.ndarray:
+def reduce_scatter(
+    comm: Communicator, buf: np.ndarray, category: str, op: str = "reduce-scatter"
+) -> np.ndarray:
     """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
     flat = _flat(buf)
     run(ring_reduce_scatter_rounds(comm, flat, category, op))
     bounds = offsets(flat.size, comm.size)
-    return flat[bounds[comm.rank]:bounds[comm.rank + 1]]
+    return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
 
 
 def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
@@ -63,7 +67,8 @@ def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all
     return buf
 
 
-def broadcast(comm: Communicator, buf: np.ndarray, root: int, category: str,
-              op: str = "broadcast") -> np.ndarray:
+def broadcast(
+    comm: Communicator, buf: np.ndarray, root: int, category: str, op: str = "broadcast"
+) -> np.ndarray:
     run(binomial_broadcast_rounds(comm, buf, root, category, op))
     return buf

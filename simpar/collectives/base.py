@@ -15,6 +15,7 @@ never depend on N). Indices of c are taken mod p.
 The reduction inside every reducing collective (`dst += src`) is a hook: the training loop installs
 the kernel backend's reduce-add with `set_reduce_kernel` (kernels/ itself never imports simpar).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -66,7 +67,7 @@ class _ScratchPool:
     """
 
     def __init__(self, keep: int = 4):
-        self._free: list[np.ndarray] = []      # raw byte buffers, smallest first
+        self._free: list[np.ndarray] = []  # raw byte buffers, smallest first
         self._keep = keep
 
     @contextmanager
@@ -77,7 +78,7 @@ class _ScratchPool:
         try:
             yield raw[:nbytes].view(dtype)
         finally:
-            self._free = sorted(self._free + [raw], key=lambda b: b.nbytes)[-self._keep:]
+            self._free = sorted(self._free + [raw], key=lambda b: b.nbytes)[-self._keep :]
 
 
 scratch = _ScratchPool()
@@ -92,6 +93,7 @@ class _TagCounter:
     finished, would get different tags on different ranks whenever two calls in flight finish
     their phases in a different order on different ranks.
     """
+
     def __call__(self, comm: Communicator) -> int:
         # The count lives on the Communicator itself. (Keying a table by id(comm.mpi) breaks when
         # a freed communicator's id is reused on some ranks but not others: counters disagree,
@@ -142,4 +144,3 @@ def _flat(buf: np.ndarray) -> np.ndarray:
     if not buf.flags.c_contiguous:
         raise ValueError("collectives work in place on contiguous arrays")
     return buf.reshape(-1)
-

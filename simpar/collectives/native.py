@@ -1,4 +1,5 @@
 """MPI's own MPI_Allreduce: the peer simpar's algorithms are measured against; its bytes are modeled."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,10 @@ from mpi4py import MPI
 from ..comm import Communicator
 from .base import Rounds, offsets
 
-def mpi_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
-                         op: str = "allreduce") -> Rounds:
+
+def mpi_allreduce_rounds(
+    comm: Communicator, flat: np.ndarray, category: str, op: str = "allreduce"
+) -> Rounds:
     """MPI's own MPI_Allreduce (in place). It blocks, so it runs when the collective starts.
 
     MPI does not say how it moves the data: MPICH picks by message size, group size and placement
@@ -24,7 +27,11 @@ def mpi_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
     comm.mpi.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
     c = np.diff(offsets(n, p))
     bpe = flat.itemsize
-    comm.record_modeled(category, op, int(2 * n - c[r] - c[(r + 1) % p]) * bpe,
-                        int(2 * n - c[(r - 1) % p] - c[r]) * bpe, 2 * (p - 1))
-    yield []                            # one round with nothing left to wait for
-
+    comm.record_modeled(
+        category,
+        op,
+        int(2 * n - c[r] - c[(r + 1) % p]) * bpe,
+        int(2 * n - c[(r - 1) % p] - c[r]) * bpe,
+        2 * (p - 1),
+    )
+    yield []  # one round with nothing left to wait for

@@ -1,4 +1,5 @@
 """The parameter server (Li et al. 2014, OSDI): every rank pushes to rank 0, which sums and sends back."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,8 @@ import numpy as np
 from ..comm import Communicator
 from .base import Rounds, new_tag, reduce_add, scratch
 
-def ps_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
-                        op: str = "allreduce") -> Rounds:
+
+def ps_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str, op: str = "allreduce") -> Rounds:
     """Parameter server (Li et al. 2014, OSDI): every rank pushes to rank 0, which sums and sends back.
 
     Cost: a worker r != 0 sends N and receives N, in 1 message; the server (rank 0) receives
@@ -21,7 +22,7 @@ def ps_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
     tag = new_tag(comm)
     if r != 0:
         yield [comm.isend(flat, 0, category, op, tag)]
-        yield [comm.irecv(flat, 0, category, op, tag)]   # after the send: never receive into a busy buffer
+        yield [comm.irecv(flat, 0, category, op, tag)]  # after the send: never receive into a busy buffer
         return
     # Post every receive at once so no worker waits for another; sum in rank order (deterministic).
     with scratch.take((p - 1) * flat.size, flat.dtype) as incoming:

@@ -10,6 +10,7 @@ of Collective Communication Operations in MPICH", IJHPCA 19(1)); all move 2(p-1)
   ps              2               (p-1) N (rank 0)       all on the server: it is the bottleneck
   mpi             (hidden)        booked as the ring     MPI_Allreduce; ledger marks it "modeled"
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,10 @@ import numpy as np
 from ..comm import Communicator
 from .base import Rounds, new_tag, offsets, reduce_add, scratch
 
-def rabenseifner_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
-                                  op: str = "allreduce") -> Rounds:
+
+def rabenseifner_allreduce_rounds(
+    comm: Communicator, flat: np.ndarray, category: str, op: str = "allreduce"
+) -> Rounds:
     """Recursive-halving reduce-scatter, then recursive-doubling all-gather.
 
     Rabenseifner 2004 ("Optimization of collective reduction operations", ICCS); Thakur,
@@ -50,12 +53,12 @@ def rabenseifner_allreduce_rounds(comm: Communicator, flat: np.ndarray, category
     tag = new_tag(comm)
     q = 1 << (p.bit_length() - 1)
     e = p - q
-    if r < 2 * e and r % 2:             # an odd folding rank: hand over the data, wait for the sum
+    if r < 2 * e and r % 2:  # an odd folding rank: hand over the data, wait for the sum
         yield [comm.isend(flat, r - 1, category, op, tag)]
         yield [comm.irecv(flat, r - 1, category, op, tag)]
         return
     bounds = offsets(n, q)
-    if r < 2 * e:                       # an even folding rank: take in the odd neighbour's data
+    if r < 2 * e:  # an even folding rank: take in the odd neighbour's data
         m = r // 2
         with scratch.take(n, flat.dtype) as incoming:
             yield [comm.irecv(incoming, r + 1, category, op, tag)]
@@ -63,28 +66,32 @@ def rabenseifner_allreduce_rounds(comm: Communicator, flat: np.ndarray, category
     else:
         m = r - e
 
-    def rank_of(v: int) -> int:         # renumbered rank -> rank in the group
+    def rank_of(v: int) -> int:  # renumbered rank -> rank in the group
         return 2 * v if v < e else v + e
 
-    lo, hi = 0, q                       # the range of blocks this rank is responsible for
+    lo, hi = 0, q  # the range of blocks this rank is responsible for
     d = q // 2
-    with scratch.take(bounds[q // 2], flat.dtype) as incoming:     # the largest half received
-        while d >= 1:                   # reduce-scatter: halve the range, d = q/2 .. 1
+    with scratch.take(bounds[q // 2], flat.dtype) as incoming:  # the largest half received
+        while d >= 1:  # reduce-scatter: halve the range, d = q/2 .. 1
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if m & d == 0 else ((mid, hi), (lo, mid))
             a, b = bounds[keep[0]], bounds[keep[1]]
-            yield [comm.irecv(incoming[:b - a], rank_of(m ^ d), category, op, tag),
-                   comm.isend(flat[bounds[give[0]]:bounds[give[1]]], rank_of(m ^ d), category, op, tag)]
-            reduce_add(flat[a:b], incoming[:b - a])
+            yield [
+                comm.irecv(incoming[: b - a], rank_of(m ^ d), category, op, tag),
+                comm.isend(flat[bounds[give[0]] : bounds[give[1]]], rank_of(m ^ d), category, op, tag),
+            ]
+            reduce_add(flat[a:b], incoming[: b - a])
             lo, hi = keep
             d //= 2
     d = 1
-    while d < q:                        # all-gather: double the range, d = 1 .. q/2
+    while d < q:  # all-gather: double the range, d = 1 .. q/2
         width = hi - lo
-        other = lo + width if m & d == 0 else lo - width    # the partner holds the sibling range
-        yield [comm.irecv(flat[bounds[other]:bounds[other + width]], rank_of(m ^ d), category, op, tag),
-               comm.isend(flat[bounds[lo]:bounds[hi]], rank_of(m ^ d), category, op, tag)]
+        other = lo + width if m & d == 0 else lo - width  # the partner holds the sibling range
+        yield [
+            comm.irecv(flat[bounds[other] : bounds[other + width]], rank_of(m ^ d), category, op, tag),
+            comm.isend(flat[bounds[lo] : bounds[hi]], rank_of(m ^ d), category, op, tag),
+        ]
         lo, hi = min(lo, other), max(hi, other + width)
         d *= 2
-    if r < 2 * e:                       # unfold: give the odd neighbour the result
+    if r < 2 * e:  # unfold: give the odd neighbour the result
         yield [comm.isend(flat, r + 1, category, op, tag)]

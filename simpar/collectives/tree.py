@@ -1,8 +1,9 @@
 """Binomial trees: the broadcast, and the tree all-reduce (binomial reduce + broadcast).
 
-  binomial broadcast    non-roots receive N once; see binomial_broadcast_rounds      [(p-1) N]
-  tree all-reduce       rank r sends ([r != 0] + c(r)) N; the root ceil(log2 p) N    [2(p-1) N]
+binomial broadcast    non-roots receive N once; see binomial_broadcast_rounds      [(p-1) N]
+tree all-reduce       rank r sends ([r != 0] + c(r)) N; the root ceil(log2 p) N    [2(p-1) N]
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,15 @@ import numpy as np
 from ..comm import Communicator
 from .base import Rounds, _flat, new_tag, reduce_add, scratch
 
-def binomial_broadcast_rounds(comm: Communicator, buf: np.ndarray, root: int, category: str,
-                              op: str = "broadcast", tag: int | None = None) -> Rounds:
+
+def binomial_broadcast_rounds(
+    comm: Communicator,
+    buf: np.ndarray,
+    root: int,
+    category: str,
+    op: str = "broadcast",
+    tag: int | None = None,
+) -> Rounds:
     """Binomial tree: in round k every rank that already has the data sends it 2^k ranks further.
 
     With me = (r - root) mod p: a non-root receives N once, in the round d = 2^k with
@@ -22,7 +30,7 @@ def binomial_broadcast_rounds(comm: Communicator, buf: np.ndarray, root: int, ca
     if p == 1:
         return
     flat = _flat(buf)
-    me = (comm.rank - root) % p           # position relative to the root
+    me = (comm.rank - root) % p  # position relative to the root
     tag = new_tag(comm) if tag is None else tag
     distance = 1
     while distance < p:
@@ -33,9 +41,9 @@ def binomial_broadcast_rounds(comm: Communicator, buf: np.ndarray, root: int, ca
         distance *= 2
 
 
-
-def tree_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
-                          op: str = "allreduce") -> Rounds:
+def tree_allreduce_rounds(
+    comm: Communicator, flat: np.ndarray, category: str, op: str = "allreduce"
+) -> Rounds:
     """Binomial-tree reduce to rank 0, then binomial broadcast from rank 0 (Thakur et al. 2005, sec. 4).
 
     The reduce is the broadcast (collectives.binomial_broadcast_rounds) run backwards: for
@@ -53,15 +61,15 @@ def tree_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str,
     p, me = comm.size, comm.rank
     if p == 1:
         return
-    tag = new_tag(comm)                 # both phases; their messages go opposite ways, never cross
+    tag = new_tag(comm)  # both phases; their messages go opposite ways, never cross
     d = 1 << ((p - 1).bit_length() - 1)  # the largest power of two < p: the broadcast's last round
-    has_children = me + (1 << me.bit_length()) < p     # c(me) > 0: the smallest 2^k > me fits
+    has_children = me + (1 << me.bit_length()) < p  # c(me) > 0: the smallest 2^k > me fits
     with scratch.take(flat.size if has_children else 0, flat.dtype) as incoming:
         while d >= 1:
-            if me < d and me + d < p:   # a child me + d sends its subtree's sum
+            if me < d and me + d < p:  # a child me + d sends its subtree's sum
                 yield [comm.irecv(incoming, me + d, category, op, tag)]
                 reduce_add(flat, incoming)
-            elif d <= me < 2 * d:       # my subtree is complete: pass it to my parent
+            elif d <= me < 2 * d:  # my subtree is complete: pass it to my parent
                 yield [comm.isend(flat, me - d, category, op, tag)]
             d //= 2
     yield from binomial_broadcast_rounds(comm, flat, 0, category, op, tag)

@@ -15,11 +15,37 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
 
 No printing and no command line here: `simpar plan` (cli/plan.py) is the front end.
 """
-from .collectives import (ALLREDUCE, Cost, chunk, chunk_offset, mpi_allreduce, ps_allreduce,  # noqa: F401
-                          rabenseifner_allreduce, ring_allgather, ring_allreduce, ring_reduce_scatter, to_bytes,
-                          tree_allreduce)
+
+from .collectives import (  # noqa: F401
+    ALLREDUCE,
+    Cost,
+    chunk,
+    chunk_offset,
+    mpi_allreduce,
+    ps_allreduce,
+    rabenseifner_allreduce,
+    ring_allgather,
+    ring_allreduce,
+    ring_reduce_scatter,
+    to_bytes,
+    tree_allreduce,
+)
 from .predict import bubble_fraction, mismatches, op_time, predict, predict_from_config  # noqa: F401
 from .rank import CATS, MEMORY_KINDS, Book, alive_window, peak_alive_rows, predict_rank  # noqa: F401
-from .spec import (DTYPE_PRECISION, PRECISIONS, Precision, Shape, Spec, balanced_counts, check,  # noqa: F401
-                   coords_of, dp_buckets, layer_flops, local_layer_size, micro_rows, split, stage_bounds,
-                   tp_kinds)
+from .spec import (  # noqa: F401
+    DTYPE_PRECISION,
+    PRECISIONS,
+    Precision,
+    Shape,
+    Spec,
+    balanced_counts,
+    check,
+    coords_of,
+    dp_buckets,
+    layer_flops,
+    local_layer_size,
+    micro_rows,
+    split,
+    stage_bounds,
+    tp_kinds,
+)

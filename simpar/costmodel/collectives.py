@@ -16,12 +16,13 @@ Chunks are cut by np.array_split, so chunk i of N split p ways has N//p + (i < N
 Besides what the rank sends, a Cost carries the collective's critical path (rounds, elements through
 the slowest link, elements reduced) for the alpha-beta-gamma time model in costmodel.predict.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # -- collective volumes (elements), per rank --------------------------------------------------------
+
 
 def chunk(n: int, p: int, i: int) -> int:
     """Elements in chunk i of n split p ways (np.array_split)."""
@@ -41,6 +42,7 @@ class Cost:
     must agree exactly); `rounds`, `round_elems` and `reduced` describe the collective's critical
     path for the time model (Thakur et al. 2005): sequential rounds (alpha each), elements through
     the slowest link over all rounds (beta each), elements reduced along the way (gamma each)."""
+
     sent: int = 0
     messages: int = 0
     reduced: int = 0
@@ -48,8 +50,13 @@ class Cost:
     round_elems: int = 0
 
     def __add__(self, o: "Cost") -> "Cost":
-        return Cost(self.sent + o.sent, self.messages + o.messages, self.reduced + o.reduced,
-                    self.rounds + o.rounds, self.round_elems + o.round_elems)
+        return Cost(
+            self.sent + o.sent,
+            self.messages + o.messages,
+            self.reduced + o.reduced,
+            self.rounds + o.rounds,
+            self.round_elems + o.round_elems,
+        )
 
 
 def ring_reduce_scatter(n: int, p: int, r: int) -> Cost:
@@ -80,25 +87,29 @@ def rabenseifner_allreduce(n: int, p: int, r: int) -> Cost:
     e, L = p - q, q.bit_length() - 1
     fold = 2 if e else 0
     block = -(-n // q)
-    path = dict(rounds=2 * L + fold, round_elems=2 * (q - 1) * block + fold * n, reduced=(q - 1) * block + fold // 2 * n)
-    if r < 2 * e and r % 2:                     # odd folding rank: sends its data once, gets the sum
+    path = dict(
+        rounds=2 * L + fold,
+        round_elems=2 * (q - 1) * block + fold * n,
+        reduced=(q - 1) * block + fold // 2 * n,
+    )
+    if r < 2 * e and r % 2:  # odd folding rank: sends its data once, gets the sum
         return Cost(n, 1, **path)
     m = r // 2 if r < 2 * e else r - e
     size = lambda a, b: chunk_offset(n, q, b) - chunk_offset(n, q, a)
     sent, lo, hi, d = 0, 0, q, q // 2
-    while d >= 1:                               # halving: keep one half of [lo, hi), send the other
+    while d >= 1:  # halving: keep one half of [lo, hi), send the other
         mid = (lo + hi) // 2
         (lo, hi), give = ((lo, mid), (mid, hi)) if m & d == 0 else ((mid, hi), (lo, mid))
         sent += size(*give)
         d //= 2
     d = 1
-    while d < q:                                # doubling: send everything held, get the sibling range
+    while d < q:  # doubling: send everything held, get the sibling range
         sent += size(lo, hi)
         width = hi - lo
         other = lo + width if m & d == 0 else lo - width
         lo, hi = min(lo, other), max(hi, other + width)
         d *= 2
-    extra = 1 if r < 2 * e else 0               # even folding rank: sends the result up at the end
+    extra = 1 if r < 2 * e else 0  # even folding rank: sends the result up at the end
     return Cost(sent + extra * n, 2 * L + extra, **path)
 
 
@@ -109,7 +120,7 @@ def tree_allreduce(n: int, p: int, r: int) -> Cost:
     if p == 1:
         return Cost()
     children = sum(1 for k in range(p.bit_length()) if (1 << k) > r and r + (1 << k) < p)
-    depth = (p - 1).bit_length()                # ceil(log2 p) rounds each way
+    depth = (p - 1).bit_length()  # ceil(log2 p) rounds each way
     own = (1 if r else 0) + children
     return Cost(own * n, own, reduced=depth * n, rounds=2 * depth, round_elems=2 * depth * n)
 
@@ -131,11 +142,18 @@ def mpi_allreduce(n: int, p: int, r: int) -> Cost:
     return Cost(ring.sent, ring.messages, best.reduced, best.rounds, best.round_elems)
 
 
-ALLREDUCE = {"ring": ring_allreduce, "rabenseifner": rabenseifner_allreduce, "tree": tree_allreduce,
-             "ps": ps_allreduce, "mpi": mpi_allreduce}
+ALLREDUCE = {
+    "ring": ring_allreduce,
+    "rabenseifner": rabenseifner_allreduce,
+    "tree": tree_allreduce,
+    "ps": ps_allreduce,
+    "mpi": mpi_allreduce,
+}
 
 
 def to_bytes(cost: Cost, elem_bytes: int, times: int = 1) -> Cost:
     """Elements -> bytes (messages and rounds stay counts), `times` repetitions."""
     k = times * elem_bytes
-    return Cost(cost.sent * k, cost.messages * times, cost.reduced * k, cost.rounds * times, cost.round_elems * k)
+    return Cost(
+        cost.sent * k, cost.messages * times, cost.reduced * k, cost.rounds * times, cost.round_elems * k
+    )

@@ -2,6 +2,7 @@
 step time under a memory limit (`rank_layouts`), and say in words why the winner wins (`explain`).
 `simpar plan --compare` prints them (cli/plan.py).
 """
+
 from __future__ import annotations
 
 from ..config import SimparError
@@ -12,12 +13,23 @@ from .spec import Spec, check
 
 
 def factorizations(world: int) -> list[tuple[int, int, int]]:
-    return [(dp, tp, world // (dp * tp)) for dp in range(1, world + 1) if world % dp == 0
-            for tp in range(1, world // dp + 1) if (world // dp) % tp == 0]
+    return [
+        (dp, tp, world // (dp * tp))
+        for dp in range(1, world + 1)
+        if world % dp == 0
+        for tp in range(1, world // dp + 1)
+        if (world // dp) % tp == 0
+    ]
 
 
-COMPONENTS = (("compute_s", "compute"), ("tp_s", "tensor-parallel all-reduces"), ("pp_s", "pipeline sends"),
-              ("bubble_s", "the pipeline bubble"), ("dp_exposed_s", "gradient/ZeRO traffic"), ("data_s", "data scatter"))
+COMPONENTS = (
+    ("compute_s", "compute"),
+    ("tp_s", "tensor-parallel all-reduces"),
+    ("pp_s", "pipeline sends"),
+    ("bubble_s", "the pipeline bubble"),
+    ("dp_exposed_s", "gradient/ZeRO traffic"),
+    ("data_s", "data scatter"),
+)
 
 
 def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tuple[list[dict], int]:
@@ -38,8 +50,10 @@ def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tupl
                 continue
             cands.append(predict(s, hw, ranks=sorted({0, s.world - 1} | {k * dp * tp for k in range(pp)})))
     if not cands:
-        raise SimparError(f"no layout of {world} ranks is valid for this model and batch "
-                          f"(widths divisible by tp, pp <= {spec.n_layers} layers, batch >= dp*microbatches)")
+        raise SimparError(
+            f"no layout of {world} ranks is valid for this model and batch "
+            f"(widths divisible by tp, pp <= {spec.n_layers} layers, batch >= dp*microbatches)"
+        )
     fits = fits_in(limit)
     return sorted(cands, key=lambda p: (not fits(p), p["time"]["step_s"])), invalid
 
@@ -53,33 +67,46 @@ def explain(ranked: list[dict], limit: float | None, fits) -> list[str]:
     """Sentences saying why the winner wins: its links, and what sinks each main rival."""
     win = ranked[0]
     if not fits(win):
-        return [f"nothing fits: even the leanest layout, {min(ranked, key=lambda p: p['memory']['max_total'])['layout']}, "
-                f"needs {min(p['memory']['max_total'] for p in ranked) / limit:.1f}x the memory limit; "
-                f"try --zero 3, more ranks, --precision mixed or a smaller batch"]
+        return [
+            f"nothing fits: even the leanest layout, {min(ranked, key=lambda p: p['memory']['max_total'])['layout']}, "
+            f"needs {min(p['memory']['max_total'] for p in ranked) / limit:.1f}x the memory limit; "
+            f"try --zero 3, more ranks, --precision mixed or a smaller batch"
+        ]
     t, sp = win["time"], win["spec"]
     used = [f"{g} on {l['name']}" for g, l in win["links"].items() if g != "world" and sp[g] > 1]
-    out = [f"winner: {win['layout']} at {fmt_time(t['step_s'])} per step"
-           + (f" ({', '.join(used)})" if used else "") + ": " + _breakdown(win)]
+    out = [
+        f"winner: {win['layout']} at {fmt_time(t['step_s'])} per step"
+        + (f" ({', '.join(used)})" if used else "")
+        + ": "
+        + _breakdown(win)
+    ]
     rivals, seen = [], {win["layout"]}
-    for pick in (lambda p: p is not win and fits(p),                                # runner-up
-                 lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and not p["spec"]["zero"],   # plain DDP
-                 lambda p: p["spec"]["dp"] == 1 and p["spec"]["pp"] == 1,           # all tensor parallel
-                 lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and p["spec"]["zero"] == 3):
+    for pick in (
+        lambda p: p is not win and fits(p),  # runner-up
+        lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and not p["spec"]["zero"],  # plain DDP
+        lambda p: p["spec"]["dp"] == 1 and p["spec"]["pp"] == 1,  # all tensor parallel
+        lambda p: p["spec"]["tp"] == 1 and p["spec"]["pp"] == 1 and p["spec"]["zero"] == 3,
+    ):
         rival = next((p for p in ranked if pick(p) and p["layout"] not in seen), None)
         if rival:
             seen.add(rival["layout"])
             rivals.append(rival)
     for r in rivals:
         if not fits(r):
-            out.append(f"{r['layout']} would need {r['memory']['max_total'] / limit:.1f}x the memory limit "
-                       f"({fmt_bytes(r['memory']['max_total'])} per rank: " +
-                       ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["memory"]["max"].items() if v) + ")")
+            out.append(
+                f"{r['layout']} would need {r['memory']['max_total'] / limit:.1f}x the memory limit "
+                f"({fmt_bytes(r['memory']['max_total'])} per rank: "
+                + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["memory"]["max"].items() if v)
+                + ")"
+            )
             continue
         key, name = max(COMPONENTS, key=lambda c: r["time"][c[0]] - t[c[0]])
         link = {"tp_s": "tp", "pp_s": "pp", "dp_exposed_s": "dp"}.get(key)
         where = f" on {r['links'][link]['name']}" if link else ""
-        out.append(f"{r['layout']} is {r['time']['step_s'] / t['step_s']:.2f}x slower: mostly {name}{where} "
-                   f"({fmt_time(r['time'][key])} vs {fmt_time(t[key])})")
+        out.append(
+            f"{r['layout']} is {r['time']['step_s'] / t['step_s']:.2f}x slower: mostly {name}{where} "
+            f"({fmt_time(r['time'][key])} vs {fmt_time(t[key])})"
+        )
     return out
 
 

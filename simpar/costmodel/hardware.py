@@ -22,9 +22,9 @@ Profiles:
 Every number below says where it comes from. Peak numbers are vendor spec sheets; "achievable"
 fractions are the usual rule of thumb, stated as such -- change them in a JSON file if you know better.
 """
+
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -39,21 +39,21 @@ GB = 1e9
 class Hardware:
     name: str
     description: str
-    flops: dict                    # precision ("fp64" | "fp32" | "mixed") -> achievable FLOP/s per device
-    gamma: float                   # s per byte reduced (dst += src), on the device
-    intra_alpha: float             # s, latency of one message inside a node
-    intra_bw: float                # bytes/s a device sends inside a node (per direction)
-    devices_per_node: int          # ranks per node; a group larger than this leaves the node
-    inter_alpha: float = 0.0       # s, latency of one message between nodes
-    nic_bw: float = 0.0            # bytes/s of ONE network card (per direction)
+    flops: dict  # precision ("fp64" | "fp32" | "mixed") -> achievable FLOP/s per device
+    gamma: float  # s per byte reduced (dst += src), on the device
+    intra_alpha: float  # s, latency of one message inside a node
+    intra_bw: float  # bytes/s a device sends inside a node (per direction)
+    devices_per_node: int  # ranks per node; a group larger than this leaves the node
+    inter_alpha: float = 0.0  # s, latency of one message between nodes
+    nic_bw: float = 0.0  # bytes/s of ONE network card (per direction)
     nics_per_node: int = 0
-    memory_bytes: float = 0.0      # device memory (0: unknown, no limit check by default)
+    memory_bytes: float = 0.0  # device memory (0: unknown, no limit check by default)
     intra_name: str = "intra-node"
     inter_name: str = "inter-node"
     sources: list = field(default_factory=list)
-    cores: int = 0                 # CPU cores for ranks (local profile): more ranks than cores share them
-    layer_overhead: float = 0.0    # s per layer per micro-batch (forward + backward) that is neither
-                                   # math nor memory: Python and NumPy call overhead here; 0 for presets
+    cores: int = 0  # CPU cores for ranks (local profile): more ranks than cores share them
+    layer_overhead: float = 0.0  # s per layer per micro-batch (forward + backward) that is neither
+    # math nor memory: Python and NumPy call overhead here; 0 for presets
 
     def compute_share(self, ranks_per_node: int) -> float:
         """The fraction of a device one rank gets: 1, or cores/ranks when ranks outnumber cores
@@ -87,27 +87,62 @@ _NVLINK_SOURCES = [
 
 PRESETS = {
     "dgx-h100": Hardware(
-        name="dgx-h100", description="1 DGX H100 node: 8 x H100 SXM on NVLink 4",
-        flops=_H100_FLOPS, gamma=_H100_GAMMA, intra_alpha=3e-6, intra_bw=360 * GB, devices_per_node=8,
-        inter_alpha=5e-6, nic_bw=45 * GB, nics_per_node=8, memory_bytes=80e9,
-        intra_name="NVLink4", inter_name="IB-NDR", sources=_NVLINK_SOURCES),
+        name="dgx-h100",
+        description="1 DGX H100 node: 8 x H100 SXM on NVLink 4",
+        flops=_H100_FLOPS,
+        gamma=_H100_GAMMA,
+        intra_alpha=3e-6,
+        intra_bw=360 * GB,
+        devices_per_node=8,
+        inter_alpha=5e-6,
+        nic_bw=45 * GB,
+        nics_per_node=8,
+        memory_bytes=80e9,
+        intra_name="NVLink4",
+        inter_name="IB-NDR",
+        sources=_NVLINK_SOURCES,
+    ),
     "ib-cluster": Hardware(
-        name="ib-cluster", description="DGX H100 nodes (8 GPUs, NVLink 4) joined by 400 Gb/s NDR InfiniBand, 1 NIC per GPU",
-        flops=_H100_FLOPS, gamma=_H100_GAMMA, intra_alpha=3e-6, intra_bw=360 * GB, devices_per_node=8,
-        inter_alpha=6e-6, nic_bw=45 * GB, nics_per_node=8, memory_bytes=80e9,
-        intra_name="NVLink4", inter_name="IB-NDR",
-        sources=_NVLINK_SOURCES + [
+        name="ib-cluster",
+        description="DGX H100 nodes (8 GPUs, NVLink 4) joined by 400 Gb/s NDR InfiniBand, 1 NIC per GPU",
+        flops=_H100_FLOPS,
+        gamma=_H100_GAMMA,
+        intra_alpha=3e-6,
+        intra_bw=360 * GB,
+        devices_per_node=8,
+        inter_alpha=6e-6,
+        nic_bw=45 * GB,
+        nics_per_node=8,
+        memory_bytes=80e9,
+        intra_name="NVLink4",
+        inter_name="IB-NDR",
+        sources=_NVLINK_SOURCES
+        + [
             "NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s = 50 GB/s per port per direction; DGX H100 has 8 "
             "compute NICs, one per GPU; we assume 90% (45 GB/s) achievable",
-            "latency: ~1-2 us IB hardware + NCCL proxy overhead; 6 us assumed per inter-node message"]),
+            "latency: ~1-2 us IB hardware + NCCL proxy overhead; 6 us assumed per inter-node message",
+        ],
+    ),
     "ethernet-100g": Hardware(
-        name="ethernet-100g", description="8 x H100 nodes with ONE 100 Gb/s Ethernet NIC (RoCE v2) per node",
-        flops=_H100_FLOPS, gamma=_H100_GAMMA, intra_alpha=3e-6, intra_bw=360 * GB, devices_per_node=8,
-        inter_alpha=20e-6, nic_bw=11 * GB, nics_per_node=1, memory_bytes=80e9,
-        intra_name="NVLink4", inter_name="100GbE",
-        sources=_NVLINK_SOURCES + [
+        name="ethernet-100g",
+        description="8 x H100 nodes with ONE 100 Gb/s Ethernet NIC (RoCE v2) per node",
+        flops=_H100_FLOPS,
+        gamma=_H100_GAMMA,
+        intra_alpha=3e-6,
+        intra_bw=360 * GB,
+        devices_per_node=8,
+        inter_alpha=20e-6,
+        nic_bw=11 * GB,
+        nics_per_node=1,
+        memory_bytes=80e9,
+        intra_name="NVLink4",
+        inter_name="100GbE",
+        sources=_NVLINK_SOURCES
+        + [
             "100 GbE (IEEE 802.3 100GBASE): 12.5 GB/s per direction; ~88% achievable with RoCE v2 (11 GB/s)",
-            "latency: RoCE ~5-10 us, TCP 20-50 us; 20 us assumed (NCCL over sockets/RoCE)"]),
+            "latency: RoCE ~5-10 us, TCP 20-50 us; 20 us assumed (NCCL over sockets/RoCE)",
+        ],
+    ),
 }
 
 # What `local` is when nothing was calibrated: one core of a 2020s x86 laptop/server running
@@ -115,11 +150,20 @@ PRESETS = {
 # written on), MPICH shared-memory messages (~1 us latency, ~5 GB/s for large messages), and
 # numpy.add from main memory at ~10 GB/s of reduced data (measured: 9.2) -> gamma = 1/10e9.
 LOCAL_DEFAULTS = Hardware(
-    name="local", description="this machine, uncalibrated defaults (run `python -m simpar bench --calibrate`)",
-    flops={"fp64": 25e9, "fp32": 50e9, "mixed": 50e9}, gamma=1 / 10e9,
-    intra_alpha=1e-6, intra_bw=5 * GB, devices_per_node=1 << 30, memory_bytes=0.0,
-    intra_name="shared-memory", inter_name="none", cores=os.cpu_count() or 1, layer_overhead=30e-6,
-    sources=["defaults: single-core NumPy/OpenBLAS GEMM and MPICH shared memory on a typical x86 machine"])
+    name="local",
+    description="this machine, uncalibrated defaults (run `python -m simpar bench --calibrate`)",
+    flops={"fp64": 25e9, "fp32": 50e9, "mixed": 50e9},
+    gamma=1 / 10e9,
+    intra_alpha=1e-6,
+    intra_bw=5 * GB,
+    devices_per_node=1 << 30,
+    memory_bytes=0.0,
+    intra_name="shared-memory",
+    inter_name="none",
+    cores=os.cpu_count() or 1,
+    layer_overhead=30e-6,
+    sources=["defaults: single-core NumPy/OpenBLAS GEMM and MPICH shared memory on a typical x86 machine"],
+)
 
 
 def cache_path() -> str:
@@ -168,11 +212,12 @@ def _read(path: str) -> Hardware:
 
 # -- which link a group uses -------------------------------------------------------------------------
 
+
 @dataclass
 class Link:
     name: str
-    alpha: float       # s per message
-    bw: float          # bytes/s per direction available to ONE flow of this group
+    alpha: float  # s per message
+    bw: float  # bytes/s per direction available to ONE flow of this group
 
     @property
     def beta(self) -> float:

@@ -12,6 +12,7 @@ plus compute = exact matmul FLOPs / FLOP rate (forward 2*rows*in*out per layer, 
 except layer 0 which needs no input gradient). The pipeline bubble is (S-1)/(M+S-1) for GPipe and
 1F1B (Huang et al. 2019, GPipe sec. 2.2), (S-1)/S for the naive schedule.
 """
+
 from __future__ import annotations
 
 from ..config import layout_name
@@ -20,13 +21,16 @@ from .collectives import ALLREDUCE, Cost, to_bytes
 from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check
 
-
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
+
 
 def op_time(cost: Cost, link, gamma: float) -> dict:
     """Latency + bandwidth + reduction terms of one op on the critical path (Thakur et al. 2005)."""
-    return {"latency": cost.rounds * link.alpha, "bandwidth": cost.round_elems * link.beta,
-            "reduction": cost.reduced * gamma}
+    return {
+        "latency": cost.rounds * link.alpha,
+        "bandwidth": cost.round_elems * link.beta,
+        "reduction": cost.reduced * gamma,
+    }
 
 
 def bubble_fraction(spec: Spec) -> float:
@@ -76,30 +80,41 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             by_op[key] = {"sent": c.sent, "messages": c.messages, "link": links[group].name, "time_s": terms}
             group_s[group] += seconds
             if key not in worst or seconds >= worst[key][0]:
-                worst[key] = (seconds, by_op[key])      # the slowest rank's view of each op
+                worst[key] = (seconds, by_op[key])  # the slowest rank's view of each op
         # matmuls at the FLOP rate, + the memory-bound rest at the reduction's speed (gamma is per byte
         # REDUCED, i.e. 3 bytes moved: read two, write one), both slowed if ranks share cores
         lo, hi = rp["layers"]
-        calls = (hi - lo) * K * M                                  # layer forward+backward calls per step
-        compute = ((rp["flops"]["forward"] + rp["flops"]["backward"]) / rate
-                   + (rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead)
-                   / hw.compute_share(min(spec.world, hw.devices_per_node)))
+        calls = (hi - lo) * K * M  # layer forward+backward calls per step
+        compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate + (
+            rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
+        ) / hw.compute_share(min(spec.world, hw.devices_per_node))
         s, d = rp["coords"]["pp"], rp["coords"]["dp"]
         stage_busy[s] = max(stage_busy.get(s, 0.0), compute + group_s["tp"] + group_s["pp"])
         exposed, buckets = group_s["dp"], shape.buckets[s]
         if spec.zero == 0 and spec.overlap and spec.dp > 1 and len(buckets) > 1:
             # DDP overlap (Li et al. 2020, sec. 3.2): every bucket but the last can travel while the
             # last micro-batch's backward is still computing earlier layers.
-            last = sum(op_time(to_bytes(ALLREDUCE[spec.collectives](buckets[-1], spec.dp, d), spec.prec.grad),
-                               links["dp"], hw.gamma).values())
+            last = sum(
+                op_time(
+                    to_bytes(ALLREDUCE[spec.collectives](buckets[-1], spec.dp, d), spec.prec.grad),
+                    links["dp"],
+                    hw.gamma,
+                ).values()
+            )
             hidden_by = rp["flops"]["backward"] / rate / (K * M)
             exposed = max(exposed - hidden_by, last)
         dp_exposed = max(dp_exposed, exposed)
         if r == 0:
             data_s = group_s["world"]
         rp["by_op"] = by_op
-        rp["time_s"] = {"compute": compute, "tp": group_s["tp"], "pp": group_s["pp"], "dp": group_s["dp"],
-                        "dp_exposed": exposed, "data": group_s["world"]}
+        rp["time_s"] = {
+            "compute": compute,
+            "tp": group_s["tp"],
+            "pp": group_s["pp"],
+            "dp": group_s["dp"],
+            "dp_exposed": exposed,
+            "data": group_s["world"],
+        }
         out.append(rp)
     per_mb = [stage_busy[s] / (K * M) for s in sorted(stage_busy)]
     if spec.pp > 1 and spec.schedule == "naive":
@@ -112,20 +127,35 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     mem_max = {k: max(r["memory"][k] for r in out) for k in MEMORY_KINDS}
     exact = len(out) == spec.world
     return {
-        "layout": layout_name(spec), "world": spec.world, "params": sum(a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])),
-        "spec": {k: v for k, v in spec.__dict__.items() if k != "widths"}, "widths": _short(spec.widths), "n_layers": spec.n_layers,
-        "hardware": hw.name, "links": {g: {"name": l.name, "alpha_s": l.alpha, "bytes_per_s": l.bw} for g, l in links.items()},
-        "comm": {"ranks": out, "all_ranks": exact,
-                 "per_rank_max": {c: max(r["sent"][c] for r in out) for c in CATS},
-                 "total_sent": {c: sum(r["sent"][c] for r in out) for c in CATS} if exact else None,
-                 "by_op_slowest_rank": {k: entry for k, (_, entry) in worst.items()}},
+        "layout": layout_name(spec),
+        "world": spec.world,
+        "params": sum(a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])),
+        "spec": {k: v for k, v in spec.__dict__.items() if k != "widths"},
+        "widths": _short(spec.widths),
+        "n_layers": spec.n_layers,
+        "hardware": hw.name,
+        "links": {g: {"name": l.name, "alpha_s": l.alpha, "bytes_per_s": l.bw} for g, l in links.items()},
+        "comm": {
+            "ranks": out,
+            "all_ranks": exact,
+            "per_rank_max": {c: max(r["sent"][c] for r in out) for c in CATS},
+            "total_sent": {c: sum(r["sent"][c] for r in out) for c in CATS} if exact else None,
+            "by_op_slowest_rank": {k: entry for k, (_, entry) in worst.items()},
+        },
         "memory": {"max": mem_max, "max_total": max(sum(r["memory"][k] for k in MEMORY_KINDS) for r in out)},
         "bubble": bubble_fraction(spec),
         "flops_per_step": sum(r["flops"]["forward"] + r["flops"]["backward"] for r in out) if exact else None,
-        "time": {"step_s": step, "compute_s": compute, "tp_s": max(r["time_s"]["tp"] for r in out),
-                 "pp_s": max(r["time_s"]["pp"] for r in out), "bubble_s": max(0.0, makespan - busiest),
-                 "dp_s": max(r["time_s"]["dp"] for r in out), "dp_exposed_s": dp_exposed, "data_s": data_s,
-                 "samples_per_s": spec.batch / step if step > 0 else float("inf")},
+        "time": {
+            "step_s": step,
+            "compute_s": compute,
+            "tp_s": max(r["time_s"]["tp"] for r in out),
+            "pp_s": max(r["time_s"]["pp"] for r in out),
+            "bubble_s": max(0.0, makespan - busiest),
+            "dp_s": max(r["time_s"]["dp"] for r in out),
+            "dp_exposed_s": dp_exposed,
+            "data_s": data_s,
+            "samples_per_s": spec.batch / step if step > 0 else float("inf"),
+        },
     }
 
 
@@ -148,16 +178,31 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None)
     pred = predict(spec, hw, ranks=list(range(spec.world)))
     ranks = []
     for r in pred["comm"]["ranks"]:
-        ranks.append({"rank": r["rank"], "coords": r["coords"],
-                      "sent": {c: r["sent"][c] * steps for c in CATS},
-                      "messages": {c: r["messages"][c] * steps for c in CATS},
-                      "by_op": {k: {"sent": v["sent"] * steps, "messages": v["messages"] * steps}
-                                for k, v in r["by_op"].items()}})
-    return {"steps": steps, "layout": pred["layout"], "hardware": pred["hardware"],
-            "comm": {"ranks": ranks, "per_step": pred["comm"]["total_sent"],
-                     "per_rank_per_step_max": pred["comm"]["per_rank_max"]},
-            "memory": {"ranks": [r["memory"] for r in pred["comm"]["ranks"]], "max": pred["memory"]["max"]},
-            "bubble": pred["bubble"], "time": pred["time"]}
+        ranks.append(
+            {
+                "rank": r["rank"],
+                "coords": r["coords"],
+                "sent": {c: r["sent"][c] * steps for c in CATS},
+                "messages": {c: r["messages"][c] * steps for c in CATS},
+                "by_op": {
+                    k: {"sent": v["sent"] * steps, "messages": v["messages"] * steps}
+                    for k, v in r["by_op"].items()
+                },
+            }
+        )
+    return {
+        "steps": steps,
+        "layout": pred["layout"],
+        "hardware": pred["hardware"],
+        "comm": {
+            "ranks": ranks,
+            "per_step": pred["comm"]["total_sent"],
+            "per_rank_per_step_max": pred["comm"]["per_rank_max"],
+        },
+        "memory": {"ranks": [r["memory"] for r in pred["comm"]["ranks"]], "max": pred["memory"]["max"]},
+        "bubble": pred["bubble"],
+        "time": pred["time"],
+    }
 
 
 def mismatches(metrics: dict, predicted: dict) -> list[str]:

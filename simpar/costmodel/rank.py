@@ -22,6 +22,7 @@ all-reduce of N, and how chunks are cut, are in collectives.py):
   data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
                        labels (rows x 8 bytes, int64) to last-stage ranks, every tp rank its own copy
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -35,6 +36,7 @@ MEMORY_KINDS = ("params", "grads", "optimizer", "activations_peak")
 
 # -- one rank's step --------------------------------------------------------------------------------
 
+
 class Book:
     """What one rank sends in a step, per (category, op, group): bytes, messages, reduced bytes and
     the critical-path rounds -- the same keys as the ledger's by_op ("category/op")."""
@@ -43,7 +45,7 @@ class Book:
         self.ops: dict[tuple[str, str, str], Cost] = {}
 
     def add(self, category: str, op: str, group: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
-        if cost.messages == 0:             # a group of one rank sends nothing (and books nothing)
+        if cost.messages == 0:  # a group of one rank sends nothing (and books nothing)
             return
         key = (category, op, group)
         self.ops[key] = self.ops.get(key, Cost()) + to_bytes(cost, elem_bytes, times)
@@ -68,12 +70,16 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         fwd, bwd = fwd + f // share, bwd + g // share
         z = 0 if i == spec.n_layers - 1 else W[i + 1]
         act_row += {"column": W[i] + W[i + 1] // spec.tp, "row": W[i] // spec.tp + z}.get(kind, W[i] + z)
-    for b, times in Counter(b for step in rows for b in step).items():   # micro-batch rows -> count
+    for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for i, kind in zip(range(lo, hi), kinds):
-            if kind == "column" and i > 0:   # f: backward all-reduce of dL/dX (none at layer 0: no upstream)
-                book.add("activation", "tp-f-allreduce", "tp", allreduce(b * W[i], spec.tp, t), prec.act, times)
-            elif kind == "row":              # g: forward all-reduce of the partial products
-                book.add("activation", "tp-g-allreduce", "tp", allreduce(b * W[i + 1], spec.tp, t), prec.act, times)
+            if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0: no upstream)
+                book.add(
+                    "activation", "tp-f-allreduce", "tp", allreduce(b * W[i], spec.tp, t), prec.act, times
+                )
+            elif kind == "row":  # g: forward all-reduce of the partial products
+                book.add(
+                    "activation", "tp-g-allreduce", "tp", allreduce(b * W[i + 1], spec.tp, t), prec.act, times
+                )
         if s < S - 1:
             book.add("activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times)
         if s > 0:
@@ -81,7 +87,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
 
     # Gradients / parameters over the data-parallel group.
     p = spec.dp
-    layer_n = sizes                                   # ZeRO runs with tp = pp = 1: the full layers
+    layer_n = sizes  # ZeRO runs with tp = pp = 1: the full layers
     P = sum(sizes)
     opt_bpp = prec.optimizer[(spec.optimizer, bool(spec.momentum))]
     if spec.zero == 0:
@@ -89,7 +95,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             book.add("model", "grad-allreduce", "dp", allreduce(n, p, d), prec.grad)
         memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
     else:
-        S_r = sum(chunk(n, p, d) for n in layer_n)    # this rank's chunk of every layer
+        S_r = sum(chunk(n, p, d) for n in layer_n)  # this rank's chunk of every layer
         n_max = max(layer_n)
         if spec.zero == 1:
             book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(P, p, d), prec.grad)
@@ -98,12 +104,23 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         else:
             passes = 1 if spec.zero == 2 else spec.grad_accum
             for n in layer_n:
-                book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(n, p, d), prec.grad, passes)
-                book.add("model", "param-all-gather", "dp", ring_allgather(n, p, d), prec.param,
-                         1 if spec.zero == 2 else 2 * passes)
+                book.add(
+                    "model", "grad-reduce-scatter", "dp", ring_reduce_scatter(n, p, d), prec.grad, passes
+                )
+                book.add(
+                    "model",
+                    "param-all-gather",
+                    "dp",
+                    ring_allgather(n, p, d),
+                    prec.param,
+                    1 if spec.zero == 2 else 2 * passes,
+                )
             held = P if spec.zero == 2 and spec.grad_accum > 1 else n_max
-            memory = {"params": (P if spec.zero == 2 else S_r) * prec.param, "grads": (S_r + held) * prec.grad,
-                      "optimizer": S_r * opt_bpp}
+            memory = {
+                "params": (P if spec.zero == 2 else S_r) * prec.param,
+                "grads": (S_r + held) * prec.grad,
+                "optimizer": S_r * opt_bpp,
+            }
     memory["activations_peak"] = act_row * peak_alive_rows(spec, s, rows) * prec.act
 
     if rank == 0 and spec.data_source == "root":
@@ -113,10 +130,18 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     for (cat, _, _), c in book.ops.items():
         sent[cat] += c.sent
         messages[cat] += c.messages
-    return {"rank": rank, "coords": {"pp": s, "dp": d, "tp": t}, "sent": sent, "messages": messages,
-            "ops": book.ops, "memory": memory, "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
-            "elementwise_bytes": elementwise_bytes(spec, act_row * total_rows, P),
-            "layers": (lo, hi), "params_local": P}
+    return {
+        "rank": rank,
+        "coords": {"pp": s, "dp": d, "tp": t},
+        "sent": sent,
+        "messages": messages,
+        "ops": book.ops,
+        "memory": memory,
+        "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
+        "elementwise_bytes": elementwise_bytes(spec, act_row * total_rows, P),
+        "layers": (lo, hi),
+        "params_local": P,
+    }
 
 
 def alive_window(schedule: str, S: int, M: int, s: int) -> int:
@@ -136,7 +161,7 @@ def peak_alive_rows(spec: Spec, s: int, rows: list[list[int]]) -> int:
     if spec.pp == 1:
         return max(max(step) for step in rows)
     k = alive_window(spec.schedule, spec.pp, spec.microbatches, s)
-    return max(sum(step[i:i + k]) for step in rows for i in range(len(step) - k + 1))
+    return max(sum(step[i : i + k]) for step in rows for i in range(len(step) - k + 1))
 
 
 def _book_root_scatter(spec: Spec, book: Book) -> None:

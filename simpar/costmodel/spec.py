@@ -13,6 +13,7 @@ Precisions (bytes per parameter): fp64 and fp32 store everything in that type; `
 paper's mixed-precision Adam (sec. 3.1): 2-byte params and grads, and K = 12 bytes of optimizer state
 (fp32 master weights, momentum and variance). Communication moves params/grads in their own type.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,33 +21,41 @@ from dataclasses import dataclass
 from ..config import SimparError
 from .collectives import chunk
 
-
 # -- precisions ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Precision:
     name: str
-    param: int            # bytes per parameter (also what parameters are communicated in)
-    grad: int             # bytes per gradient element (also what gradients are communicated in)
-    act: int              # bytes per activation element
-    optimizer: dict       # (optimizer, has momentum) -> bytes of optimizer state per parameter
+    param: int  # bytes per parameter (also what parameters are communicated in)
+    grad: int  # bytes per gradient element (also what gradients are communicated in)
+    act: int  # bytes per activation element
+    optimizer: dict  # (optimizer, has momentum) -> bytes of optimizer state per parameter
 
 
 PRECISIONS = {
-    "fp64": Precision("fp64", 8, 8, 8, {("sgd", True): 8, ("sgd", False): 0, ("adam", True): 16, ("adam", False): 16}),
-    "fp32": Precision("fp32", 4, 4, 4, {("sgd", True): 4, ("sgd", False): 0, ("adam", True): 8, ("adam", False): 8}),
+    "fp64": Precision(
+        "fp64", 8, 8, 8, {("sgd", True): 8, ("sgd", False): 0, ("adam", True): 16, ("adam", False): 16}
+    ),
+    "fp32": Precision(
+        "fp32", 4, 4, 4, {("sgd", True): 4, ("sgd", False): 0, ("adam", True): 8, ("adam", False): 8}
+    ),
     # ZeRO paper sec. 3.1: fp16 params + grads (2 + 2 bytes), fp32 copy of params, momentum and
     # variance (K = 12). SGD keeps the fp32 master (4) and, with momentum, a velocity (4).
-    "mixed": Precision("mixed", 2, 2, 2, {("sgd", True): 8, ("sgd", False): 4, ("adam", True): 12, ("adam", False): 12}),
+    "mixed": Precision(
+        "mixed", 2, 2, 2, {("sgd", True): 8, ("sgd", False): 4, ("adam", True): 12, ("adam", False): 12}
+    ),
 }
 DTYPE_PRECISION = {"float64": "fp64", "float32": "fp32"}
 
 
 # -- the question ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class Spec:
     """A model, a batch and a layout: everything the formulas need (a RunConfig without the I/O)."""
+
     widths: list
     batch: int
     dp: int = 1
@@ -85,31 +94,60 @@ class Spec:
     @classmethod
     def from_config(cls, cfg, world_size: int | None = None) -> "Spec":
         dp = cfg.dp if cfg.dp is not None else (world_size or 1) // (cfg.tp * cfg.pp)
-        return cls(widths=list(cfg.layers), batch=cfg.batch, dp=dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
-                   schedule=cfg.schedule, microbatches=cfg.microbatches, grad_accum=cfg.grad_accum,
-                   collectives=cfg.collectives, bucket_mb=cfg.bucket_mb, overlap=cfg.overlap,
-                   data_source=cfg.data_source, stage_layers=cfg.stage_layers,
-                   precision=DTYPE_PRECISION[cfg.dtype], optimizer=cfg.optimizer, momentum=cfg.momentum,
-                   activation=cfg.activation)
+        return cls(
+            widths=list(cfg.layers),
+            batch=cfg.batch,
+            dp=dp,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            zero=cfg.zero,
+            schedule=cfg.schedule,
+            microbatches=cfg.microbatches,
+            grad_accum=cfg.grad_accum,
+            collectives=cfg.collectives,
+            bucket_mb=cfg.bucket_mb,
+            overlap=cfg.overlap,
+            data_source=cfg.data_source,
+            stage_layers=cfg.stage_layers,
+            precision=DTYPE_PRECISION[cfg.dtype],
+            optimizer=cfg.optimizer,
+            momentum=cfg.momentum,
+            activation=cfg.activation,
+        )
 
 
 def check(spec: Spec) -> Spec:
     """Every rule `simpar train` enforces (config.validate, same messages), plus a known precision."""
     from ..config import RunConfig, validate
+
     if spec.precision not in PRECISIONS:
         raise SimparError(f"unknown precision {spec.precision!r} (choose from {', '.join(PRECISIONS)})")
     if min(spec.dp, spec.tp, spec.pp) < 1:
         raise SimparError("--dp, --tp and --pp must be at least 1")
-    cfg = RunConfig(layers=list(spec.widths), dataset="synthetic", batch=spec.batch, optimizer=spec.optimizer,
-                    grad_accum=spec.grad_accum, dp=spec.dp, tp=spec.tp, pp=spec.pp, zero=spec.zero,
-                    schedule=spec.schedule, microbatches=spec.microbatches, stage_layers=spec.stage_layers,
-                    bucket_mb=spec.bucket_mb, collectives=spec.collectives, data_source=spec.data_source,
-                    activation=spec.activation)
+    cfg = RunConfig(
+        layers=list(spec.widths),
+        dataset="synthetic",
+        batch=spec.batch,
+        optimizer=spec.optimizer,
+        grad_accum=spec.grad_accum,
+        dp=spec.dp,
+        tp=spec.tp,
+        pp=spec.pp,
+        zero=spec.zero,
+        schedule=spec.schedule,
+        microbatches=spec.microbatches,
+        stage_layers=spec.stage_layers,
+        bucket_mb=spec.bucket_mb,
+        collectives=spec.collectives,
+        data_source=spec.data_source,
+        activation=spec.activation,
+    )
     validate(cfg, spec.world)
     return spec
 
 
 # -- how the implementation cuts things up ------------------------------------------------------------
+
 
 def split(n: int, parts: int) -> list[int]:
     """Sizes of np.array_split(range(n), parts)."""
@@ -119,8 +157,10 @@ def split(n: int, parts: int) -> list[int]:
 def micro_rows(spec: Spec, dp_index: int) -> list[list[int]]:
     """Rows of each pipeline micro-batch of each grad-accum micro-step on data-parallel rank dp_index
     (data.micro_steps -> data.distributed_sampler -> np.array_split into M; M = 1 without a pipeline)."""
-    return [split(chunk(k_rows, spec.dp, dp_index), spec.microbatches_used)
-            for k_rows in split(spec.batch, spec.grad_accum)]
+    return [
+        split(chunk(k_rows, spec.dp, dp_index), spec.microbatches_used)
+        for k_rows in split(spec.batch, spec.grad_accum)
+    ]
 
 
 def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
@@ -132,7 +172,8 @@ def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
     back; `--stage-layers` overrides it.
     """
     counts = spec.stage_layers or balanced_counts(
-        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])], spec.pp)
+        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])], spec.pp
+    )
     bounds, lo = [], 0
     for c in counts:
         bounds.append((lo, lo + c))
@@ -166,7 +207,7 @@ def balanced_counts(costs: list[int], S: int) -> list[int]:
     the rest splittable: greedy maximal parts from the back need the fewest parts.)"""
     cap = _min_bottleneck(costs, S)
     counts, end = [], len(costs)
-    for k in range(S, 0, -1):                      # k stages left, this one ends at `end`
+    for k in range(S, 0, -1):  # k stages left, this one ends at `end`
         start, total = end, 0
         while start - 1 >= k - 1 and total + costs[start - 1] <= cap:
             start -= 1
@@ -198,7 +239,7 @@ def local_layer_size(fan_in: int, fan_out: int, kind: str, tp: int) -> int:
 def dp_buckets(layer_sizes: list[int], elem_bytes: int, bucket_mb: float) -> list[int]:
     """DDP gradient buckets: from the LAST layer back, close a bucket once it reaches bucket_mb MiB."""
     buckets, current = [], 0
-    limit = bucket_mb * 2 ** 20
+    limit = bucket_mb * 2**20
     for n in reversed(layer_sizes):
         current += n
         if current * elem_bytes >= limit:
@@ -224,17 +265,22 @@ def coords_of(rank: int, spec: Spec) -> tuple[int, int, int]:
 @dataclass
 class Shape:
     """Per-spec facts every rank shares: stages, tp kinds, local layer sizes, buckets."""
+
     bounds: list
-    kinds: list          # per stage
-    sizes: list          # per stage: parameters of each layer on one (tp) rank
-    buckets: list        # per stage: elements per gradient bucket
+    kinds: list  # per stage
+    sizes: list  # per stage: parameters of each layer on one (tp) rank
+    buckets: list  # per stage: elements per gradient bucket
 
     @classmethod
     def of(cls, spec: Spec) -> "Shape":
         bounds = stage_bounds(spec)
         kinds = [tp_kinds(hi - lo, spec.tp) for lo, hi in bounds]
-        sizes = [[local_layer_size(spec.widths[i], spec.widths[i + 1], k, spec.tp) for i, k in zip(range(lo, hi), ks)]
-                 for (lo, hi), ks in zip(bounds, kinds)]
+        sizes = [
+            [
+                local_layer_size(spec.widths[i], spec.widths[i + 1], k, spec.tp)
+                for i, k in zip(range(lo, hi), ks)
+            ]
+            for (lo, hi), ks in zip(bounds, kinds)
+        ]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
         return cls(bounds, kinds, sizes, buckets)
-

@@ -7,18 +7,23 @@
 
 `build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
 """
+
 from __future__ import annotations
 
 
 def build_strategy(cfg, mesh):
     if cfg.zero:
         from .zero import ZeroDataParallel
+
         return ZeroDataParallel(cfg, mesh)
     if cfg.pp > 1:
         from .pipeline import PipelineParallel
+
         return PipelineParallel(cfg, mesh)
     if cfg.tp > 1:
         from .tensor import TensorParallel
+
         return TensorParallel(cfg, mesh)
     from .data import DataParallel
+
     return DataParallel(cfg, mesh)

@@ -8,6 +8,7 @@ layout needs. The training loop only calls:
     memory()        -> bytes this rank holds: params, grads, optimizer, activations_peak
     first_nonfinite -> the lowest layer index whose output held NaN/inf in the last step, or None
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,8 +55,12 @@ class NonFiniteWatch:
 
 
 def memory_report(store, optimizer, meter: ActivationMeter, extra_params: int = 0) -> dict:
-    return {"params": int(store.params.nbytes + extra_params), "grads": int(store.grads.nbytes),
-            "optimizer": int(optimizer.state_nbytes()), "activations_peak": int(meter.peak)}
+    return {
+        "params": int(store.params.nbytes + extra_params),
+        "grads": int(store.grads.nbytes),
+        "optimizer": int(optimizer.state_nbytes()),
+        "activations_peak": int(meter.peak),
+    }
 
 
 class SerialStack:
@@ -68,8 +73,16 @@ class SerialStack:
     def __init__(self, cfg, layer_indices: list[int]):
         n = cfg.n_layers
         self.store = ParamStore.build(
-            [(i, *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype),
-              activation_of(i, n, cfg.activation)) for i in layer_indices], cfg.dtype)
+            [
+                (
+                    i,
+                    *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype),
+                    activation_of(i, n, cfg.activation),
+                )
+                for i in layer_indices
+            ],
+            cfg.dtype,
+        )
 
     def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
         contexts = []

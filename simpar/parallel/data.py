@@ -14,6 +14,7 @@ earlier layers are still being differentiated (--no-overlap waits until backward
 Gradient accumulation (--grad-accum K): K micro-steps add into the same gradient buffers; only the
 last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes_per_element.
 """
+
 from __future__ import annotations
 
 from .. import collectives, trace
@@ -27,7 +28,7 @@ class GradientBuckets:
 
     def __init__(self, store, comm, bucket_bytes: float, algorithm: str = "ring", overlap: bool = True):
         self.store, self.comm, self.algorithm, self.overlap = store, comm, algorithm, overlap
-        self.buckets: list[list] = []        # each: layer indices, last layer first
+        self.buckets: list[list] = []  # each: layer indices, last layer first
         self.ranges: list[tuple[int, int]] = []
         current, size = [], 0
         offsets = self._layer_offsets()
@@ -54,12 +55,13 @@ class GradientBuckets:
         self.buckets.append(list(layer_indices))
         lo = min(offsets[i][0] for i in layer_indices)
         hi = max(offsets[i][1] for i in layer_indices)
-        self.ranges.append((lo, hi))       # layers are contiguous in the flat buffer
+        self.ranges.append((lo, hi))  # layers are contiguous in the flat buffer
 
     def _start(self, b: int) -> None:
         lo, hi = self.ranges[b]
-        self.pending[b] = collectives.start_allreduce(self.comm, self.store.grads[lo:hi], "model",
-                                                      "grad-allreduce", self.algorithm)
+        self.pending[b] = collectives.start_allreduce(
+            self.comm, self.store.grads[lo:hi], "model", "grad-allreduce", self.algorithm
+        )
 
     def grads_ready(self, layer_index: int) -> None:
         """Backward has finished this layer: start its bucket if complete, and push the others along."""
@@ -76,7 +78,7 @@ class GradientBuckets:
     def finish(self) -> None:
         """Start whatever has not started (all of it under --no-overlap), then wait for all."""
         if self.comm.size > 1:
-            with trace.span("allreduce", "allreduce"):      # a bar in the --trace timeline
+            with trace.span("allreduce", "allreduce"):  # a bar in the --trace timeline
                 for b in range(len(self.buckets)):
                     if b not in self.pending:
                         self._start(b)
@@ -94,8 +96,9 @@ class DataParallel:
         self.stack = self.build_stack(cfg, mesh)
         self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
-        self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
-                                       cfg.collectives, cfg.overlap)
+        self.buckets = GradientBuckets(
+            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+        )
         self.meter = ActivationMeter()
         self.watch = NonFiniteWatch()
 
@@ -108,7 +111,7 @@ class DataParallel:
         self.watch.reset()
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps):
-            communicate = k == len(micro_steps) - 1   # accumulate locally, sync on the last micro-step
+            communicate = k == len(micro_steps) - 1  # accumulate locally, sync on the last micro-step
             loss += self._forward_backward(x, y, global_batch, communicate)
         self.buckets.finish()
         self.optimizer.step([self.store.params], [self.store.grads])

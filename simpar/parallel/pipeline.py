@@ -30,6 +30,7 @@ deadlock as long as its simulation in schedules.ideal_timeline finishes (tests c
 Combined with tensor parallelism (tp > 1) a stage's layers are a TensorParallelStack: its input and
 output are replicated on the tp ranks, so the pipeline code does not change at all.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,29 +44,40 @@ from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
 from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
 from .data import GradientBuckets
-from .schedules import (AllReduceGrads, Backward, Forward, RecvAct, RecvGrad, SendAct, SendGrad,
-                        build_schedule, in_flight_peaks, partition_layers)
+from .schedules import (
+    AllReduceGrads,
+    Backward,
+    Forward,
+    RecvAct,
+    RecvGrad,
+    SendAct,
+    SendGrad,
+    build_schedule,
+    in_flight_peaks,
+    partition_layers,
+)
 
-ACT, GRAD = 0, 1       # message tags: 2*mb + ACT / GRAD (receives match sends by micro-batch)
+ACT, GRAD = 0, 1  # message tags: 2*mb + ACT / GRAD (receives match sends by micro-batch)
 
 
 def _tag(mb: int, direction: int) -> int:
-    return (2 * mb + direction) % 32_000     # MPI guarantees tags up to at least 32767
+    return (2 * mb + direction) % 32_000  # MPI guarantees tags up to at least 32767
 
 
 @dataclass
 class InFlight:
     """What one pass of the schedule keeps between its steps, keyed by micro-batch."""
-    rows: list[int]                                   # rows of each micro-batch on this rank
+
+    rows: list[int]  # rows of each micro-batch on this rank
     global_batch: int
-    communicate: bool                                 # last grad-accum micro-step: all-reduce grads
-    inputs: dict = field(default_factory=dict)        # mb -> this stage's input
-    labels: dict = field(default_factory=dict)        # mb -> labels (last stage only)
-    contexts: dict = field(default_factory=dict)      # mb -> what forward kept for backward
-    outputs: dict = field(default_factory=dict)       # mb -> output waiting to be sent on
-    grads: dict = field(default_factory=dict)         # mb -> dL/d(output): received, or from the loss
-    input_grads: dict = field(default_factory=dict)   # mb -> dL/d(input) waiting to be sent back
-    sends: list = field(default_factory=list)         # (request, buffer): buffer alive until sent
+    communicate: bool  # last grad-accum micro-step: all-reduce grads
+    inputs: dict = field(default_factory=dict)  # mb -> this stage's input
+    labels: dict = field(default_factory=dict)  # mb -> labels (last stage only)
+    contexts: dict = field(default_factory=dict)  # mb -> what forward kept for backward
+    outputs: dict = field(default_factory=dict)  # mb -> output waiting to be sent on
+    grads: dict = field(default_factory=dict)  # mb -> dL/d(output): received, or from the loss
+    input_grads: dict = field(default_factory=dict)  # mb -> dL/d(input) waiting to be sent back
+    sends: list = field(default_factory=list)  # (request, buffer): buffer alive until sent
     loss: float = 0.0
 
 
@@ -80,13 +92,15 @@ class PipelineParallel:
         self.width_in, self.width_out = cfg.layers[lo], cfg.layers[hi]
         if mesh.tp > 1:
             from .tensor import TensorParallelStack
+
             self.stack = TensorParallelStack(cfg, mesh, list(range(lo, hi)))
         else:
             self.stack = SerialStack(cfg, list(range(lo, hi)))
         self.store = self.stack.store
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)   # this stage's layers only
-        self.buckets = GradientBuckets(self.store, mesh.dp_comm, cfg.bucket_mb * 2**20,
-                                       cfg.collectives, cfg.overlap)
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)  # this stage's layers only
+        self.buckets = GradientBuckets(
+            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+        )
         self.meter = ActivationMeter()
         self.watch = NonFiniteWatch()
         self.dtype = np.dtype(cfg.dtype)
@@ -94,9 +108,15 @@ class PipelineParallel:
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
         # The stage's gradients are final during its last backward: that one feeds the DP buckets.
         self.last_backward_mb = [st.mb for st in self.steps if isinstance(st, Backward)][-1]
-        self._handlers = {Forward: self._forward, Backward: self._backward, RecvAct: self._recv_act,
-                          SendAct: self._send_act, RecvGrad: self._recv_grad, SendGrad: self._send_grad,
-                          AllReduceGrads: self._allreduce}
+        self._handlers = {
+            Forward: self._forward,
+            Backward: self._backward,
+            RecvAct: self._recv_act,
+            SendAct: self._send_act,
+            RecvGrad: self._recv_grad,
+            SendGrad: self._send_grad,
+            AllReduceGrads: self._allreduce,
+        }
         self._rows_cache: dict[int, list[list[int]]] = {}
 
     @property
@@ -136,8 +156,14 @@ class PipelineParallel:
         if global_batch not in self._rows_cache:
             every = np.arange(global_batch)
             self._rows_cache[global_batch] = [
-                [len(part) for part in np.array_split(distributed_sampler(m, self.mesh.dp, self.mesh.dp_index), self.M)]
-                for m in micro_steps(every, self.cfg.grad_accum)]
+                [
+                    len(part)
+                    for part in np.array_split(
+                        distributed_sampler(m, self.mesh.dp, self.mesh.dp_index), self.M
+                    )
+                ]
+                for m in micro_steps(every, self.cfg.grad_accum)
+            ]
         return self._rows_cache[global_batch]
 
     def _run(self, flight: InFlight) -> None:
@@ -151,8 +177,15 @@ class PipelineParallel:
     # -- the step handlers ---------------------------------------------------------------------------
     def _forward(self, step: Forward, flight: InFlight) -> None:
         mb = step.mb
-        with trace.span(f"F{mb}", "forward", mb=mb, stage=self.s, stages=self.S,
-                        microbatches=self.M, schedule=self.cfg.schedule):
+        with trace.span(
+            f"F{mb}",
+            "forward",
+            mb=mb,
+            stage=self.s,
+            stages=self.S,
+            microbatches=self.M,
+            schedule=self.cfg.schedule,
+        ):
             y, flight.contexts[mb] = self.stack.forward(flight.inputs.pop(mb), self.meter, self.watch)
             if self.is_last:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
@@ -174,7 +207,7 @@ class PipelineParallel:
         buf = np.ascontiguousarray(array)
         with trace.span(name, "comm"):
             request = self.mesh.pp_comm.isend(buf, dest, "activation", op, tag)
-        flight.sends.append((request, buf))   # MPI reads buf until the request completes: keep it
+        flight.sends.append((request, buf))  # MPI reads buf until the request completes: keep it
 
     def _recv(self, shape: tuple, source: int, op: str, tag: int, name: str) -> np.ndarray:
         # A FRESH buffer for every message. Forward keeps its input alive (in the Context) until
@@ -186,22 +219,36 @@ class PipelineParallel:
             return self.mesh.pp_comm.recv(buf, source, "activation", op, tag)
 
     def _send_act(self, step: SendAct, flight: InFlight) -> None:
-        self._send(flight, flight.outputs.pop(step.mb), self.s + 1, "pp-send-act", _tag(step.mb, ACT), "send act")
+        self._send(
+            flight, flight.outputs.pop(step.mb), self.s + 1, "pp-send-act", _tag(step.mb, ACT), "send act"
+        )
 
     def _recv_act(self, step: RecvAct, flight: InFlight) -> None:
-        flight.inputs[step.mb] = self._recv((flight.rows[step.mb], self.width_in), self.s - 1,
-                                            "pp-send-act", _tag(step.mb, ACT), "recv act")
+        flight.inputs[step.mb] = self._recv(
+            (flight.rows[step.mb], self.width_in), self.s - 1, "pp-send-act", _tag(step.mb, ACT), "recv act"
+        )
 
     def _send_grad(self, step: SendGrad, flight: InFlight) -> None:
-        self._send(flight, flight.input_grads.pop(step.mb), self.s - 1, "pp-send-grad", _tag(step.mb, GRAD),
-                   "send grad")
+        self._send(
+            flight,
+            flight.input_grads.pop(step.mb),
+            self.s - 1,
+            "pp-send-grad",
+            _tag(step.mb, GRAD),
+            "send grad",
+        )
 
     def _recv_grad(self, step: RecvGrad, flight: InFlight) -> None:
-        flight.grads[step.mb] = self._recv((flight.rows[step.mb], self.width_out), self.s + 1,
-                                           "pp-send-grad", _tag(step.mb, GRAD), "recv grad")
+        flight.grads[step.mb] = self._recv(
+            (flight.rows[step.mb], self.width_out),
+            self.s + 1,
+            "pp-send-grad",
+            _tag(step.mb, GRAD),
+            "recv grad",
+        )
 
     def _allreduce(self, step: AllReduceGrads, flight: InFlight) -> None:
-        if flight.communicate:                # gradient accumulation: only after the last micro-step
+        if flight.communicate:  # gradient accumulation: only after the last micro-step
             self.buckets.finish()
 
     # -- the rest of the strategy interface ----------------------------------------------------------

@@ -33,48 +33,55 @@ matmul work is proportional to its weights): the split that minimises the larges
 parameter count; among equally good splits, later stages take as many layers as they can (so the
 early stages, which hold the most activations under 1F1B, get fewer). `--stage-layers` overrides it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Union
 
-
 # -- the steps ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Forward:
     """Run this stage's layers on micro-batch `mb`; keep what backward needs. Last stage: + loss."""
+
     mb: int
 
 
 @dataclass(frozen=True)
 class Backward:
     """Differentiate this stage's layers for micro-batch `mb`; gradients add into dW, db (+=)."""
+
     mb: int
 
 
 @dataclass(frozen=True)
 class RecvAct:
     """Receive micro-batch `mb`'s activations from the previous stage (blocking)."""
+
     mb: int
 
 
 @dataclass(frozen=True)
 class SendAct:
     """Send micro-batch `mb`'s output to the next stage (non-blocking)."""
+
     mb: int
 
 
 @dataclass(frozen=True)
 class RecvGrad:
     """Receive the gradient w.r.t. this stage's output for micro-batch `mb` (blocking)."""
+
     mb: int
 
 
 @dataclass(frozen=True)
 class SendGrad:
     """Send the gradient w.r.t. this stage's input for micro-batch `mb` to the previous stage."""
+
     mb: int
 
 
@@ -98,18 +105,22 @@ def backward_steps(s: int, S: int, mb: int) -> list[Step]:
 
 # -- the schedules -----------------------------------------------------------------------------------
 
+
 def naive(S: int, M: int) -> list[list[Step]]:
     """Micro-batch after micro-batch, each all the way forward and back before the next starts."""
-    return [[step for mb in range(M) for step in forward_steps(s, S, mb) + backward_steps(s, S, mb)]
-            + [AllReduceGrads()] for s in range(S)]
+    return [
+        [step for mb in range(M) for step in forward_steps(s, S, mb) + backward_steps(s, S, mb)]
+        + [AllReduceGrads()]
+        for s in range(S)
+    ]
 
 
 def gpipe(S: int, M: int) -> list[list[Step]]:
     """GPipe: fill the pipeline with all M forwards, then drain it with all M backwards."""
     out = []
     for s in range(S):
-        steps = [step for mb in range(M) for step in forward_steps(s, S, mb)]      # all forwards
-        steps += [step for mb in range(M) for step in backward_steps(s, S, mb)]    # all backwards
+        steps = [step for mb in range(M) for step in forward_steps(s, S, mb)]  # all forwards
+        steps += [step for mb in range(M) for step in backward_steps(s, S, mb)]  # all backwards
         out.append(steps + [AllReduceGrads()])
     return out
 
@@ -134,10 +145,16 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
 
 
 SCHEDULES: dict[str, Callable[[int, int], list[list[Step]]]] = {
-    "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b}
+    "naive": naive,
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+}
 
-TITLES = {"naive": "naive (one micro-batch at a time)", "gpipe": "GPipe (all forwards, then all backwards)",
-          "1f1b": "1F1B (PipeDream-Flush)"}
+TITLES = {
+    "naive": "naive (one micro-batch at a time)",
+    "gpipe": "GPipe (all forwards, then all backwards)",
+    "1f1b": "1F1B (PipeDream-Flush)",
+}
 
 
 def build_schedule(schedule, S: int, M: int) -> list[list[Step]]:
@@ -165,12 +182,14 @@ def in_flight_peaks(stages: list[list[Step]]) -> list[int]:
 
 # -- the ideal timeline --------------------------------------------------------------------------------
 
+
 @dataclass
 class Timeline:
     """Per stage, the (start, end, kind 'F' | 'B', micro-batch) of every compute step."""
+
     rows: list[list[tuple[float, float, str, int]]]
     makespan: float
-    bubble: float          # 1 - busy / (S * makespan): the fraction of stage-time spent idle
+    bubble: float  # 1 - busy / (S * makespan): the fraction of stage-time spent idle
     forward: float
     backward: float
 
@@ -185,7 +204,7 @@ def ideal_timeline(schedule, S: int, M: int, forward: float = 1.0, backward: flo
     stages = build_schedule(schedule, S, M)
     clock, pos = [0.0] * S, [0] * S
     rows: list[list] = [[] for _ in range(S)]
-    posted: dict[tuple, float] = {}           # ("act"|"grad", mb, receiving stage) -> time sent
+    posted: dict[tuple, float] = {}  # ("act"|"grad", mb, receiving stage) -> time sent
     progress = True
     while progress:
         progress = False
@@ -195,7 +214,7 @@ def ideal_timeline(schedule, S: int, M: int, forward: float = 1.0, backward: flo
                 if isinstance(step, (RecvAct, RecvGrad)):
                     key = ("act" if isinstance(step, RecvAct) else "grad", step.mb, s)
                     if key not in posted:
-                        break                 # blocked: the sender has not got there yet
+                        break  # blocked: the sender has not got there yet
                     clock[s] = max(clock[s], posted.pop(key))
                 elif isinstance(step, SendAct):
                     posted[("act", step.mb, s + 1)] = clock[s]
@@ -209,8 +228,7 @@ def ideal_timeline(schedule, S: int, M: int, forward: float = 1.0, backward: flo
                 progress = True
     stuck = [s for s in range(S) if pos[s] < len(stages[s])]
     if stuck:
-        raise ValueError(f"schedule deadlocks: stages {stuck} wait at "
-                         f"{[stages[s][pos[s]] for s in stuck]}")
+        raise ValueError(f"schedule deadlocks: stages {stuck} wait at {[stages[s][pos[s]] for s in stuck]}")
     makespan = max(clock)
     busy = sum(end - start for row in rows for start, end, _, _ in row)
     bubble = 1 - busy / (S * makespan) if makespan else 0.0
@@ -225,7 +243,7 @@ def format_grid(timeline: Timeline) -> str:
     width = max((len(f"F{mb}") for row in timeline.rows for *_, mb in row), default=2)
     lines = []
     for s, row in enumerate(timeline.rows):
-        cells = ["." ] * int(timeline.makespan)
+        cells = ["."] * int(timeline.makespan)
         for start, end, kind, mb in row:
             for t in range(int(start), int(end)):
                 cells[t] = f"{kind}{mb}"
@@ -243,25 +261,33 @@ def show_schedule_main(schedule: str, S: int, M: int, forward: int = 1, backward
         formula = f"(S-1)/S = {S - 1}/{S}"
     else:
         formula = f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}"
-    bound = {"gpipe": "GPipe keeps all M alive", "1f1b": "1F1B: at most S - s on stage s",
-             "naive": "one at a time"}.get(name, "")
+    bound = {
+        "gpipe": "GPipe keeps all M alive",
+        "1f1b": "1F1B: at most S - s on stage s",
+        "naive": "one at a time",
+    }.get(name, "")
     frac = Fraction(tl.bubble).limit_denominator(10_000)
-    return "\n".join([
-        f"{TITLES.get(name, name)}: {S} stages x {M} micro-batches, "
-        f"forward = {forward} time unit, backward = {backward}",
-        "Fk = forward of micro-batch k, Bk = its backward (one cell per time unit), . = idle (the bubble)",
-        "",
-        format_grid(tl),
-        "",
-        f"ideal bubble: {tl.bubble:.1%} of the step ({frac}); formula {formula}",
-        f"peak micro-batches in flight per stage: {', '.join(map(str, peaks))}"
-        + (f"   ({bound})" if bound else ""),
-    ])
+    return "\n".join(
+        [
+            f"{TITLES.get(name, name)}: {S} stages x {M} micro-batches, "
+            f"forward = {forward} time unit, backward = {backward}",
+            "Fk = forward of micro-batch k, Bk = its backward (one cell per time unit), . = idle (the bubble)",
+            "",
+            format_grid(tl),
+            "",
+            f"ideal bubble: {tl.bubble:.1%} of the step ({frac}); formula {formula}",
+            f"peak micro-batches in flight per stage: {', '.join(map(str, peaks))}"
+            + (f"   ({bound})" if bound else ""),
+        ]
+    )
 
 
 # -- which layers go on which stage -----------------------------------------------------------------
 
-def partition_layers(widths: list[int], S: int, stage_layers: list[int] | None = None) -> list[tuple[int, int]]:
+
+def partition_layers(
+    widths: list[int], S: int, stage_layers: list[int] | None = None
+) -> list[tuple[int, int]]:
     """[(first layer, one past the last layer)] for each of the S stages (see the module docstring)."""
     n = len(widths) - 1
     if not 1 <= S <= n:
@@ -283,7 +309,7 @@ def _balanced_counts(costs: list[int], S: int) -> list[int]:
     prefix = [0]
     for c in costs:
         prefix.append(prefix[-1] + c)
-    part = lambda j, i: prefix[i] - prefix[j]            # sum of costs[j:i]
+    part = lambda j, i: prefix[i] - prefix[j]  # sum of costs[j:i]
     INF = float("inf")
     # best[k][i]: the smallest possible largest part when the first i layers form k stages.
     best = [[INF] * (n + 1) for _ in range(S + 1)]

@@ -34,6 +34,7 @@ buckets all-reduce only the local shard over the dp group: 2(dp-1)/dp * P_local 
 Input: every rank of a tp group needs the same rows. With --data-source local each reads them itself
 (no traffic); with --data-source root rank 0 sends them to every tp rank (the BatchFeeder's "data").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,7 @@ import dataclasses
 import numpy as np
 
 from .. import collectives
-from ..model import (ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward,
-                     layer_forward)
+from ..model import ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
 from .base import ActivationMeter, NonFiniteWatch
 from .data import DataParallel
 
@@ -50,6 +50,7 @@ COLUMN, ROW, REPLICATED = "column", "row", "replicated"
 
 
 # -- the conjugate operators f and g (Megatron Fig. 3) ------------------------------------------
+
 
 def f_forward(x: np.ndarray) -> np.ndarray:
     """f, forward: identity -- every tp rank already holds the whole input X."""
@@ -94,7 +95,7 @@ class TensorParallelStack:
         self.kinds = pair_kinds(layer_indices)
         pieces = []
         for i, kind in zip(layer_indices, self.kinds):
-            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype)   # full, then slice
+            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype)  # full, then slice
             if kind == COLUMN:
                 cols = slice(k * W.shape[1] // t, (k + 1) * W.shape[1] // t)
                 W, b = W[:, cols], b[cols]
@@ -109,7 +110,7 @@ class TensorParallelStack:
         # The kernel must not add b or apply act: both belong AFTER the sum g computes.
         partial, _ = layer_forward(dataclasses.replace(layer, act="none"), x_shard, bias=False)
         z = g_forward(partial, self.comm, self.algorithm)
-        z += layer.b                                  # once, on the full sum (b is replicated)
+        z += layer.b  # once, on the full sum (b is replicated)
         y = ACTIVATIONS[layer.act][0](z)
         return y, Context(x_shard, z, y)
 
@@ -125,9 +126,9 @@ class TensorParallelStack:
         for layer, kind in zip(self.store.layers, self.kinds):
             if kind == ROW:
                 x, ctx = self._row_forward(layer, x)
-            else:                                     # column: f is the identity; replicated: plain
+            else:  # column: f is the identity; replicated: plain
                 x, ctx = layer_forward(layer, f_forward(x) if kind == COLUMN else x)
-            watch.check(layer.index, x)               # a column shard: the world-wide MIN finds the layer
+            watch.check(layer.index, x)  # a column shard: the world-wide MIN finds the layer
             meter.keep(ctx)
             contexts.append(ctx)
         return x, contexts

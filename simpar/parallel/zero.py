@@ -43,6 +43,7 @@ kernel returns before `+=` into that buffer are not counted, as in every strateg
 blocking and always ring (--bucket-mb, --no-overlap, --collectives do not apply): overlapping the
 next layer's backward would keep two layer buffers alive, and stage 3 would need to prefetch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -80,7 +81,7 @@ class ZeroDataParallel:
         n_layers = cfg.n_layers
         self.shapes = [(cfg.layers[i], cfg.layers[i + 1]) for i in range(n_layers)]
         self.acts = [activation_of(i, n_layers, cfg.activation) for i in range(n_layers)]
-        self.sizes = [fi * fo + fo for fi, fo in self.shapes]                 # n_l: W then b, flat
+        self.sizes = [fi * fo + fo for fi, fo in self.shapes]  # n_l: W then b, flat
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
@@ -114,7 +115,7 @@ class ZeroDataParallel:
         self.grad_shard = np.zeros(self.S, dtype=self.dtype)
         self.grads_held.take(self.grad_shard.nbytes)
         if self.stage == 2:
-            self.flat = np.empty(self.P, dtype=self.dtype)   # full parameters, as in stage 1
+            self.flat = np.empty(self.P, dtype=self.dtype)  # full parameters, as in stage 1
             target = self.flat
         else:
             self.param_shard = np.empty(self.S, dtype=self.dtype)
@@ -124,7 +125,7 @@ class ZeroDataParallel:
             W, b = init_layer(self.cfg.seed, i, fi, fo, self.dtype)
             full = np.concatenate((W.reshape(-1), b))
             if self.stage == 2:
-                target[self.offsets[i]:self.offsets[i + 1]] = full
+                target[self.offsets[i] : self.offsets[i + 1]] = full
             else:
                 lo, hi = self.mine[i]
                 target[self.segments[i]] = full[lo:hi]
@@ -133,14 +134,14 @@ class ZeroDataParallel:
     def _views(self, i: int, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(W, b) of layer i as views of its flat n_l-element vector."""
         fi, fo = self.shapes[i]
-        return flat[:fi * fo].reshape(fi, fo), flat[fi * fo:]
+        return flat[: fi * fo].reshape(fi, fo), flat[fi * fo :]
 
     # -- parameters of one layer, for compute ---------------------------------------------------
     def _layer_params(self, i: int) -> np.ndarray:
         """Layer i's full flat parameters. Stage 3 all-gathers them into a fresh buffer that lives
         only while this layer computes (freed by `_done_with`)."""
         if self.stage == 2:
-            return self.flat[self.offsets[i]:self.offsets[i + 1]]
+            return self.flat[self.offsets[i] : self.offsets[i + 1]]
         full = np.empty(self.sizes[i], dtype=self.dtype)
         lo, hi = self.mine[i]
         full[lo:hi] = self.param_shard[self.segments[i]]
@@ -150,7 +151,7 @@ class ZeroDataParallel:
 
     def _done_with(self, full: np.ndarray) -> None:
         if self.stage == 3:
-            self.gathered.free(full.nbytes)   # the caller drops its last reference right after
+            self.gathered.free(full.nbytes)  # the caller drops its last reference right after
 
     # -- one step ----------------------------------------------------------------------------------
     def train_step(self, micro_steps, global_batch: int) -> float:
@@ -198,11 +199,11 @@ class ZeroDataParallel:
         return loss
 
     def _layer_backward(self, i: int, ctx, grad, last: bool):
-        full = self._layer_params(i)   # stage 3: the second gather of this layer in this micro-step
+        full = self._layer_params(i)  # stage 3: the second gather of this layer in this micro-step
         W, b = self._views(i, full)
         lo_l, hi_l = self.offsets[i], self.offsets[i + 1]
         if self.accum is not None:
-            buf = self.accum[lo_l:hi_l]     # stage 2, K > 1: accumulate in the full-size buffer
+            buf = self.accum[lo_l:hi_l]  # stage 2, K > 1: accumulate in the full-size buffer
         else:
             # A gradient buffer for this one layer: alive only until its reduce-scatter is done.
             buf = np.zeros(self.sizes[i], dtype=self.dtype)
@@ -211,7 +212,7 @@ class ZeroDataParallel:
         grad = layer_backward(Linear(i, W, b, dW, db, self.acts[i]), ctx, grad, need_dx=i > 0)
         self.meter.release(ctx)
         self._done_with(full)
-        del full, W, b                   # stage 3: the gathered layer is gone before we communicate
+        del full, W, b  # stage 3: the gathered layer is gone before we communicate
         if last or self.stage == 3:
             # Sum over the group; this rank keeps only the sum of its own chunk of the layer.
             mine = collectives.reduce_scatter(self.comm, buf, "model", "grad-reduce-scatter")
@@ -233,11 +234,14 @@ class ZeroDataParallel:
             # The shard IS the parameters: nothing to gather back; next forward gathers anew.
             self.optimizer.step([self.param_shard[s] for s in self.segments], grads)
             return
-        owned = [self.flat[self.offsets[i] + lo:self.offsets[i] + hi] for i, (lo, hi) in enumerate(self.mine)]
+        owned = [
+            self.flat[self.offsets[i] + lo : self.offsets[i] + hi] for i, (lo, hi) in enumerate(self.mine)
+        ]
         self.optimizer.step(owned, grads)
-        for i in range(len(self.sizes)):   # everyone needs everyone's updated chunk for forward
-            collectives.allgather(self.comm, self.flat[self.offsets[i]:self.offsets[i + 1]], "model",
-                                  "param-all-gather")
+        for i in range(len(self.sizes)):  # everyone needs everyone's updated chunk for forward
+            collectives.allgather(
+                self.comm, self.flat[self.offsets[i] : self.offsets[i + 1]], "model", "param-all-gather"
+            )
 
     # -- reporting ---------------------------------------------------------------------------------
     @property
@@ -254,15 +258,17 @@ class ZeroDataParallel:
             if self.mesh.world.rank != 0:
                 return None
             flat = self.store.params if self.stage == 1 else self.flat
-            return [tuple(v.copy() for v in self._views(i, flat[self.offsets[i]:self.offsets[i + 1]]))
-                    for i in range(len(self.sizes))]
+            return [
+                tuple(v.copy() for v in self._views(i, flat[self.offsets[i] : self.offsets[i + 1]]))
+                for i in range(len(self.sizes))
+            ]
         out = []
         for i, n in enumerate(self.sizes):
             if self.r == 0:
                 full = np.empty(n, dtype=self.dtype)
                 bounds = collectives.chunk_bounds(n, self.p)
                 for q in range(self.p):
-                    part = full[bounds[q]:bounds[q + 1]]
+                    part = full[bounds[q] : bounds[q + 1]]
                     if q == 0:
                         part[...] = self.param_shard[self.segments[i]]
                     else:
@@ -278,5 +284,9 @@ class ZeroDataParallel:
         return self.gathered.peak
 
     def memory(self) -> dict:
-        return {"params": int(self.params_bytes), "grads": int(self.grads_held.peak),
-                "optimizer": int(self.optimizer.state_nbytes()), "activations_peak": int(self.meter.peak)}
+        return {
+            "params": int(self.params_bytes),
+            "grads": int(self.grads_held.peak),
+            "optimizer": int(self.optimizer.state_nbytes()),
+            "activations_peak": int(self.meter.peak),
+        }

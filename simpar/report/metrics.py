@@ -1,4 +1,5 @@
 """The metrics document `--metrics-out` writes (rank 0): see the README's "The metrics JSON"."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,21 +9,42 @@ from ..config import layout_name
 CATS = ("data", "model", "activation")
 
 
-def build_metrics(cfg, world_size, mesh, params, losses, epoch_log, gathered, elapsed, steps, kernels_name,
-                  step_times, eval_s: float = 0.0) -> dict:
+def build_metrics(
+    cfg,
+    world_size,
+    mesh,
+    params,
+    losses,
+    epoch_log,
+    gathered,
+    elapsed,
+    steps,
+    kernels_name,
+    step_times,
+    eval_s: float = 0.0,
+) -> dict:
     gathered = sorted(gathered, key=lambda g: g["rank"])
     ranks, mem = [], []
     for g in gathered:
         led = g["ledger"]
         pp_i, dp_i, tp_i = g["coords"]
-        ranks.append({"rank": g["rank"], "coords": {"pp": pp_i, "dp": dp_i, "tp": tp_i},
-                      "sent": {c: led["sent"][c] for c in CATS}, "received": {c: led["received"][c] for c in CATS},
-                      "messages": {c: led["messages"][c] for c in CATS},
-                      "control_sent": led["sent"]["control"],
-                      "by_op": led["by_op"], "by_peer": led["by_peer"]})
+        ranks.append(
+            {
+                "rank": g["rank"],
+                "coords": {"pp": pp_i, "dp": dp_i, "tp": tp_i},
+                "sent": {c: led["sent"][c] for c in CATS},
+                "received": {c: led["received"][c] for c in CATS},
+                "messages": {c: led["messages"][c] for c in CATS},
+                "control_sent": led["sent"]["control"],
+                "by_op": led["by_op"],
+                "by_peer": led["by_peer"],
+            }
+        )
         mem.append(g["memory"])
     total_sent = {c: sum(r["sent"][c] for r in ranks) for c in CATS}
-    modeled = sorted({op for g in gathered for op in g["ledger"]["modeled_ops"] if not op.startswith("control/")})
+    modeled = sorted(
+        {op for g in gathered for op in g["ledger"]["modeled_ops"] if not op.startswith("control/")}
+    )
     return {
         "config": cfg.to_dict(),
         "world_size": world_size,
@@ -35,15 +57,22 @@ def build_metrics(cfg, world_size, mesh, params, losses, epoch_log, gathered, el
         "final_loss": losses[-1] if losses else None,
         "accuracy": None,
         "epochs": epoch_log,
-        "comm": {"ranks": ranks, "total_sent": total_sent,
-                 "per_step": {c: total_sent[c] / steps for c in CATS},
-                 "per_rank_per_step_max": {c: max(r["sent"][c] for r in ranks) / steps for c in CATS},
-                 "modeled_ops": modeled},
+        "comm": {
+            "ranks": ranks,
+            "total_sent": total_sent,
+            "per_step": {c: total_sent[c] / steps for c in CATS},
+            "per_rank_per_step_max": {c: max(r["sent"][c] for r in ranks) / steps for c in CATS},
+            "modeled_ops": modeled,
+        },
         "memory": {"ranks": mem, "max": {k: max(m[k] for m in mem) for k in mem[0]}},
         # total_s is the wall clock of the loop; step_s and samples_per_s leave out the per-epoch evaluation
-        "time": {"total_s": elapsed, "eval_s": eval_s, "step_s": (elapsed - eval_s) / steps,
-                 "samples_per_s": steps * cfg.batch / max(elapsed - eval_s, 1e-12),
-                 # the median step (rank 0's clock) ignores warm-up, e.g. Numba compiling on step 1
-                 "step_s_median": float(np.median(step_times)),
-                 "samples_per_s_median": cfg.batch / float(np.median(step_times))},
+        "time": {
+            "total_s": elapsed,
+            "eval_s": eval_s,
+            "step_s": (elapsed - eval_s) / steps,
+            "samples_per_s": steps * cfg.batch / max(elapsed - eval_s, 1e-12),
+            # the median step (rank 0's clock) ignores warm-up, e.g. Numba compiling on step 1
+            "step_s_median": float(np.median(step_times)),
+            "samples_per_s_median": cfg.batch / float(np.median(step_times)),
+        },
     }

@@ -9,6 +9,7 @@
 Matplotlib with the Agg backend (no display needed); every file is written to a temporary name and
 renamed into place (report.atomic_write), so a half-written PNG never appears.
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,18 +21,26 @@ from ..files import read_json
 CATS = ("data", "model", "activation")
 CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
 KINDS = ("params", "grads", "optimizer", "activations_peak")
-KIND_COLOURS = {"params": "#4C72B0", "grads": "#8172B2", "optimizer": "#C44E52", "activations_peak": "#DD8452"}
+KIND_COLOURS = {
+    "params": "#4C72B0",
+    "grads": "#8172B2",
+    "optimizer": "#C44E52",
+    "activations_peak": "#DD8452",
+}
 
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
 def _save(fig, path: str) -> str:
     from ..files import atomic_write
+
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     _plt().close(fig)
     return path
@@ -46,6 +55,7 @@ def _bytes_axis(ax, axis: str = "y") -> None:
             if abs(v) < 1024 or unit == "TiB":
                 return f"{v:.0f} {unit}" if unit == "B" else f"{v:.3g} {unit}"
             v /= 1024
+
     (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(FuncFormatter(fmt))
 
 
@@ -53,14 +63,16 @@ def _prediction(metrics: dict) -> dict | None:
     """The cost model's prediction for the run a metrics file describes (None if it cannot say)."""
     from ..config import RunConfig
     from ..costmodel import predict_from_config
+
     try:
         cfg = RunConfig(**{k: v for k, v in metrics["config"].items() if k in RunConfig.__dataclass_fields__})
         return predict_from_config(cfg, metrics["world_size"], steps=1)
-    except Exception:          # a metrics file from another version: plot the measurement alone
+    except Exception:  # a metrics file from another version: plot the measurement alone
         return None
 
 
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
+
 
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
@@ -111,6 +123,7 @@ def _bar_figure(results, draw, path: str, title: str) -> str:
 
 # -- (b) scaling, from the cost model, with the measured points -----------------------------------------
 
+
 def _per_rank(pred: dict) -> float:
     """Bytes the busiest rank sends per step (all three categories)."""
     return max(sum(r["sent"][c] for c in CATS) for r in pred["comm"]["ranks"])
@@ -121,6 +134,7 @@ def _family_curve(config: dict, key: str, values: list[int]):
     from ..config import RunConfig
     from ..costmodel import Spec, check, predict
     from ..costmodel.hardware import LOCAL_DEFAULTS
+
     xs, ys = [], []
     for v in values:
         cfg = RunConfig(**{k: val for k, val in config.items() if k in RunConfig.__dataclass_fields__})
@@ -137,7 +151,7 @@ def _family_curve(config: dict, key: str, values: list[int]):
             pred = predict(check(Spec(**d)), LOCAL_DEFAULTS)
         except SimparError:
             continue
-        if _per_rank(pred) > 0:          # one rank sends nothing: no point on a log axis
+        if _per_rank(pred) > 0:  # one rank sends nothing: no point on a log axis
             xs.append(v)
             ys.append(_per_rank(pred))
     return xs, ys
@@ -151,20 +165,33 @@ def comm_scaling(path: str, results) -> str:
     colours = plt.get_cmap("tab10")
     base = results[0][1]["config"]
     width0 = base["layers"][1] if len(base["layers"]) > 2 else base["layers"][0]
-    panels = (("world", "ranks in the layout's parallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
-              ("width", "hidden width (elements)", sorted({width0 * f // 8 for f in (1, 2, 4, 8, 16, 32, 64)} - {0})),
-              ("batch", "global batch (samples)", sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)})))
+    panels = (
+        ("world", "ranks in the layout's parallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+        (
+            "width",
+            "hidden width (elements)",
+            sorted({width0 * f // 8 for f in (1, 2, 4, 8, 16, 32, 64)} - {0}),
+        ),
+        (
+            "batch",
+            "global batch (samples)",
+            sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)}),
+        ),
+    )
     for ax, (key, label, values) in zip(axes, panels):
         for i, (name, m) in enumerate(measured):
             cfg = m["config"]
             if key == "world" and sum(cfg[a] > 1 for a in ("dp", "tp", "pp")) != 1:
-                continue          # hybrids have no single "world" axis
+                continue  # hybrids have no single "world" axis
             colour = colours(i % 10)
             xs, ys = _family_curve(cfg, key, values)
             if xs:
                 ax.plot(xs, ys, color=colour, alpha=0.8, label=name, linestyle=("-", "--", ":", "-.")[i % 4])
-            here = {"world": m["world_size"], "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
-                    "batch": cfg["batch"]}[key]
+            here = {
+                "world": m["world_size"],
+                "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
+                "batch": cfg["batch"],
+            }[key]
             per_rank = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"]) / max(1, m["steps"])
             if here is not None and per_rank > 0:
                 ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
@@ -193,16 +220,25 @@ def comm_scaling(path: str, results) -> str:
 
 # -- the tour and `simpar plot` ------------------------------------------------------------------------
 
+
 def tour_plots(results, out_dir: str) -> list[str]:
     """The tour's figures in out_dir; returns the paths written."""
     if not results:
         return []
     written = [
-        _bar_figure(results, comm_by_layout, os.path.join(out_dir, "comm_by_layout.png"),
-                    "same model and data; bars = ledger (measured), ticks = cost model"),
+        _bar_figure(
+            results,
+            comm_by_layout,
+            os.path.join(out_dir, "comm_by_layout.png"),
+            "same model and data; bars = ledger (measured), ticks = cost model",
+        ),
         comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),
-        _bar_figure(results, memory_by_layout, os.path.join(out_dir, "memory_by_layout.png"),
-                    "activations: peak kept for backward; ZeRO shards params/grads/optimizer"),
+        _bar_figure(
+            results,
+            memory_by_layout,
+            os.path.join(out_dir, "memory_by_layout.png"),
+            "activations: peak kept for backward; ZeRO shards params/grads/optimizer",
+        ),
     ]
     written += _timelines(out_dir)
     return written
@@ -214,6 +250,7 @@ def _timelines(out_dir: str) -> list[str]:
     if not traces:
         return []
     from .timeline import plot_timeline
+
     out = []
     for path in traces:
         stem = os.path.splitext(os.path.basename(path))[0]
@@ -222,7 +259,7 @@ def _timelines(out_dir: str) -> list[str]:
             plot_timeline(path, png)
             out.append(png)
         except (SimparError, ValueError, KeyError):
-            continue           # not a pipeline trace: nothing to draw
+            continue  # not a pipeline trace: nothing to draw
     return out
 
 
@@ -235,6 +272,7 @@ def load_metrics(path: str) -> dict:
 
 # -- `simpar plan --sweep` ---------------------------------------------------------------------------
 
+
 def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: float | None = None) -> str:
     """Three panels vs the swept knob: bytes per rank by category, memory per rank by kind, step time."""
     plt = _plt()
@@ -242,14 +280,22 @@ def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: flo
     points = sorted(points, key=lambda vp: vp[0])
     xs = [v for v, _ in points]
     for cat in CATS:
-        a.plot(xs, [p["comm"]["per_rank_max"][cat] for _, p in points], "o-", color=CAT_COLOURS[cat], label=cat)
+        a.plot(
+            xs, [p["comm"]["per_rank_max"][cat] for _, p in points], "o-", color=CAT_COLOURS[cat], label=cat
+        )
     a.set_title("bytes sent per rank per step (busiest rank)")
     a.set_ylabel("bytes")
     _bytes_axis(a)
     bottom = [0.0] * len(points)
     for kind in KINDS:
         vals = [p["memory"]["max"][kind] for _, p in points]
-        b.bar(range(len(xs)), vals, bottom=bottom, color=KIND_COLOURS[kind], label=kind.replace("_peak", " (peak)"))
+        b.bar(
+            range(len(xs)),
+            vals,
+            bottom=bottom,
+            color=KIND_COLOURS[kind],
+            label=kind.replace("_peak", " (peak)"),
+        )
         bottom = [s + v for s, v in zip(bottom, vals)]
     if memory_limit:
         b.axhline(memory_limit, color="black", linestyle="--", linewidth=1, label="memory limit")
@@ -257,8 +303,14 @@ def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: flo
     b.set_title("memory per rank (largest of each kind)")
     b.set_ylabel("bytes")
     _bytes_axis(b)
-    parts = (("compute_s", "compute"), ("tp_s", "tp comm"), ("pp_s", "pp comm"), ("bubble_s", "bubble"),
-             ("dp_exposed_s", "dp/zero comm (exposed)"), ("data_s", "data"))
+    parts = (
+        ("compute_s", "compute"),
+        ("tp_s", "tp comm"),
+        ("pp_s", "pp comm"),
+        ("bubble_s", "bubble"),
+        ("dp_exposed_s", "dp/zero comm (exposed)"),
+        ("data_s", "data"),
+    )
     bottom = [0.0] * len(points)
     for key_t, label in parts:
         vals = [p["time"][key_t] * 1e3 for _, p in points]
@@ -276,7 +328,10 @@ def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: flo
         a.set_xscale("log", base=2)
     a.set_xticks(xs, [str(x) for x in xs])
     a.minorticks_off()
-    fig.suptitle(f"simpar plan --sweep {key}={','.join(map(str, xs))}  ({points[0][1]['layout']} ... "
-                 f"{points[-1][1]['layout']})", fontsize=11)
+    fig.suptitle(
+        f"simpar plan --sweep {key}={','.join(map(str, xs))}  ({points[0][1]['layout']} ... "
+        f"{points[-1][1]['layout']})",
+        fontsize=11,
+    )
     fig.tight_layout()
     return _save(fig, out)

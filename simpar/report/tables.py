@@ -1,4 +1,5 @@
 """What `simpar train` prints at the end: bytes per rank by category, memory, the cost model's verdict."""
+
 from __future__ import annotations
 
 from ..units import fmt_bytes
@@ -8,30 +9,44 @@ from .metrics import CATS
 def print_summary(m: dict) -> None:
     acc = f"{m['accuracy']:.3f}" if m.get("accuracy") is not None else "n/a"
     t = m["time"]
-    print(f"\n{m['layout']} on {m['world_size']} rank(s), {m['params']:,} parameters, kernels {m['kernels']}: "
-          f"final loss {m['final_loss']:.4f}, validation accuracy {acc}, "
-          f"{t['samples_per_s']:.0f} samples/s, {t['total_s']:.2f} s")
-    print(f"bytes sent per rank per step, by category (received in brackets; {m['steps']} steps; "
-          f"control traffic for logging not shown):")
+    print(
+        f"\n{m['layout']} on {m['world_size']} rank(s), {m['params']:,} parameters, kernels {m['kernels']}: "
+        f"final loss {m['final_loss']:.4f}, validation accuracy {acc}, "
+        f"{t['samples_per_s']:.0f} samples/s, {t['total_s']:.2f} s"
+    )
+    print(
+        f"bytes sent per rank per step, by category (received in brackets; {m['steps']} steps; "
+        f"control traffic for logging not shown):"
+    )
     header = f"{'rank':>4} {'pp,dp,tp':>9} | " + " | ".join(f"{c:>23}" for c in CATS)
     print(header)
     print("-" * len(header))
     steps = m["steps"]
     for r in m["comm"]["ranks"]:
         c = r["coords"]
-        cells = [f"{fmt_bytes(r['sent'][cat] / steps):>10} ({fmt_bytes(r['received'][cat] / steps):>10})"
-                 for cat in CATS]
+        cells = [
+            f"{fmt_bytes(r['sent'][cat] / steps):>10} ({fmt_bytes(r['received'][cat] / steps):>10})"
+            for cat in CATS
+        ]
         print(f"{r['rank']:>4} {c['pp']:>5},{c['dp']},{c['tp']} | " + " | ".join(cells))
     tot = m["comm"]["total_sent"]
-    print("all ranks sent: " + ", ".join(f"{c} {fmt_bytes(tot[c])}" for c in CATS)
-          + (f"  (modeled: {', '.join(m['comm']['modeled_ops'])})" if m["comm"]["modeled_ops"] else ""))
+    print(
+        "all ranks sent: "
+        + ", ".join(f"{c} {fmt_bytes(tot[c])}" for c in CATS)
+        + (f"  (modeled: {', '.join(m['comm']['modeled_ops'])})" if m["comm"]["modeled_ops"] else "")
+    )
     mm = m["memory"]["max"]
     print("memory per rank (max): " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mm.items()))
     pred = m.get("predicted")
     if pred is not None:
         bad = m.get("prediction_mismatches") or []
-        verdict = ("exact (bytes per category per rank; params/grads/optimizer memory)" if not bad
-                   else f"{len(bad)} mismatch(es): " + "; ".join(bad[:3]))
-        print(f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
-              f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms "
-              "(hardware profile 'local'; run `python -m simpar bench --calibrate` to measure it)")
+        verdict = (
+            "exact (bytes per category per rank; params/grads/optimizer memory)"
+            if not bad
+            else f"{len(bad)} mismatch(es): " + "; ".join(bad[:3])
+        )
+        print(
+            f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
+            f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms "
+            "(hardware profile 'local'; run `python -m simpar bench --calibrate` to measure it)"
+        )

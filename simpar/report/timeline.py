@@ -16,6 +16,7 @@ parallel all-reduces inside a stage's forward/backward count as compute (they ar
 On an oversubscribed machine (more ranks than cores) a rank waiting in a receive still spins on a
 core, so the measured bubble is inflated there: compare runs with one core per rank.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,13 @@ from pathlib import Path
 from ..config import SimparError
 from ..files import read_json
 
-COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#8C8C8C", "allreduce": "#8172B2",
-           "other": "#CCCCCC"}
+COLOURS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "comm": "#8C8C8C",
+    "allreduce": "#8172B2",
+    "other": "#CCCCCC",
+}
 COMPUTE = ("forward", "backward")
 
 
@@ -101,7 +107,9 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     M = M or info["microbatches"]
     compute_steps = sorted({_step(e) for e in events if _kind(e) in COMPUTE})
     if not compute_steps:
-        raise SimparError("the trace has no forward/backward events to draw (was it a --pp run with --trace?)")
+        raise SimparError(
+            "the trace has no forward/backward events to draw (was it a --pp run with --trace?)"
+        )
     step = compute_steps[-1] if step is None else step
     overall = measured_bubble(events)
     this_step = measured_bubble(events, [step])
@@ -116,7 +124,7 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     else:
         top, bottom = fig.subplots(1, 1), None
 
-    unit = 1e3                                         # µs -> ms
+    unit = 1e3  # µs -> ms
     span_ms = (t1 - t0) / unit
     for e in shown:
         row = ranks.index(e["pid"])
@@ -128,16 +136,24 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         else:
             top.broken_barh([(x, w)], (row + 0.2, 0.2), facecolors=COLOURS.get(kind, COLOURS["other"]))
     top.set_yticks(range(len(ranks)))
-    top.set_yticklabels([f"rank {r}" + (f" (stage {info['stage_of'][r]})" if r in info["stage_of"] else "")
-                         for r in ranks])
+    top.set_yticklabels(
+        [f"rank {r}" + (f" (stage {info['stage_of'][r]})" if r in info["stage_of"] else "") for r in ranks]
+    )
     top.invert_yaxis()
     top.set_xlim(0, span_ms)
     top.set_xlabel("ms since the step began")
-    top.set_title(f"measured, step {step}: bubble {this_step:.1%} "
-                  f"(all steps{' but the first' if len(compute_steps) > 1 else ''}: {overall:.1%}), "
-                  f"{len(ranks)} ranks")
-    top.legend(handles=[Patch(color=COLOURS[k], label=k) for k in ("forward", "backward", "comm", "allreduce")],
-               loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    top.set_title(
+        f"measured, step {step}: bubble {this_step:.1%} "
+        f"(all steps{' but the first' if len(compute_steps) > 1 else ''}: {overall:.1%}), "
+        f"{len(ranks)} ranks"
+    )
+    top.legend(
+        handles=[Patch(color=COLOURS[k], label=k) for k in ("forward", "backward", "comm", "allreduce")],
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
 
     ideal = None
     if has_ideal:
@@ -146,18 +162,19 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         for s, row in enumerate(tl.rows):
             for start, end, kind, mb in row:
                 k = "forward" if kind == "F" else "backward"
-                bottom.broken_barh([(start, end - start)], (s - 0.4, 0.8), facecolors=COLOURS[k],
-                                   edgecolor="white", lw=0.5)
+                bottom.broken_barh(
+                    [(start, end - start)], (s - 0.4, 0.8), facecolors=COLOURS[k], edgecolor="white", lw=0.5
+                )
                 _bar_label(bottom, start, end - start, s, f"{kind}{mb}", 0.9)
         bottom.set_yticks(range(S))
         bottom.set_yticklabels([f"stage {s}" for s in range(S)])
         bottom.invert_yaxis()
         bottom.set_xlim(0, tl.makespan)
         bottom.set_xlabel("time units (forward = 1, backward = 2)")
-        bottom.set_title(f"ideal {TITLES.get(schedule, schedule)}, S={S}, M={M}: bubble {tl.bubble:.1%}"
-                         + (" = (S-1)/(M+S-1)" if schedule != "naive" else " = (S-1)/S"))
+        bottom.set_title(
+            f"ideal {TITLES.get(schedule, schedule)}, S={S}, M={M}: bubble {tl.bubble:.1%}"
+            + (" = (S-1)/(M+S-1)" if schedule != "naive" else " = (S-1)/S")
+        )
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
     return {"measured_bubble": overall, "step_bubble": this_step, "ideal_bubble": ideal, "step": step}
-
-
