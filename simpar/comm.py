@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from . import simclock
+
 CATEGORIES = ("data", "model", "activation", "control")
 
 
@@ -74,6 +76,11 @@ def _check_category(category: str) -> None:
         raise ValueError(f"unknown traffic category {category!r}; use one of {CATEGORIES}")
 
 
+def _clock_for(category: str):
+    """The simulated clock, if one runs -- except for control traffic, which takes no simulated time."""
+    return None if category == "control" else simclock.active()
+
+
 class Communicator:
     """An mpi4py communicator whose every message is counted in a shared `Ledger`.
 
@@ -90,16 +97,30 @@ class Communicator:
         world = MPI.COMM_WORLD.Get_group()
         # World rank of every member of this group, so the ledger can name peers globally.
         self.world_ranks = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(self.size)), world)
+        self._headers = mpi_comm.Dup() if simclock.active() is not None else None
 
     def split(self, color: int, key: int, name: str) -> "Communicator":
         """A sub-group (e.g. the data-parallel ranks that share a tensor/pipeline position)."""
         return Communicator(self.mpi.Split(color, key), self.ledger, name)
 
+    def enable_headers(self) -> None:
+        """Under the simulated clock, messages carry their arrival time in a header message on a
+        duplicate communicator (collective: every rank of the group calls it, as train.py does)."""
+        if self._headers is None:
+            self._headers = self.mpi.Dup()
+
     # -- point to point ---------------------------------------------------------------------------
+    # Under `--clock sim` (simclock.active()), each message also sends a 2-float header with its
+    # simulated transfer start and arrival time; the ledger books the payload only.
     def send(self, buf: np.ndarray, dest: int, category: str, op: str, tag: int = 0) -> None:
         _check_category(category)
         buf = np.ascontiguousarray(buf)
         self.ledger.book_send(category, op, self.world_ranks[dest], buf.nbytes)
+        clock = _clock_for(category)
+        if clock is not None:
+            left, header = self._stamp(clock, dest, buf.nbytes)
+            self._headers.Send(header, dest=dest, tag=tag)
+            clock.wait_until(left, busy_from=header[0])  # a blocking send returns once sent
         self.mpi.Send(buf, dest=dest, tag=tag)
 
     def recv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> np.ndarray:
@@ -108,45 +129,59 @@ class Communicator:
         Booked from the message's real size (MPI's status), not the buffer's."""
         _check_category(category)
         status = MPI.Status()
+        clock = _clock_for(category)
+        if clock is not None:
+            header = np.empty(2)
+            self._headers.Recv(header, source=source, tag=tag)
         self.mpi.Recv(buf, source=source, tag=tag, status=status)
-        self.ledger.book_recv(category, op, self.world_ranks[source], status.Get_count(MPI.BYTE))
+        nbytes = status.Get_count(MPI.BYTE)
+        self.ledger.book_recv(category, op, self.world_ranks[source], nbytes)
+        if clock is not None:
+            clock.comm_busy(header[1] - header[0])
+            clock.wait_until(header[1], busy_from=header[0])
         return buf
 
-    def isend(self, buf: np.ndarray, dest: int, category: str, op: str, tag: int = 0) -> MPI.Request:
+    def isend(self, buf: np.ndarray, dest: int, category: str, op: str, tag: int = 0):
+        """Returns an MPI request (or, under the simulated clock, a simclock.SimRequest): finish it
+        with `waitall` -- or leave that to a collective's Pending."""
         _check_category(category)
         if not buf.flags.c_contiguous:
             raise ValueError("isend needs a contiguous buffer that stays alive until the request completes")
         self.ledger.book_send(category, op, self.world_ranks[dest], buf.nbytes)
-        return self.mpi.Isend(buf, dest=dest, tag=tag)
+        clock = _clock_for(category)
+        if clock is None:
+            return self.mpi.Isend(buf, dest=dest, tag=tag)
+        left, header = self._stamp(clock, dest, buf.nbytes)
+        reqs = [self.mpi.Isend(buf, dest=dest, tag=tag), self._headers.Isend(header, dest=dest, tag=tag)]
+        return simclock.SimRequest(reqs, done_at=left, keep=[header], busy_from=float(header[0]))
 
-    def irecv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> MPI.Request:
+    def irecv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0):
         _check_category(category)
         # Booked when posted, at the buffer's size: MPI errors out on a longer message, and every
         # simpar receiver knows the exact size it waits for (the tests check that all ranks'
         # received bytes add up to all ranks' sent bytes, which a shorter message would break).
         self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
-        return self.mpi.Irecv(buf, source=source, tag=tag)
+        if _clock_for(category) is None:
+            return self.mpi.Irecv(buf, source=source, tag=tag)
+        header = np.empty(2)
+        reqs = [self.mpi.Irecv(buf, source=source, tag=tag), self._headers.Irecv(header, source=source, tag=tag)]
+        return simclock.SimRequest(reqs, header=header)
 
-    def sendrecv(
-        self,
-        sendbuf: np.ndarray,
-        dest: int,
-        recvbuf: np.ndarray,
-        source: int,
-        category: str,
-        op: str,
-        tag: int = 0,
-    ) -> np.ndarray:
-        """Send to `dest` and receive from `source` at once: deadlock-free for exchanges in a ring."""
-        _check_category(category)
-        sendbuf = np.ascontiguousarray(sendbuf)
-        self.ledger.book_send(category, op, self.world_ranks[dest], sendbuf.nbytes)
-        status = MPI.Status()
-        self.mpi.Sendrecv(
-            sendbuf, dest=dest, sendtag=tag, recvbuf=recvbuf, source=source, recvtag=tag, status=status
-        )
-        self.ledger.book_recv(category, op, self.world_ranks[source], status.Get_count(MPI.BYTE))
-        return recvbuf
+    def waitall(self, requests: list) -> None:
+        """Finish requests from isend/irecv (a pipeline's sends); under the simulated clock the rank
+        waits until the last one completes in simulated time."""
+        sims = [r for r in requests if isinstance(r, simclock.SimRequest)]
+        MPI.Request.Waitall([r for r in requests if not isinstance(r, simclock.SimRequest)]
+                            + [r for sim in sims for r in sim.requests])
+        for sim in sims:
+            simclock.active().wait_until(sim.completion(), busy_from=sim.transfer_start())
+
+    def _stamp(self, clock, dest: int, nbytes: int) -> tuple[float, np.ndarray]:
+        """When the message's last byte has left, and its header: [transfer start, arrival]."""
+        left, arrival = clock.send(self.name, dest, nbytes)
+        clock.headers_sent += 1
+        link = clock.profile.links[self.name]
+        return left, np.array([left - nbytes / link.bandwidth, arrival])
 
     # -- native MPI, counted by model ------------------------------------------------------------
     def record_modeled(

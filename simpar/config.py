@@ -22,6 +22,8 @@ SCHEDULES = ("naive", "gpipe", "1f1b")
 COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
 KERNELS = ("auto", "numpy", "numba", "cuda")
 DATA_SOURCES = ("local", "root")
+CLOCKS = ("wall", "sim")
+COMPUTE_MODELS = ("model", "measured")
 
 
 @dataclass
@@ -56,6 +58,10 @@ class RunConfig:
     overlap: bool = True
     collectives: str = "ring"
     kernels: str = "auto"
+    # time: the wall clock, or the simulated clock of simclock.py on a hardware profile
+    clock: str = "wall"
+    hardware: str = "local"
+    compute: str = "model"
     # output
     metrics_out: str | None = None
     weights_out: str | None = None
@@ -93,6 +99,8 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(cfg.collectives in COLLECTIVES, f"unknown collectives {cfg.collectives!r}")
     _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
     _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
+    _require(cfg.clock in CLOCKS, f"unknown clock {cfg.clock!r} (choose from {', '.join(CLOCKS)})")
+    _require(cfg.compute in COMPUTE_MODELS, f"unknown compute model {cfg.compute!r} (choose model or measured)")
     _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
     _require(0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}")

@@ -23,6 +23,8 @@ import numpy as np
 import kernels
 from kernels.reference import ACTIVATIONS, linear_forward  # noqa: F401  (re-exported)
 
+from . import simclock
+
 # -- loss ------------------------------------------------------------------------------------------
 
 
@@ -40,6 +42,9 @@ def softmax_cross_entropy(logits, labels, global_batch):
     dlogits = exp / sum_exp
     dlogits[rows, labels] -= 1
     dlogits /= logits.dtype.type(global_batch)
+    clock = simclock.active()
+    if clock is not None:  # shift, exp, sum, log, the gradient and its scaling: ~6 passes over r x c
+        clock.stream(6 * logits.size * logits.itemsize)
     return float(loss_share), dlogits
 
 
@@ -93,6 +98,9 @@ class Context:
 def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.ndarray, Context]:
     """y = act(x @ W + b); `bias=False` leaves the bias out (a row-parallel shard adds it after g)."""
     z, y = kernels.active().linear_act_forward(x, layer.W, layer.b if bias else None, layer.act)
+    clock = simclock.active()
+    if clock is not None:
+        charge_forward(clock, x.shape[0], *layer.W.shape, bias, layer.act, x.itemsize)
     return y, Context(x, z, y)
 
 
@@ -104,7 +112,49 @@ def layer_backward(
     layer.dW += dW
     if bias:
         layer.db += db
+    clock = simclock.active()
+    if clock is not None:
+        charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize)
     return dx
+
+
+def bias_act_forward(z: np.ndarray, b: np.ndarray, act: str) -> np.ndarray:
+    """z += b, then act(z): what a row-parallel layer does after g has summed the partial products."""
+    z += b
+    clock = simclock.active()
+    if clock is not None:
+        clock.stream((2 + (2 if act != "none" else 0)) * z.size * z.itemsize)
+    return ACTIVATIONS[act][0](z)
+
+
+def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.ndarray:
+    """dL/dz from dL/dy through the activation (a row-parallel layer's, applied outside the kernel)."""
+    clock = simclock.active()
+    if clock is not None and act != "none":
+        clock.stream(3 * z.size * z.itemsize)
+    return ACTIVATIONS[act][1](dy, z, y)
+
+
+# -- what each call costs on the simulated clock (simclock.py, --clock sim) ------------------------
+# The cost model (costmodel/rank.py, compute_work) writes the same accounting down in closed form.
+#   forward of r rows through an (a x b) layer:  2rab FLOPs; bias add 2rb and activation 2rb elements
+#                                                moved (read + write); one layer call's overhead
+#   backward:  2rab FLOPs for dW, 2rab more for dx (not at layer 0); activation' 3rb (read dy, z;
+#              write dz), db's row sum rb, accumulating dW 3ab and db 3b (read, read, write)
+#   row-parallel layers move the same, split between the kernel and bias_act_forward/act_backward
+
+
+def charge_forward(clock, r: int, a: int, b: int, bias: bool, act: str, bpe: int) -> None:
+    clock.matmul(r, a, b)
+    clock.stream(((2 if bias else 0) + (2 if act != "none" else 0)) * r * b * bpe)
+    clock.layer_call()
+
+
+def charge_backward(clock, r: int, a: int, b: int, need_dx: bool, bias: bool, act: str, bpe: int) -> None:
+    clock.matmul(a, r, b)
+    if need_dx:
+        clock.matmul(r, b, a)
+    clock.stream(((3 * r * b if act != "none" else 0) + r * b + 3 * a * b + (3 * b if bias else 0)) * bpe)
 
 
 @dataclass

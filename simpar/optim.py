@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import simclock
+
 
 class SGD:
     """SGD with (heavy-ball) momentum, as in PyTorch:  v <- mu*v + g ;  w <- w - lr*v."""
@@ -28,6 +30,7 @@ class SGD:
                 v += g
                 g = v
             w -= w.dtype.type(self.lr) * g
+        _charge(params, 10 if self.momentum else 6)
 
     def state_nbytes(self) -> int:
         return sum(v.nbytes for v in self.velocity.values())
@@ -56,9 +59,19 @@ class Adam:
             m_hat_scale = t(1 / (1 - self.beta1**self.t))
             v_hat_scale = t(1 / (1 - self.beta2**self.t))
             w -= t(self.lr) * (m * m_hat_scale) / (np.sqrt(v * v_hat_scale) + t(self.eps))
+        _charge(params, 20)
 
     def state_nbytes(self) -> int:
         return sum(a.nbytes for a in self.m.values()) + sum(a.nbytes for a in self.v.values())
+
+
+def _charge(params: list[np.ndarray], passes: int) -> None:
+    """The simulated clock's cost of an update: `passes` sweeps over the parameters (read or write
+    of w, g and the state, temporaries included; zeroing the gradients counted here too) --
+    memory-bound work. The cost model counts the same passes (costmodel/rank.py)."""
+    clock = simclock.active()
+    if clock is not None:
+        clock.stream(passes * sum(w.nbytes for w in params))
 
 
 def make_optimizer(name: str, lr: float, momentum: float):

@@ -14,13 +14,16 @@ tid 1 = communication, ts/dur in microseconds. Every event carries args {"kind":
 (kind is one of KINDS; step counts `next_step()` calls) plus whatever the caller adds (e.g. mb),
 so the timeline plot can colour by kind and measure one training step at a time.
 
-Timestamps are wall-clock microseconds since the epoch, advanced with the high-resolution
+Under `--clock sim` timestamps are simulated microseconds since the run began (simclock.py).
+Otherwise they are wall-clock microseconds since the epoch, advanced with the high-resolution
 monotonic clock: ranks on one machine share that clock, so their events line up.
 """
 
 from __future__ import annotations
 
 import time
+
+from . import simclock
 
 KINDS = ("forward", "backward", "comm", "allreduce", "other")
 COMM_KINDS = ("comm", "allreduce")  # drawn on tid 1
@@ -50,6 +53,10 @@ class Tracer:
         _active = None
 
     def now_us(self) -> float:
+        clock = simclock.active()
+        if clock is not None:  # --clock sim: the trace is in simulated microseconds from the start
+            clock.sync_measured()
+            return clock.now * 1e6
         return (self._wall0 + (time.perf_counter() - self._perf0)) * 1e6
 
     def add(self, name: str, kind: str, start_us: float, end_us: float, args: dict | None = None) -> None:

@@ -12,19 +12,21 @@ Run it:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import numpy as np
 
-from . import collectives
+from . import collectives, simclock
+from .costmodel import hardware
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError, validate
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
 from .files import writable, write_json, write_trace, write_weights
 from .mesh import Mesh
 from .model import parameter_count, predict
-from .report.metrics import build_metrics
+from .report.metrics import build_metrics, sim_summary
 from .report.tables import print_summary
 
 
@@ -129,6 +131,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
+    clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
     from .parallel import build_strategy
 
@@ -148,8 +151,12 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     epoch_start, epoch_samples, eval_s = start, 0, 0.0
     for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
         step_start = time.perf_counter()
+        if clock is not None:
+            clock.begin_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
         micro = feeder.get(rows)
         loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
+        if clock is not None:  # the loss all-reduce synchronises the ranks: clocks meet at the latest
+            clock.end_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
         step_times.append(time.perf_counter() - step_start)
         if not math.isfinite(loss):
             _raise_nonfinite(loss, step, strategy, world)
@@ -192,11 +199,13 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
             "ledger": ledger,
             "memory": strategy.memory(),
             "trace": tracer.events if tracer else None,
+            "sim": [dataclasses.asdict(s) for s in clock.steps] if clock else None,
         },
         root=0,
     )
     if tracer is not None:
         tracer.uninstall()  # the tour runs several layouts in one process
+    simclock.uninstall()
     if not is_root:
         return None
     metrics = build_metrics(
@@ -218,7 +227,13 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
 
-    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps)
+    hw = hardware.load(cfg.hardware) if clock is not None else None
+    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps, hw=hw)
+    if clock is not None:
+        serial = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, stage_layers=None)
+        serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
+        per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
+        metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     metrics["_weights"] = weights
     metrics["_trace"] = [g["trace"] for g in gathered]
@@ -263,6 +278,35 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator) -> N
         f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
         f"(now {strategy.cfg.lr}) or --dtype float64"
     )
+
+
+def start_clock(cfg: RunConfig, world: Communicator):
+    """--clock sim: install a simulated clock on the hardware profile (simclock.py), else None."""
+    if cfg.clock != "sim":
+        return None
+    hw = hardware.load(cfg.hardware)
+    precision = {"float64": "fp64", "float32": "fp32"}[cfg.dtype]
+    # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
+    share = hw.compute_share(min(world.size, hw.devices_per_node))
+    links = {}
+    for group in ("tp", "dp", "pp", "world"):
+        link = hardware.group_link(hw, group, cfg.dp, cfg.tp, cfg.pp)
+        links[group] = simclock.Link(link.alpha, link.bw)
+    local = hardware.load("local")
+    profile = simclock.Profile(
+        name=hw.name, flop_rate=hw.flop_rate(precision) * share, gamma=hw.gamma,
+        layer_overhead=hw.layer_overhead, compute_share=share, links=links,
+        measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
+    )
+    clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))
+    world.enable_headers()
+    return clock
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def _mpi_min():

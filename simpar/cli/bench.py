@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import SimparError
 from ..files import atomic_write
+from ..collectives import ALLREDUCE_ALGORITHMS
 from ..units import parse_buffer_size
 from .base import Parser
 
@@ -130,7 +131,7 @@ def allreduce_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--algorithms",
         default=allreduce.DEFAULT_ALGORITHMS,
-        help=f"from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)}; MPI's native one always runs too",
+        help=f"from {', '.join(ALLREDUCE_ALGORITHMS)}; MPI's native one always runs too",
     )
     ap.add_argument("--dtype", default="float32", choices=allreduce.DTYPES)
     ap.add_argument("--iters", type=int, default=20, help="timed iterations at 1 MiB and below (fewer above)")
@@ -140,11 +141,11 @@ def allreduce_args(argv: list[str]) -> argparse.Namespace:
     if not args.sizes:
         raise SimparError("bench allreduce: --sizes is empty")
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    unknown = [a for a in names if a not in allreduce.ALLREDUCE_ALGORITHMS]
+    unknown = [a for a in names if a not in ALLREDUCE_ALGORITHMS]
     if unknown or not names:
         raise SimparError(
             f"bench allreduce: unknown algorithm {', '.join(unknown) or '(none)'} "
-            f"(choose from {', '.join(allreduce.ALLREDUCE_ALGORITHMS)})"
+            f"(choose from {', '.join(ALLREDUCE_ALGORITHMS)})"
         )
     args.algorithms = [allreduce.NATIVE] + [a for a in dict.fromkeys(names) if a != allreduce.NATIVE]
     bpe = np.dtype(args.dtype).itemsize

@@ -13,6 +13,8 @@ from ..config import (
     COLLECTIVES,
     DATA_SOURCES,
     DATASETS,
+    CLOCKS,
+    COMPUTE_MODELS,
     DTYPES,
     KERNELS,
     OPTIMIZERS,
@@ -70,6 +72,17 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients only after backward")
     g.add_argument("--collectives", default=d.collectives, choices=COLLECTIVES, help="all-reduce algorithm")
     g.add_argument("--kernels", default=d.kernels, choices=KERNELS, help="compute kernels")
+    g = p.add_argument_group("time")
+    g.add_argument(
+        "--clock", default=d.clock, choices=CLOCKS, help="wall: this machine's clock; sim: a simulated cluster"
+    )
+    g.add_argument(
+        "--hardware", default=d.hardware, help="with --clock sim: local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json"
+    )
+    g.add_argument(
+        "--compute", default=d.compute, choices=COMPUTE_MODELS,
+        help="with --clock sim: model (FLOPs and bytes on the profile) or measured (CPU time, scaled)",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--metrics-out", default=None, help="write the metrics JSON here (rank 0)")
     g.add_argument("--weights-out", default=None, help="write the final full-shape weights (.npz, rank 0)")
@@ -108,6 +121,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         overlap=not args.no_overlap,
         collectives=args.collectives,
         kernels=args.kernels,
+        clock=args.clock,
+        hardware=args.hardware,
+        compute=args.compute,
         metrics_out=args.metrics_out,
         weights_out=args.weights_out,
         trace=args.trace,

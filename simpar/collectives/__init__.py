@@ -41,7 +41,7 @@ def start_allreduce(
     comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
 ) -> Pending:
     """Begin summing `buf` over the group, in place; returns the in-flight collective."""
-    return Pending(ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op))
+    return Pending(ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op), comm.name)
 
 
 def allreduce(
@@ -56,19 +56,19 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
     flat = _flat(buf)
-    run(ring_reduce_scatter_rounds(comm, flat, category, op))
+    run(ring_reduce_scatter_rounds(comm, flat, category, op), comm.name)
     bounds = offsets(flat.size, comm.size)
     return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
 
 
 def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
     """Every rank has written its chunk `comm.rank` of `buf`; fill in everyone else's."""
-    run(ring_allgather_rounds(comm, _flat(buf), category, op))
+    run(ring_allgather_rounds(comm, _flat(buf), category, op), comm.name)
     return buf
 
 
 def broadcast(
     comm: Communicator, buf: np.ndarray, root: int, category: str, op: str = "broadcast"
 ) -> np.ndarray:
-    run(binomial_broadcast_rounds(comm, buf, root, category, op))
+    run(binomial_broadcast_rounds(comm, buf, root, category, op), comm.name)
     return buf

@@ -24,6 +24,7 @@ from typing import Callable, Generator, Iterator
 import numpy as np
 from mpi4py import MPI
 
+from .. import simclock
 from ..comm import Communicator
 
 Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
@@ -40,6 +41,9 @@ def set_reduce_kernel(fn: Callable[[np.ndarray, np.ndarray], None]) -> None:
 def reduce_add(dst: np.ndarray, src: np.ndarray) -> None:
     """`dst += src` with whatever kernel `set_reduce_kernel` installed (looked up at call time)."""
     _reduce_add(dst, src)
+    clock = simclock.active()
+    if clock is not None:
+        clock.reduce(dst.nbytes)
 
 
 def offsets(n: int, p: int) -> list[int]:
@@ -112,13 +116,24 @@ class Pending:
     A round may be an empty list (nothing to wait for); a generator may also yield nothing at all.
     Within a round, algorithms post their receives before their sends: a message that finds its
     receive already posted goes straight into place, instead of queueing as "unexpected".
+
+    Under the simulated clock (simclock.py) a collective runs on the rank's communication stream:
+    it starts when the rank started it, but not before the previous collective ended; `progress()`
+    does nothing and `wait()` runs the rounds (earlier collectives first), chaining their simulated
+    times through the arrival of each round's messages. Deterministic: the simulated time never
+    depends on when the real messages happened to arrive.
     """
 
-    def __init__(self, rounds: Rounds):
+    def __init__(self, rounds: Rounds, group: str = "world"):
         self._rounds = rounds
         self._requests: list = []
         self.done = False
-        self._advance()
+        self._clock = simclock.active()
+        if self._clock is None:
+            self._advance()
+        else:
+            self.group, self.started_at = group, self._clock.issue_time()
+            self._clock.in_flight.setdefault(group, []).append(self)
 
     def _advance(self) -> None:
         try:
@@ -127,17 +142,48 @@ class Pending:
             self.done = True
 
     def progress(self) -> None:
-        while not self.done and MPI.Request.Testall(self._requests):
+        while self._clock is None and not self.done and MPI.Request.Testall(self._requests):
             self._advance()
 
     def wait(self) -> None:
+        if self._clock is not None:
+            self._clock.wait_until(self._run_on_stream(), busy_from=self.started_at)
+            return
         while not self.done:
             MPI.Request.Waitall(self._requests)
             self._advance()
 
+    def _run_on_stream(self) -> float:
+        """Run this collective (and every one started before it) on the simulated stream; its end."""
+        clock, queue = self._clock, self._clock.in_flight[self.group]
+        while queue and not self.done:
+            first = queue.pop(0)
+            t = max(first.started_at, clock.stream_free.get(self.group, 0.0))
+            start = t
+            outer, clock.cursor = clock.cursor, t
+            try:
+                while True:
+                    clock.cursor = t
+                    try:
+                        requests = next(first._rounds)
+                    except StopIteration:
+                        t = clock.cursor  # the reduction after the last round
+                        break
+                    t = clock.cursor  # the reductions since the last round ran on the stream
+                    MPI.Request.Waitall([r for sim in requests for r in sim.requests])
+                    receives = [sim for sim in requests if sim.header is not None]
+                    sends = [sim.completion() for sim in requests if sim.header is None]
+                    t = max([t] + sends + ([clock.receive_round(self.group, receives)] if receives else []))
+            finally:
+                clock.cursor = outer
+            first.done, first.ended_at = True, t
+            clock.stream_free[self.group] = t
+            clock.comm_busy(t - start)
+        return self.ended_at
 
-def run(rounds: Rounds) -> None:
-    Pending(rounds).wait()
+
+def run(rounds: Rounds, group: str = "world") -> None:
+    Pending(rounds, group).wait()
 
 
 def _flat(buf: np.ndarray) -> np.ndarray:

@@ -19,18 +19,10 @@ from ..config import layout_name
 from . import hardware
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .rank import CATS, MEMORY_KINDS, predict_rank
-from .spec import Shape, Spec, check
+from .spec import Shape, Spec, check, coords_of, micro_rows
+from .steptime import RankCosts, op_time, step_time
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
-
-
-def op_time(cost: Cost, link, gamma: float) -> dict:
-    """Latency + bandwidth + reduction terms of one op on the critical path (Thakur et al. 2005)."""
-    return {
-        "latency": cost.rounds * link.alpha,
-        "bandwidth": cost.round_elems * link.beta,
-        "reduction": cost.reduced * gamma,
-    }
 
 
 def bubble_fraction(spec: Spec) -> float:
@@ -54,13 +46,11 @@ def representative_ranks(spec: Spec, limit: int = 512) -> list[int]:
 def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     """The whole prediction for one step: per-rank bytes/messages/memory, and the step time on `hw`.
 
-    Step time = data scatter (rank 0 feeds everyone first) + pipeline makespan + exposed gradient
-    traffic. The makespan, with c_s = one micro-batch's compute + tp + pp time on stage s, is
-    K * (sum_s c_s + (M-1) * max_s c_s) for GPipe/1F1B (fill, steady state, drain) and K*M*sum_s c_s
-    for the naive schedule; with equal stages the first is K*(M+S-1)*c: the bubble formula.
-    Gradient all-reduces of DDP overlap with the backward that produces them (all buckets but the
-    last, which holds the first layers); ZeRO's collectives are blocking in simpar: fully exposed.
-    The optimizer update (memory-bound, elementwise) is not modelled.
+    Step time = data scatter (rank 0 feeds everyone first) + the step of steptime.step_time: each
+    pipeline chain of stages run through its schedule (fill, steady state, drain, with every hop's
+    latency on the critical path), DDP buckets overlapping the last backward, blocking ZeRO
+    collectives, the optimizer. `bubble` is the schedule's ideal idle fraction, (S-1)/(M+S-1) for
+    GPipe and 1F1B; `time.bubble_s` what the prediction leaves idle on the busiest stage.
     """
     check(spec)
     hw = hw or hardware.load("local")
@@ -70,11 +60,11 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     # Ranks that outnumber the cores share them (the local profile): each computes proportionally slower.
     rate = hw.flop_rate(spec.precision) * hw.compute_share(min(spec.world, hw.devices_per_node))
     K, M = spec.grad_accum, spec.microbatches_used
-    out, stage_busy, dp_exposed, data_s, worst = [], {}, 0.0, 0.0, {}
+    out, data_s, worst = [], 0.0, {}
     for r in chosen:
         rp = predict_rank(spec, r, shape)
         by_op, group_s = {}, {g: 0.0 for g in links}
-        for (cat, op, group), c in sorted(rp.pop("ops").items()):
+        for (cat, op, group), c in sorted(rp["ops"].items()):
             terms = op_time(c, links[group], hw.gamma)
             key, seconds = f"{cat}/{op}", sum(terms.values())
             by_op[key] = {"sent": c.sent, "messages": c.messages, "link": links[group].name, "time_s": terms}
@@ -88,41 +78,33 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate + (
             rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
         ) / hw.compute_share(min(spec.world, hw.devices_per_node))
-        s, d = rp["coords"]["pp"], rp["coords"]["dp"]
-        stage_busy[s] = max(stage_busy.get(s, 0.0), compute + group_s["tp"] + group_s["pp"])
-        exposed, buckets = group_s["dp"], shape.buckets[s]
-        if spec.zero == 0 and spec.overlap and spec.dp > 1 and len(buckets) > 1:
-            # DDP overlap (Li et al. 2020, sec. 3.2): every bucket but the last can travel while the
-            # last micro-batch's backward is still computing earlier layers.
-            last = sum(
-                op_time(
-                    to_bytes(ALLREDUCE[spec.collectives](buckets[-1], spec.dp, d), spec.prec.grad),
-                    links["dp"],
-                    hw.gamma,
-                ).values()
-            )
-            hidden_by = rp["flops"]["backward"] / rate / (K * M)
-            exposed = max(exposed - hidden_by, last)
-        dp_exposed = max(dp_exposed, exposed)
-        if r == 0:
-            data_s = group_s["world"]
         rp["by_op"] = by_op
+        del rp["ops"]
         rp["time_s"] = {
             "compute": compute,
             "tp": group_s["tp"],
             "pp": group_s["pp"],
             "dp": group_s["dp"],
-            "dp_exposed": exposed,
             "data": group_s["world"],
         }
         out.append(rp)
-    per_mb = [stage_busy[s] / (K * M) for s in sorted(stage_busy)]
-    if spec.pp > 1 and spec.schedule == "naive":
-        makespan = K * M * sum(per_mb)
-    else:
-        makespan = K * (sum(per_mb) + (M - 1) * max(per_mb))
-    busiest = max(stage_busy.values())
-    step = data_s + makespan + dp_exposed
+    starts = data_ready(spec, links["world"]) if spec.data_source == "root" else [0.0] * spec.pp
+    data_s = max(starts)
+    # The step: one pipeline chain per data-parallel index (its stages' slowest tensor-parallel rank).
+    timed = {}
+    for d in sorted({r["coords"]["dp"] for r in out}):
+        stages = {}
+        for s in range(spec.pp):
+            rp = next((r for r in out if r["coords"]["pp"] == s and r["coords"]["dp"] == d), None)
+            if rp is None:
+                rp = predict_rank(spec, s * spec.dp * spec.tp + d * spec.tp, shape)
+            stages[s] = (RankCosts(spec, hw, links, rp, shape.kinds[s], shape.sizes[s]), d, shape.sizes[s])
+        zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
+        timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
+    worst_d = max(timed, key=lambda d: timed[d]["makespan"])
+    makespan, busiest = timed[worst_d]["makespan"], timed[worst_d]["busiest"]
+    dp_exposed = timed[worst_d]["dp_exposed"]
+    step = makespan
     compute = max(r["time_s"]["compute"] for r in out)
     mem_max = {k: max(r["memory"][k] for r in out) for k in MEMORY_KINDS}
     exact = len(out) == spec.world
@@ -150,13 +132,33 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             "compute_s": compute,
             "tp_s": max(r["time_s"]["tp"] for r in out),
             "pp_s": max(r["time_s"]["pp"] for r in out),
-            "bubble_s": max(0.0, makespan - busiest),
+            "bubble_s": max(0.0, makespan - busiest - dp_exposed) if spec.pp > 1 else 0.0,
             "dp_s": max(r["time_s"]["dp"] for r in out),
             "dp_exposed_s": dp_exposed,
             "data_s": data_s,
             "samples_per_s": spec.batch / step if step > 0 else float("inf"),
         },
     }
+
+
+def data_ready(spec: Spec, link) -> list[float]:
+    """--data-source root: when each pipeline stage can start, per stage. Rank 0 sends every other
+    rank its rows with blocking sends, in rank order, one grad-accum micro-step after another (x to
+    first-stage ranks, int64 labels to last-stage ranks): each send returns once its bytes are on
+    the wire, so rank 0 starts after all of them, and rank r has its rows one latency after its last
+    message left. Ranks of a stage start together (their collectives wait for the latest)."""
+    S, per_stage = spec.pp, spec.dp * spec.tp
+    rows = {d: micro_rows(spec, d) for d in range(spec.dp)}
+    wire, start = 0.0, [0.0] * S
+    for dest in range(1, spec.world):
+        s, d, _ = coords_of(dest, spec)
+        for step in rows[d]:
+            r = sum(step)
+            wire += ((r * spec.widths[0] * spec.prec.act if s == 0 else 0) + (r * 8 if s == S - 1 else 0)) * link.beta
+        if (s == 0 or s == S - 1) and dest // per_stage == s:
+            start[s] = max(start[s], wire + link.alpha)
+    start[0] = max(start[0], wire)
+    return start
 
 
 def _short(widths: list) -> list:

@@ -94,6 +94,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         for n in shape.buckets[s]:
             book.add("model", "grad-allreduce", "dp", allreduce(n, p, d), prec.grad)
         memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+        updated = P  # parameters this rank's optimizer sweeps
     else:
         S_r = sum(chunk(n, p, d) for n in layer_n)  # this rank's chunk of every layer
         n_max = max(layer_n)
@@ -101,7 +102,9 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(P, p, d), prec.grad)
             book.add("model", "param-all-gather", "dp", ring_allgather(P, p, d), prec.param)
             memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": chunk(P, p, d) * opt_bpp}
+            updated = chunk(P, p, d)
         else:
+            updated = S_r
             passes = 1 if spec.zero == 2 else spec.grad_accum
             for n in layer_n:
                 book.add(
@@ -138,7 +141,8 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         "ops": book.ops,
         "memory": memory,
         "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
-        "elementwise_bytes": elementwise_bytes(spec, act_row * total_rows, P),
+        "elementwise_bytes": elementwise_bytes(spec, lo, hi, kinds, rows, updated),
+        "params_updated": updated,
         "layers": (lo, hi),
         "params_local": P,
     }
@@ -178,12 +182,50 @@ def _book_root_scatter(spec: Spec, book: Book) -> None:
     book.add("data", "scatter-batch", "world", c, 1)
 
 
-def elementwise_bytes(spec, activation_elements: int, params: int) -> int:
-    """Memory traffic of the work that is not matmul (memory-bound, so timed like the reduction):
-    bias, activation and their derivatives sweep the kept activations about 6 times per step
-    (read+write forward, read x2 + write backward), and the optimizer sweeps the parameters:
-    plain SGD reads w, g and writes w plus zeroing and accumulating the gradient (~6 passes),
-    momentum adds v (~10), Adam its two moments and the square root (~20). Rough by design:
-    a first-order term that keeps small models from looking free."""
-    passes = {"sgd": 10 if spec.momentum else 6, "adam": 20}[spec.optimizer]
-    return (6 * activation_elements) * spec.prec.act + passes * params * spec.prec.param
+def layer_work(spec: Spec, i: int, kind: str) -> dict:
+    """What layer i of kind `kind` costs one (tp) rank, per row of a micro-batch and per call.
+
+    Its shard is a_l x b_l (a column shard b/t wide, a row shard a/t tall); bias and activation run
+    on b_l elements per row (for a row shard: the whole b, after g). Forward: 2 a_l b_l FLOPs per row;
+    bias add 2 b_l and activation 2 b_l elements moved (read + write). Backward: 2 a_l b_l FLOPs for
+    dW and as many for dx (not at layer 0); activation' 3 b_l (read dy, z; write dz) and db's row sum
+    b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
+    activation. (The same accounting the simulated clock charges: simpar/model.py.)
+    """
+    W, t = spec.widths, spec.tp
+    a_l = W[i] // t if kind == "row" else W[i]
+    b_l = W[i + 1] // t if kind == "column" else W[i + 1]
+    act = 0 if i == spec.n_layers - 1 else 1
+    return {
+        "fwd_flops": 2 * a_l * b_l,
+        "bwd_flops": 2 * a_l * b_l * (1 if i == 0 else 2),
+        "fwd_elems": (2 + 2 * act) * b_l,
+        "bwd_elems": (3 * act + 1) * b_l,
+        "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
+    }
+
+
+def optimizer_passes(spec: Spec) -> int:
+    """Sweeps over the updated parameters per step: SGD 6 (10 with momentum), Adam 20 (reads and
+    writes of w, g, state and temporaries; zeroing the gradients included) -- simpar/optim.py."""
+    return {"sgd": 10 if spec.momentum else 6, "adam": 20}[spec.optimizer]
+
+
+LOSS_ELEMS = 6  # softmax cross-entropy sweeps rows x classes about 6 times
+
+
+def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list[int]], updated: int) -> int:
+    """Bytes the memory-bound work of one step moves on a rank whose stage holds layers lo..hi-1:
+    bias, activations and their derivatives (layer_work), the loss on the last stage, and the
+    optimizer's sweeps over the `updated` parameters this rank owns (optimizer_passes)."""
+    per_row = per_call = 0
+    for i, kind in zip(range(lo, hi), kinds):
+        w = layer_work(spec, i, kind)
+        per_row += w["fwd_elems"] + w["bwd_elems"]
+        per_call += w["bwd_call_elems"]
+    if hi == spec.n_layers:
+        per_row += LOSS_ELEMS * spec.widths[-1]
+    micro_batches = sum(len(step) for step in rows)
+    return (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act + (
+        optimizer_passes(spec) * updated * spec.prec.param
+    )

@@ -236,18 +236,25 @@ def local_layer_size(fan_in: int, fan_out: int, kind: str, tp: int) -> int:
     return fan_in * fan_out + fan_out
 
 
-def dp_buckets(layer_sizes: list[int], elem_bytes: int, bucket_mb: float) -> list[int]:
-    """DDP gradient buckets: from the LAST layer back, close a bucket once it reaches bucket_mb MiB."""
-    buckets, current = [], 0
+def dp_bucket_layers(layer_sizes: list[int], elem_bytes: int, bucket_mb: float) -> list[list[int]]:
+    """DDP gradient buckets: from the LAST layer back, close a bucket once it reaches bucket_mb MiB.
+    Each bucket as the positions of its layers (last layer first)."""
+    buckets, current, size = [], [], 0
     limit = bucket_mb * 2**20
-    for n in reversed(layer_sizes):
-        current += n
-        if current * elem_bytes >= limit:
+    for i in reversed(range(len(layer_sizes))):
+        current.append(i)
+        size += layer_sizes[i]
+        if size * elem_bytes >= limit:
             buckets.append(current)
-            current = 0
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
+
+
+def dp_buckets(layer_sizes: list[int], elem_bytes: int, bucket_mb: float) -> list[int]:
+    """Elements in each DDP gradient bucket (see dp_bucket_layers)."""
+    return [sum(layer_sizes[i] for i in b) for b in dp_bucket_layers(layer_sizes, elem_bytes, bucket_mb)]
 
 
 def layer_flops(rows: int, fan_in: int, fan_out: int, first: bool) -> tuple[int, int]:

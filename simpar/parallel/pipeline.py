@@ -171,7 +171,7 @@ class PipelineParallel:
         for step in self.steps:
             self._handlers[type(step)](step, flight)
         with trace.span("wait sends", "comm"):
-            MPI.Request.Waitall([request for request, _ in flight.sends])
+            self.mesh.pp_comm.waitall([request for request, _ in flight.sends])
         flight.sends.clear()
 
     # -- the step handlers ---------------------------------------------------------------------------

@@ -76,3 +76,32 @@ def build_metrics(
             "samples_per_s_median": cfg.batch / float(np.median(step_times)),
         },
     }
+
+
+def sim_summary(per_rank_steps: list, cfg, hw, predicted: dict, serial_step_s: float | None = None) -> dict:
+    """`time.sim` of the metrics: one step in SIMULATED seconds on the hardware profile `hw`.
+
+    Every step of a --compute model run takes the same simulated time, so each figure is the median
+    over steps (robust to the warm-up of --compute measured). Per rank: compute, exposed and
+    overlapped communication, idle (compute + exposed + idle = step); the top-level figures are
+    their averages over ranks. `predicted_step_s` is the cost model's step on the same profile.
+    """
+    keys = ("step_s", "compute_s", "comm_exposed_s", "comm_overlapped_s", "idle_s")
+    per_rank = []
+    for rank, steps in enumerate(per_rank_steps):
+        per_rank.append({"rank": rank, **{k: float(np.median([s[k] for s in steps])) for k in keys}})
+    step = per_rank[0]["step_s"]
+    out = {
+        "unit": f"simulated seconds on {hw.name}",
+        "hardware": hw.name,
+        "compute_model": cfg.compute,
+        "step_s": step,
+        "samples_per_s": cfg.batch / step if step > 0 else float("inf"),
+        **{k: float(np.mean([r[k] for r in per_rank])) for k in keys[1:]},
+        "per_rank": per_rank,
+        "predicted_step_s": predicted["time"]["step_s"],
+    }
+    if serial_step_s:
+        out["serial_step_s_predicted"] = serial_step_s
+        out["speedup_vs_serial_predicted"] = serial_step_s / step if step > 0 else None
+    return out
