@@ -20,7 +20,7 @@ from __future__ import annotations
 from .. import collectives, trace
 from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
+from .base import SerialStack, Strategy
 
 
 class GradientBuckets:
@@ -88,19 +88,17 @@ class GradientBuckets:
         self.ready.clear()
 
 
-class DataParallel:
+class DataParallel(Strategy):
     """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial."""
 
     def __init__(self, cfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
+        super().__init__(cfg, mesh)
         self.stack = self.build_stack(cfg, mesh)
         self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
         self.buckets = GradientBuckets(
             self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
-        self.meter = ActivationMeter()
-        self.watch = NonFiniteWatch()
 
     def build_stack(self, cfg, mesh):
         """The layers this rank computes: here all of them, whole (tensor.py shards them instead)."""
@@ -123,14 +121,12 @@ class DataParallel:
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
 
-    @property
-    def first_nonfinite(self):
-        return self.watch.first
-
     def full_weights(self):
         if self.mesh.world.rank != 0:
             return None
         return [(layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
 
     def memory(self) -> dict:
-        return memory_report(self.store, self.optimizer, self.meter)
+        return self.memory_of(
+            self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
+        )

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import collectives
 from ..model import ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
-from .base import ActivationMeter, NonFiniteWatch
+from .base import HeldBytes, NonFiniteWatch
 from .data import DataParallel
 
 COLUMN, ROW, REPLICATED = "column", "row", "replicated"
@@ -120,7 +120,7 @@ class TensorParallelStack:
         return layer_backward(dataclasses.replace(layer, act="none"), Context(ctx.x, dz, dz), dz)
 
     # -- the SerialStack interface --------------------------------------------------------------
-    def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
+    def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):
         """y is replicated on every tp rank (a column layer's output shard is never the stack's output)."""
         contexts = []
         for layer, kind in zip(self.store.layers, self.kinds):
@@ -129,18 +129,18 @@ class TensorParallelStack:
             else:  # column: f is the identity; replicated: plain
                 x, ctx = layer_forward(layer, f_forward(x) if kind == COLUMN else x)
             watch.check(layer.index, x)  # a column shard: the world-wide MIN finds the layer
-            meter.keep(ctx)
+            meter.take(ctx.nbytes)
             contexts.append(ctx)
         return x, contexts
 
-    def backward(self, contexts, grad, meter: ActivationMeter, on_layer_done=None):
+    def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
         """Returns dL/d(input) replicated on every tp rank, or None when the stack starts at layer 0."""
         for layer, kind, ctx in zip(reversed(self.store.layers), reversed(self.kinds), reversed(contexts)):
             if kind == ROW:
                 grad = self._row_backward(layer, ctx, grad)
             else:
                 grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
-            meter.release(ctx)
+            meter.free(ctx.nbytes)
             # The shard's gradients are final now: let data parallelism start its bucket BEFORE the
             # f all-reduce below, so gradient and activation traffic overlap.
             if on_layer_done is not None:
