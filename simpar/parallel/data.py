@@ -89,20 +89,21 @@ class GradientBuckets:
 
 
 class DataParallel(Strategy):
-    """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial."""
+    """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial.
 
-    def __init__(self, cfg, mesh):
+    `stack` is the layers this rank runs: by default all of them whole (a SerialStack). Tensor
+    parallelism passes its TensorParallelStack instead and so reuses this very step -- buckets,
+    overlap, accumulation -- for its dp replicas (tensor.py reports the loss and weights itself).
+    """
+
+    def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = self.build_stack(cfg, mesh)
+        self.stack = stack if stack is not None else SerialStack(cfg, list(range(cfg.n_layers)))
         self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
         self.buckets = GradientBuckets(
             self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
-
-    def build_stack(self, cfg, mesh):
-        """The layers this rank computes: here all of them, whole (tensor.py shards them instead)."""
-        return SerialStack(cfg, list(range(cfg.n_layers)))
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         self.store.zero_grad()

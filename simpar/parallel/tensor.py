@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import collectives
 from ..model import ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
-from .base import HeldBytes, NonFiniteWatch
+from .base import HeldBytes, NonFiniteWatch, Strategy
 from .data import DataParallel
 
 COLUMN, ROW, REPLICATED = "column", "row", "replicated"
@@ -168,16 +168,21 @@ class TensorParallelStack:
         return out
 
 
-class TensorParallel(DataParallel):
-    """The whole model tensor-parallel over mesh.tp_comm; with dp > 1, the same training step as
-    data parallelism (buckets, overlap, accumulation: parallel/data.py), except that each DP
-    all-reduce carries only this rank's shard, summed with the same-position shards of other replicas."""
+class TensorParallel(Strategy):
+    """The whole model tensor-parallel over mesh.tp_comm, by composition: the data-parallel step
+    (buckets, overlap, accumulation: parallel/data.py) runs this rank's TensorParallelStack. With
+    dp > 1 each DP all-reduce carries only this rank's shard, summed with the same-position shards
+    of the other replicas; with dp = 1 that step simply sends nothing."""
 
-    def build_stack(self, cfg, mesh):
-        return TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+    def __init__(self, cfg, mesh):
+        super().__init__(cfg, mesh)
+        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        self.replicas = DataParallel(cfg, mesh, stack=self.stack)
+        # One meter and one watch: those of the step that runs the stack.
+        self.meter, self.watch = self.replicas.meter, self.replicas.watch
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        loss = super().train_step(micro_steps, global_batch)
+        loss = self.replicas.train_step(micro_steps, global_batch)
         # Every tp rank computed the same logits; report the loss once per tp group, or the
         # world-wide sum would count it t times.
         return loss if self.mesh.tp_index == 0 else 0.0
@@ -191,3 +196,6 @@ class TensorParallel(DataParallel):
         if self.mesh.world.rank != 0:
             return None
         return [(W, b) for _, W, b in pieces]
+
+    def memory(self) -> dict:
+        return self.replicas.memory()  # this rank's shards, from the arrays the stack holds
