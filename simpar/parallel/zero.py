@@ -30,8 +30,8 @@ layer, and its volume is 3K(p-1)/p * P. (DeepSpeed makes the same choice for sta
 Memory, in bytes, measured from the arrays this rank holds (bpe = bytes per element, S1 = chunk_r(P),
 S = sum over layers of chunk_r(n_l), n_max = the largest layer, K_opt = 1 for SGD with momentum,
 2 for Adam):
-  params     stage 1/2: P*bpe;  stage 3: S*bpe (the persistent shard; the one gathered layer that is
-             alive while it computes, at most n_max*bpe, is reported by `gathered_params_peak`)
+  params     stage 1/2: P*bpe;  stage 3: (S + n_max)*bpe -- the persistent shard plus the largest
+             full layer gathered for compute, alive at once (one layer at a time: the peak)
   grads      stage 1: P*bpe;  stage 2: (S + n_max)*bpe, or (S + P)*bpe if K > 1;  stage 3: (S + n_max)*bpe
              -- the shard plus the largest transient layer buffer alive at once (the peak)
   optimizer  stage 1: K_opt*S1*bpe;  stage 2/3: K_opt*S*bpe
@@ -260,10 +260,9 @@ class ZeroDataParallel(Strategy):
                 self.comm.send(self.param_shard[self.segments[i]], 0, "control", "gather-weights")
         return out if self.mesh.world.rank == 0 else None
 
-    @property
-    def gathered_params_peak(self) -> int:
-        """Stage 3: bytes of the largest gathered full layer alive at once (0 for stages 1/2)."""
-        return self.gathered.peak
-
     def memory(self) -> dict:
-        return self.memory_of(self.params_bytes, self.grads_held.peak, self.optimizer.state_nbytes())
+        # Stage 3 holds its shard plus, while a layer computes, that layer gathered in full: the
+        # peak of the two together is what it needs (gathered.peak is 0 for stages 1/2).
+        return self.memory_of(
+            self.params_bytes + self.gathered.peak, self.grads_held.peak, self.optimizer.state_nbytes()
+        )
