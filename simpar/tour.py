@@ -76,19 +76,18 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         cfg.trace = os.path.join(out_dir, "trace.json") if name.endswith("1f1b") and cfg.pp > 1 else None
         need = (cfg.dp or 1) * cfg.tp * cfg.pp
         sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
-        metrics, problem = None, None
+        result, problem = None, None
         if sub != MPI.COMM_NULL:
             started = time.perf_counter()
             try:
-                metrics = run_training(cfg, Communicator(sub, Ledger(), name))
+                result = run_training(cfg, Communicator(sub, Ledger(), name))
             except SimparError as exc:  # raised on every rank of `sub`, rank 0 among them
                 problem = f"{name}: {exc}"
             sub.Free()
-            if metrics is not None:
-                metrics.pop("_weights")
-                trace = metrics.pop("_trace")
+            if result is not None:
+                metrics = result.metrics
                 if cfg.trace:
-                    write_trace(cfg.trace, trace)
+                    write_trace(cfg.trace, result.trace)
                 metrics["tour_wall_s"] = time.perf_counter() - started
                 write_json(os.path.join(out_dir, f"{name}.json"), metrics)
                 results.append((name, metrics))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -118,15 +119,25 @@ class Progress:
             self.bar.close()
 
 
-def run_training(cfg: RunConfig, world: Communicator) -> dict | None:
-    """Train one layout on all ranks of `world`; returns the metrics dict on rank 0 (None elsewhere)."""
+@dataclass
+class RunResult:
+    """What one run leaves on rank 0: the metrics document (report/metrics.py; JSON-ready), the final
+    full-shape weights [(W, b), ...], and every rank's trace events (None per rank without --trace)."""
+
+    metrics: dict
+    weights: list
+    trace: list
+
+
+def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
+    """Train one layout on all ranks of `world`; returns a RunResult on rank 0 (None elsewhere)."""
     # Overflow is detected where it matters (a non-finite loss, blamed on a layer): NumPy's own
     # warnings would only print the same news once per rank, in the middle of the progress bar.
     with np.errstate(all="ignore"):
         return _run_training(cfg, world)
 
 
-def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
+def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     validate(cfg, world.size)
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
@@ -235,9 +246,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> dict | None:
         per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
-    metrics["_weights"] = weights
-    metrics["_trace"] = [g["trace"] for g in gathered]
-    return metrics
+    return RunResult(metrics, weights, [g["trace"] for g in gathered])
 
 
 def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
@@ -250,7 +259,10 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
             ("--trace", cfg.trace),
         ):
             if path and not writable(path):
-                problem = f"{flag} {path}: not a writable file path (its folder is missing or read-only, or it is a folder)"
+                problem = (
+                    f"{flag} {path}: not a writable file path "
+                    "(its folder is missing or read-only, or it is a folder)"
+                )
                 break
     problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
     if problem:
@@ -317,15 +329,14 @@ def _mpi_min():
 
 def train_main(cfg: RunConfig) -> int:
     world = init_mpi()
-    metrics = run_training(cfg, world)
-    if metrics is not None:
-        weights, trace = metrics.pop("_weights"), metrics.pop("_trace")
+    result = run_training(cfg, world)
+    if result is not None:
         if not cfg.quiet:
-            print_summary(metrics)
+            print_summary(result.metrics)
         if cfg.metrics_out:
-            write_json(cfg.metrics_out, metrics)
+            write_json(cfg.metrics_out, result.metrics)
         if cfg.weights_out:
-            write_weights(cfg.weights_out, weights)
+            write_weights(cfg.weights_out, result.weights)
         if cfg.trace:
-            write_trace(cfg.trace, trace)
+            write_trace(cfg.trace, result.trace)
     return 0

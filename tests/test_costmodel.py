@@ -76,7 +76,8 @@ def test_data_parallel_step_bytes():
 
 
 def test_zero_traffic_formulas():
-    """Layers of 1024x1024+1024 elements split evenly over 8 ranks: ZeRO-1/2 = 2(p-1)/p P, ZeRO-3 = 3(p-1)/p P."""
+    """Layers of 1024x1024+1024 elements split evenly over 8 ranks: ZeRO-1/2 = 2(p-1)/p P,
+    ZeRO-3 = 3(p-1)/p P."""
     widths = [1024] * 5
     P, p = 4 * (1024 * 1024 + 1024), 8
     for stage, factor in ((0, 2), (1, 2), (2, 2), (3, 3)):
@@ -87,7 +88,8 @@ def test_zero_traffic_formulas():
 
 def test_zero_memory_mixed_adam():
     """ZeRO paper (sec. 5): (2+2+K)P, 4P + KP/p, 2P + (2+K)P/p, (2+2+K)P/p with K = 12. simpar's
-    stage 2/3 also hold ONE full layer's gradient buffer while it is reduce-scattered (2*n bytes)."""
+    stage 2/3 also hold ONE full layer's gradient buffer while it is reduce-scattered (2*n bytes),
+    and stage 3 one full layer's fp16 parameters while it computes (another 2*n bytes)."""
     widths = [1024] * 9
     n = 1024 * 1024 + 1024
     P, p, K = 8 * n, 8, 12
@@ -96,13 +98,26 @@ def test_zero_memory_mixed_adam():
         0: 16 * P,
         1: 4 * P + K * P // p,
         2: 2 * P + (2 + K) * P // p + 2 * n,
-        3: (2 + 2 + K) * P // p + 2 * n,
+        3: (2 + 2 + K) * P // p + 2 * n + 2 * n,
     }
     assert expect[0] == 134_348_800 and expect[1] == 46_182_400
     for stage, total in expect.items():
         spec = cm.Spec(widths=widths, batch=64, dp=p, zero=stage, precision="mixed", optimizer="adam")
         mem = cm.predict_rank(spec, 5)["memory"]
         assert mem["params"] + mem["grads"] + mem["optimizer"] == total, stage
+
+
+def test_zero3_params_shard_plus_largest_gathered_layer():
+    """ZeRO-3 holds its chunk of every layer and, while a layer computes, that whole layer gathered
+    (one at a time): params = (sum_l chunk_r(n_l) + max_l n_l) * bpe, with uneven chunks (digits, p = 3)."""
+    sizes = [a * b + b for a, b in zip(DIGITS[:-1], DIGITS[1:])]
+    p = 3
+    for r in range(p):
+        shard = sum(n // p + (r < n % p) for n in sizes)  # chunk r of n split p ways
+        spec = cm.Spec(widths=DIGITS, batch=64, dp=p, zero=3, precision="fp64")
+        mem = cm.predict_rank(spec, r)["memory"]
+        assert mem["params"] == (shard + max(sizes)) * 8, r
+        assert mem["grads"] == (shard + max(sizes)) * 8, r
 
 
 def test_tensor_parallel_pair():

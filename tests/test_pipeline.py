@@ -57,18 +57,18 @@ cases = json.load(open(sys.argv[1]))
 rank = MPI.COMM_WORLD.Get_rank()
 serial, out = {}, {}
 for name, kw in cases:
-    metrics = run_training(RunConfig(**kw), Communicator(MPI.COMM_WORLD, Ledger(), "world"))
+    result = run_training(RunConfig(**kw), Communicator(MPI.COMM_WORLD, Ledger(), "world"))
     if rank != 0:
         continue
+    metrics = result.metrics
     ref_kw = {k: v for k, v in kw.items() if k not in LAYOUT}
     key = json.dumps(ref_kw, sort_keys=True)
     if key not in serial:
         serial[key] = run_training(RunConfig(**ref_kw), Communicator(MPI.COMM_SELF, Ledger(), "self"))
     ref = serial[key]
     metrics["weight_err"] = max(float(np.abs(a - b).max() / np.abs(a).max())
-                                for pa, pb in zip(ref["_weights"], metrics["_weights"]) for a, b in zip(pa, pb))
-    metrics["loss_err"] = max(abs(a - b) / abs(a) for a, b in zip(ref["losses"], metrics["losses"]))
-    del metrics["_weights"], metrics["_trace"]
+                                for pa, pb in zip(ref.weights, result.weights) for a, b in zip(pa, pb))
+    metrics["loss_err"] = max(abs(a - b) / abs(a) for a, b in zip(ref.metrics["losses"], metrics["losses"]))
     out[name] = metrics
 if rank == 0:
     json.dump(out, open(sys.argv[2], "w"))

@@ -179,7 +179,7 @@ import numpy as np
 from simpar.comm import Communicator, Ledger
 from simpar.config import RunConfig
 from simpar.mesh import Mesh
-from simpar.parallel.base import ActivationMeter, NonFiniteWatch, SerialStack
+from simpar.parallel.base import HeldBytes, NonFiniteWatch, SerialStack
 from simpar.parallel.tensor import TensorParallelStack
 from mpi4py import MPI
 
@@ -191,12 +191,12 @@ for indices in ([1, 2], [1, 2, 3], [0, 1, 2], [2], [0, 1, 2, 3]):
     x = rng.standard_normal((5, cfg.layers[indices[0]]))
     dy = rng.standard_normal((5, cfg.layers[indices[-1] + 1]))
     ref, tp = SerialStack(cfg, indices), TensorParallelStack(cfg, mesh, indices)
-    y_ref, c_ref = ref.forward(x, ActivationMeter(), NonFiniteWatch())
+    y_ref, c_ref = ref.forward(x, HeldBytes(), NonFiniteWatch())
     before = world.ledger.by_op[("activation", "tp-f-allreduce")][0]
-    meter, done = ActivationMeter(), []
+    meter, done = HeldBytes(), []
     y, ctx = tp.forward(x.copy(), meter, NonFiniteWatch())
     assert np.allclose(y, y_ref, rtol=1e-13, atol=1e-13), indices
-    dx_ref = ref.backward(c_ref, dy.copy(), ActivationMeter())
+    dx_ref = ref.backward(c_ref, dy.copy(), HeldBytes())
     dx = tp.backward(ctx, dy.copy(), meter, done.append)
     assert meter.live == 0 and sorted(done) == sorted(indices), (meter.live, done)
     if indices[0] == 0:

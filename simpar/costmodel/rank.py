@@ -1,9 +1,10 @@
 """One rank's step: the bytes and messages it sends, by category and by collective, the memory it
 holds and the FLOPs it computes (predict_rank).
 
-Part of the cost model: the formulas of each collective are in collectives.py, the Spec
-and how simpar cuts it up in spec.py; predict.py turns these numbers into a step time. The bytes and the params/grads/optimizer memory are derived from the same rules the
-implementation follows, and the tests hold the ledger to them to the byte.
+Part of the cost model: the formulas of each collective are in collectives.py, the Spec and how
+simpar cuts it up in spec.py; predict.py turns these numbers into a step time. The bytes and the
+params/grads/optimizer memory are derived from the same rules the implementation follows, and the
+tests hold the ledger to them to the byte.
 
 Where the numbers come from (p ranks in a group, N elements; the ring reduce-scatter, all-gather and
 all-reduce of N, and how chunks are cut, are in collectives.py):
@@ -21,6 +22,13 @@ all-reduce of N, and how chunks are cut, are in collectives.py):
                        the last, rows x in-width backward ("pp-send-grad") from every stage but the first
   data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
                        labels (rows x 8 bytes, int64) to last-stage ranks, every tp rank its own copy
+
+Memory of ZeRO (S_r = this rank's chunk of every layer, n_max = the largest layer's n_l = fi*fo + fo):
+  params     stage 1/2: P;  stage 3: S_r + n_max -- the shard, plus one full layer gathered while it
+             computes (layers are gathered one at a time, so the largest one is the peak)
+  grads      stage 1: P;  stage 2/3: S_r + n_max (one layer's buffer while it is reduce-scattered),
+             or S_r + P for stage 2 with grad-accum > 1 (a full accumulation buffer)
+  optimizer  stage 1: its chunk of the flat P;  stage 2/3: S_r  (times the optimizer's bytes per element)
 """
 
 from __future__ import annotations
@@ -120,7 +128,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 )
             held = P if spec.zero == 2 and spec.grad_accum > 1 else n_max
             memory = {
-                "params": (P if spec.zero == 2 else S_r) * prec.param,
+                "params": (P if spec.zero == 2 else S_r + n_max) * prec.param,
                 "grads": (S_r + held) * prec.grad,
                 "optimizer": S_r * opt_bpp,
             }

@@ -1,38 +1,45 @@
 """What every strategy offers the training loop, and the small pieces they share.
 
-A strategy owns this rank's parameters (a ParamStore), its optimizer, and the communication its
-layout needs. The training loop only calls:
+A strategy owns this rank's parameters, its optimizer, and the communication its layout needs.
+`Strategy` is the interface; the training loop only calls:
 
     train_step(micro_steps, global_batch) -> this rank's share of the loss (0.0 if it computes none)
     full_weights()  -> the full-shape [(W, b), ...] on world rank 0 (None elsewhere); control traffic
     memory()        -> bytes this rank holds: params, grads, optimizer, activations_peak
     first_nonfinite -> the lowest layer index whose output held NaN/inf in the last step, or None
+
+Shared pieces: HeldBytes (bytes held now and at the peak: activations, gathered parameters,
+gradient buffers), NonFiniteWatch (which layer went NaN first), and SerialStack (whole layers run
+with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 
-from ..model import Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
+from ..model import ParamStore, activation_of, init_layer, layer_backward, layer_forward
 
 
-class ActivationMeter:
-    """Tracks the bytes of activations kept alive for backward; remembers the peak.
+class HeldBytes:
+    """Bytes of one kind of state this rank holds right now, and the most it ever held at once.
 
-    Measured from the arrays actually held (inputs and pre-activations in each Context), so GPipe's
-    M micro-batches in flight and 1F1B's at-most-S show up as they really are.
+    Measured from the arrays actually held: for activations the inputs and pre-activations each
+    Context keeps for backward, so GPipe's M micro-batches in flight and 1F1B's at-most-S show up as
+    they really are; for ZeRO the gathered parameter layer and the transient gradient buffers.
     """
 
     def __init__(self):
         self.live = 0
         self.peak = 0
 
-    def keep(self, ctx: Context) -> None:
-        self.live += ctx.nbytes
+    def take(self, nbytes: int) -> None:
+        self.live += nbytes
         self.peak = max(self.peak, self.live)
 
-    def release(self, ctx: Context) -> None:
-        self.live -= ctx.nbytes
+    def free(self, nbytes: int) -> None:
+        self.live -= nbytes
 
 
 class NonFiniteWatch:
@@ -54,13 +61,43 @@ class NonFiniteWatch:
                 self.first = layer_index
 
 
-def memory_report(store, optimizer, meter: ActivationMeter, extra_params: int = 0) -> dict:
-    return {
-        "params": int(store.params.nbytes + extra_params),
-        "grads": int(store.grads.nbytes),
-        "optimizer": int(optimizer.state_nbytes()),
-        "activations_peak": int(meter.peak),
-    }
+class Strategy(ABC):
+    """One parallel layout on this rank: what the training loop calls (see the module docstring).
+
+    Every strategy keeps `meter` (activations held for backward; its peak is `activations_peak`)
+    and `watch` (reset at the start of each train_step, checked on every layer's output).
+    """
+
+    def __init__(self, cfg, mesh):
+        self.cfg, self.mesh = cfg, mesh
+        self.meter = HeldBytes()
+        self.watch = NonFiniteWatch()
+
+    @abstractmethod
+    def train_step(self, micro_steps, global_batch: int) -> float:
+        """Forward, backward and the optimizer step over this rank's micro-steps [(x, y), ...]
+        (grad-accum); returns this rank's share of the loss, counted once over the world."""
+
+    @abstractmethod
+    def full_weights(self) -> list | None:
+        """Full-shape [(W, b), ...] on world rank 0, None elsewhere; every rank must call it."""
+
+    @abstractmethod
+    def memory(self) -> dict:
+        """Bytes this rank holds: {"params", "grads", "optimizer", "activations_peak"}."""
+
+    @property
+    def first_nonfinite(self) -> int | None:
+        return self.watch.first
+
+    def memory_of(self, params: int, grads: int, optimizer: int) -> dict:
+        """The memory() dict, activations_peak from this strategy's meter."""
+        return {
+            "params": int(params),
+            "grads": int(grads),
+            "optimizer": int(optimizer),
+            "activations_peak": int(self.meter.peak),
+        }
 
 
 class SerialStack:
@@ -84,20 +121,20 @@ class SerialStack:
             cfg.dtype,
         )
 
-    def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
+    def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):
         contexts = []
         for layer in self.store.layers:
             x, ctx = layer_forward(layer, x)
             watch.check(layer.index, x)
-            meter.keep(ctx)
+            meter.take(ctx.nbytes)
             contexts.append(ctx)
         return x, contexts
 
-    def backward(self, contexts, grad, meter: ActivationMeter, on_layer_done=None):
+    def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
         """Returns dL/d(input of the stack), or None when the stack starts at the model's first layer."""
         for layer, ctx in zip(reversed(self.store.layers), reversed(contexts)):
             grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
-            meter.release(ctx)
+            meter.free(ctx.nbytes)
             if on_layer_done is not None:
                 on_layer_done(layer.index)
         return grad

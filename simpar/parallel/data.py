@@ -20,7 +20,7 @@ from __future__ import annotations
 from .. import collectives, trace
 from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
+from .base import SerialStack, Strategy
 
 
 class GradientBuckets:
@@ -88,23 +88,22 @@ class GradientBuckets:
         self.ready.clear()
 
 
-class DataParallel:
-    """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial."""
+class DataParallel(Strategy):
+    """The whole model on every rank; gradients summed over the data-parallel group. dp=1 is serial.
 
-    def __init__(self, cfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
-        self.stack = self.build_stack(cfg, mesh)
+    `stack` is the layers this rank runs: by default all of them whole (a SerialStack). Tensor
+    parallelism passes its TensorParallelStack instead and so reuses this very step -- buckets,
+    overlap, accumulation -- for its dp replicas (tensor.py reports the loss and weights itself).
+    """
+
+    def __init__(self, cfg, mesh, stack=None):
+        super().__init__(cfg, mesh)
+        self.stack = stack if stack is not None else SerialStack(cfg, list(range(cfg.n_layers)))
         self.store = self.stack.store
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
         self.buckets = GradientBuckets(
             self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
-        self.meter = ActivationMeter()
-        self.watch = NonFiniteWatch()
-
-    def build_stack(self, cfg, mesh):
-        """The layers this rank computes: here all of them, whole (tensor.py shards them instead)."""
-        return SerialStack(cfg, list(range(cfg.n_layers)))
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         self.store.zero_grad()
@@ -123,14 +122,12 @@ class DataParallel:
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
 
-    @property
-    def first_nonfinite(self):
-        return self.watch.first
-
     def full_weights(self):
         if self.mesh.world.rank != 0:
             return None
         return [(layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
 
     def memory(self) -> dict:
-        return memory_report(self.store, self.optimizer, self.meter)
+        return self.memory_of(
+            self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
+        )

@@ -18,7 +18,8 @@ coordinates): stage s sends its output (rows x layers[hi_s]) forward as "pp-send
 gradient w.r.t. its input (rows x layers[lo_s]) backward as "pp-send-grad". Per step, with B_r =
 this rank's rows (the global batch / dp, summed over grad-accum micro-steps) and bpe bytes per element:
 
-    sent by a rank of stage s:  B_r * layers[hi_s] * bpe   (if s < S-1)  +  B_r * layers[lo_s] * bpe  (if s > 0)
+    sent by a rank of stage s:  B_r * layers[hi_s] * bpe  (if s < S-1)
+                              + B_r * layers[lo_s] * bpe  (if s > 0)
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its own
 (identical, replicated) copy. A pure pipeline (dp = 1) sends no "model" bytes at all; with dp > 1
@@ -42,7 +43,7 @@ from .. import trace
 from ..data import distributed_sampler, micro_steps
 from ..model import softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, SerialStack, memory_report
+from .base import SerialStack, Strategy
 from .data import GradientBuckets
 from .schedules import (
     AllReduceGrads,
@@ -81,11 +82,11 @@ class InFlight:
     loss: float = 0.0
 
 
-class PipelineParallel:
-    """This rank's stage of the pipeline; the DataParallel interface (see base.py)."""
+class PipelineParallel(Strategy):
+    """This rank's stage of the pipeline; the Strategy interface (see base.py)."""
 
     def __init__(self, cfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
+        super().__init__(cfg, mesh)
         self.S, self.s, self.M = mesh.pp, mesh.pp_index, cfg.microbatches
         self.bounds = partition_layers(cfg.layers, self.S, cfg.stage_layers)
         lo, hi = self.bounds[self.s]
@@ -101,8 +102,6 @@ class PipelineParallel:
         self.buckets = GradientBuckets(
             self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
-        self.meter = ActivationMeter()
-        self.watch = NonFiniteWatch()
         self.dtype = np.dtype(cfg.dtype)
         self.steps = build_schedule(cfg.schedule, self.S, self.M)[self.s]
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
@@ -252,10 +251,6 @@ class PipelineParallel:
             self.buckets.finish()
 
     # -- the rest of the strategy interface ----------------------------------------------------------
-    @property
-    def first_nonfinite(self):
-        return self.watch.first
-
     def full_weights(self):
         """World rank 0 gets [(W, b)] for every layer; all ranks must call (control traffic).
 
@@ -270,4 +265,6 @@ class PipelineParallel:
         return [by_layer[i] for i in range(self.cfg.n_layers)]
 
     def memory(self) -> dict:
-        return memory_report(self.store, self.optimizer, self.meter)
+        return self.memory_of(
+            self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
+        )

@@ -271,7 +271,8 @@ def show_schedule_main(schedule: str, S: int, M: int, forward: int = 1, backward
         [
             f"{TITLES.get(name, name)}: {S} stages x {M} micro-batches, "
             f"forward = {forward} time unit, backward = {backward}",
-            "Fk = forward of micro-batch k, Bk = its backward (one cell per time unit), . = idle (the bubble)",
+            "Fk = forward of micro-batch k, Bk = its backward (one cell per time unit), "
+            ". = idle (the bubble)",
             "",
             format_grid(tl),
             "",

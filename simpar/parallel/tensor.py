@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import collectives
 from ..model import ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
-from .base import ActivationMeter, NonFiniteWatch
+from .base import HeldBytes, NonFiniteWatch, Strategy
 from .data import DataParallel
 
 COLUMN, ROW, REPLICATED = "column", "row", "replicated"
@@ -120,7 +120,7 @@ class TensorParallelStack:
         return layer_backward(dataclasses.replace(layer, act="none"), Context(ctx.x, dz, dz), dz)
 
     # -- the SerialStack interface --------------------------------------------------------------
-    def forward(self, x, meter: ActivationMeter, watch: NonFiniteWatch):
+    def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):
         """y is replicated on every tp rank (a column layer's output shard is never the stack's output)."""
         contexts = []
         for layer, kind in zip(self.store.layers, self.kinds):
@@ -129,18 +129,18 @@ class TensorParallelStack:
             else:  # column: f is the identity; replicated: plain
                 x, ctx = layer_forward(layer, f_forward(x) if kind == COLUMN else x)
             watch.check(layer.index, x)  # a column shard: the world-wide MIN finds the layer
-            meter.keep(ctx)
+            meter.take(ctx.nbytes)
             contexts.append(ctx)
         return x, contexts
 
-    def backward(self, contexts, grad, meter: ActivationMeter, on_layer_done=None):
+    def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
         """Returns dL/d(input) replicated on every tp rank, or None when the stack starts at layer 0."""
         for layer, kind, ctx in zip(reversed(self.store.layers), reversed(self.kinds), reversed(contexts)):
             if kind == ROW:
                 grad = self._row_backward(layer, ctx, grad)
             else:
                 grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
-            meter.release(ctx)
+            meter.free(ctx.nbytes)
             # The shard's gradients are final now: let data parallelism start its bucket BEFORE the
             # f all-reduce below, so gradient and activation traffic overlap.
             if on_layer_done is not None:
@@ -168,16 +168,21 @@ class TensorParallelStack:
         return out
 
 
-class TensorParallel(DataParallel):
-    """The whole model tensor-parallel over mesh.tp_comm; with dp > 1, the same training step as
-    data parallelism (buckets, overlap, accumulation: parallel/data.py), except that each DP
-    all-reduce carries only this rank's shard, summed with the same-position shards of other replicas."""
+class TensorParallel(Strategy):
+    """The whole model tensor-parallel over mesh.tp_comm, by composition: the data-parallel step
+    (buckets, overlap, accumulation: parallel/data.py) runs this rank's TensorParallelStack. With
+    dp > 1 each DP all-reduce carries only this rank's shard, summed with the same-position shards
+    of the other replicas; with dp = 1 that step simply sends nothing."""
 
-    def build_stack(self, cfg, mesh):
-        return TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+    def __init__(self, cfg, mesh):
+        super().__init__(cfg, mesh)
+        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        self.replicas = DataParallel(cfg, mesh, stack=self.stack)
+        # One meter and one watch: those of the step that runs the stack.
+        self.meter, self.watch = self.replicas.meter, self.replicas.watch
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        loss = super().train_step(micro_steps, global_batch)
+        loss = self.replicas.train_step(micro_steps, global_batch)
         # Every tp rank computed the same logits; report the loss once per tp group, or the
         # world-wide sum would count it t times.
         return loss if self.mesh.tp_index == 0 else 0.0
@@ -191,3 +196,6 @@ class TensorParallel(DataParallel):
         if self.mesh.world.rank != 0:
             return None
         return [(W, b) for _, W, b in pieces]
+
+    def memory(self) -> dict:
+        return self.replicas.memory()  # this rank's shards, from the arrays the stack holds

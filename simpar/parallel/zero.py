@@ -30,8 +30,8 @@ layer, and its volume is 3K(p-1)/p * P. (DeepSpeed makes the same choice for sta
 Memory, in bytes, measured from the arrays this rank holds (bpe = bytes per element, S1 = chunk_r(P),
 S = sum over layers of chunk_r(n_l), n_max = the largest layer, K_opt = 1 for SGD with momentum,
 2 for Adam):
-  params     stage 1/2: P*bpe;  stage 3: S*bpe (the persistent shard; the one gathered layer that is
-             alive while it computes, at most n_max*bpe, is reported by `gathered_params_peak`)
+  params     stage 1/2: P*bpe;  stage 3: (S + n_max)*bpe -- the persistent shard plus the largest
+             full layer gathered for compute, alive at once (one layer at a time: the peak)
   grads      stage 1: P*bpe;  stage 2: (S + n_max)*bpe, or (S + P)*bpe if K > 1;  stage 3: (S + n_max)*bpe
              -- the shard plus the largest transient layer buffer alive at once (the peak)
   optimizer  stage 1: K_opt*S1*bpe;  stage 2/3: K_opt*S*bpe
@@ -51,29 +51,15 @@ import numpy as np
 from .. import collectives
 from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward, softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import ActivationMeter, NonFiniteWatch, SerialStack
+from .base import HeldBytes, SerialStack, Strategy
 
 
-class HeldBytes:
-    """Bytes of some kind of state this rank holds right now, and the most it ever held at once."""
-
-    def __init__(self):
-        self.live = 0
-        self.peak = 0
-
-    def take(self, nbytes: int) -> None:
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def free(self, nbytes: int) -> None:
-        self.live -= nbytes
-
-
-class ZeroDataParallel:
-    """ZeRO stage 1, 2 or 3 over the data-parallel group (cfg.zero); the DataParallel interface."""
+class ZeroDataParallel(Strategy):
+    """ZeRO stage 1, 2 or 3 over the data-parallel group (cfg.zero); the Strategy interface."""
 
     def __init__(self, cfg, mesh):
-        self.cfg, self.mesh, self.stage = cfg, mesh, cfg.zero
+        super().__init__(cfg, mesh)
+        self.stage = cfg.zero
         self.comm = mesh.dp_comm
         self.p, self.r = self.comm.size, self.comm.rank
         self.dtype = np.dtype(cfg.dtype)
@@ -85,7 +71,7 @@ class ZeroDataParallel:
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
         self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
-        self.meter, self.watch = ActivationMeter(), NonFiniteWatch()
+        # Besides the activations (self.meter): gradient buffers, and stage 3's gathered layers.
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         if self.stage == 1:
             self._init_stage1()
@@ -191,7 +177,7 @@ class ZeroDataParallel:
             self._done_with(full)
             del full, W, b
             self.watch.check(i, x)
-            self.meter.keep(ctx)
+            self.meter.take(ctx.nbytes)
             contexts.append(ctx)
         loss, grad = softmax_cross_entropy(x, y, global_batch)
         for i in reversed(range(len(self.sizes))):
@@ -210,7 +196,7 @@ class ZeroDataParallel:
             self.grads_held.take(buf.nbytes)
         dW, db = self._views(i, buf)
         grad = layer_backward(Linear(i, W, b, dW, db, self.acts[i]), ctx, grad, need_dx=i > 0)
-        self.meter.release(ctx)
+        self.meter.free(ctx.nbytes)
         self._done_with(full)
         del full, W, b  # stage 3: the gathered layer is gone before we communicate
         if last or self.stage == 3:
@@ -244,10 +230,6 @@ class ZeroDataParallel:
             )
 
     # -- reporting ---------------------------------------------------------------------------------
-    @property
-    def first_nonfinite(self):
-        return self.watch.first
-
     def full_weights(self):
         """Full-shape [(W, b), ...] on world rank 0, None elsewhere; every rank must call it.
 
@@ -278,15 +260,9 @@ class ZeroDataParallel:
                 self.comm.send(self.param_shard[self.segments[i]], 0, "control", "gather-weights")
         return out if self.mesh.world.rank == 0 else None
 
-    @property
-    def gathered_params_peak(self) -> int:
-        """Stage 3: bytes of the largest gathered full layer alive at once (0 for stages 1/2)."""
-        return self.gathered.peak
-
     def memory(self) -> dict:
-        return {
-            "params": int(self.params_bytes),
-            "grads": int(self.grads_held.peak),
-            "optimizer": int(self.optimizer.state_nbytes()),
-            "activations_peak": int(self.meter.peak),
-        }
+        # Stage 3 holds its shard plus, while a layer computes, that layer gathered in full: the
+        # peak of the two together is what it needs (gathered.peak is 0 for stages 1/2).
+        return self.memory_of(
+            self.params_bytes + self.gathered.peak, self.grads_held.peak, self.optimizer.state_nbytes()
+        )
