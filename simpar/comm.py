@@ -164,15 +164,20 @@ class Communicator:
         if _clock_for(category) is None:
             return self.mpi.Irecv(buf, source=source, tag=tag)
         header = np.empty(2)
-        reqs = [self.mpi.Irecv(buf, source=source, tag=tag), self._headers.Irecv(header, source=source, tag=tag)]
+        reqs = [
+            self.mpi.Irecv(buf, source=source, tag=tag),
+            self._headers.Irecv(header, source=source, tag=tag),
+        ]
         return simclock.SimRequest(reqs, header=header)
 
     def waitall(self, requests: list) -> None:
         """Finish requests from isend/irecv (a pipeline's sends); under the simulated clock the rank
         waits until the last one completes in simulated time."""
         sims = [r for r in requests if isinstance(r, simclock.SimRequest)]
-        MPI.Request.Waitall([r for r in requests if not isinstance(r, simclock.SimRequest)]
-                            + [r for sim in sims for r in sim.requests])
+        MPI.Request.Waitall(
+            [r for r in requests if not isinstance(r, simclock.SimRequest)]
+            + [r for sim in sims for r in sim.requests]
+        )
         for sim in sims:
             simclock.active().wait_until(sim.completion(), busy_from=sim.transfer_start())
 

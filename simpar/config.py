@@ -100,7 +100,9 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
     _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
     _require(cfg.clock in CLOCKS, f"unknown clock {cfg.clock!r} (choose from {', '.join(CLOCKS)})")
-    _require(cfg.compute in COMPUTE_MODELS, f"unknown compute model {cfg.compute!r} (choose model or measured)")
+    _require(
+        cfg.compute in COMPUTE_MODELS, f"unknown compute model {cfg.compute!r} (choose model or measured)"
+    )
     _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
     _require(0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}")

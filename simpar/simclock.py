@@ -29,7 +29,8 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
   pp or world group; intra-node or between nodes).
 * Collectives run on one communication stream per rank and group (tp, dp, pp, world), as NCCL runs
   a communicator's kernels on a CUDA stream: in the order they were started, each beginning when
-  the previous one on that group ended and not before the rank started it; their rounds are chained by the arrival of their messages, and the reduction
+  the previous one on that group ended and not before the rank started it; their rounds are chained by
+  the arrival of their messages, and the reduction
   inside them costs bytes x gamma on the stream. Compute does not wait for them until the code
   waits (data parallelism starts a bucket during backward and waits after it: that is the
   overlap). `--collectives mpi` gets the closed-form time of the ring (or Rabenseifner's

@@ -169,11 +169,13 @@ def print_time_table(results, base: RunConfig) -> None:
     print("-" * len(head))
     for name, m in results:
         step, pred = step_seconds(m), m["predicted"]["time"]["step_s"]
-        line = f"{name:<14} {1000 * step:>9.3f} {serial / step:>7.2f}x {1000 * pred:>9.3f} {pred / step - 1:>+8.1%}"
+        line = f"{name:<14} {1000 * step:>9.3f} {serial / step:>7.2f}x {1000 * pred:>9.3f}"
+        line += f" {pred / step - 1:>+8.1%}"
         if sim:
             s = m["time"]["sim"]
             line += "".join(
-                f" {s[k] / step:>8.0%}" for k in ("compute_s", "comm_exposed_s", "comm_overlapped_s", "idle_s")
+                f" {s[k] / step:>8.0%}"
+                for k in ("compute_s", "comm_exposed_s", "comm_overlapped_s", "idle_s")
             )
         print(line)
     note = (

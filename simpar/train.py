@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import collectives, simclock
-from .costmodel import hardware
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError, validate
+from .costmodel import hardware
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
 from .files import writable, write_json, write_trace, write_weights
 from .mesh import Mesh
@@ -238,7 +238,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
 
-    hw = hardware.load(cfg.hardware) if clock is not None else None
+    hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
     metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps, hw=hw)
     if clock is not None:
         serial = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, stage_layers=None)
@@ -306,8 +306,12 @@ def start_clock(cfg: RunConfig, world: Communicator):
         links[group] = simclock.Link(link.alpha, link.bw)
     local = hardware.load("local")
     profile = simclock.Profile(
-        name=hw.name, flop_rate=hw.flop_rate(precision) * share, gamma=hw.gamma,
-        layer_overhead=hw.layer_overhead, compute_share=share, links=links,
+        name=hw.name,
+        flop_rate=hw.flop_rate(precision) * share,
+        gamma=hw.gamma,
+        layer_overhead=hw.layer_overhead,
+        compute_share=share,
+        links=links,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
     )
     clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))

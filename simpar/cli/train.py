@@ -10,11 +10,11 @@ import argparse
 
 from ..config import (
     ACTIVATIONS,
+    CLOCKS,
     COLLECTIVES,
+    COMPUTE_MODELS,
     DATA_SOURCES,
     DATASETS,
-    CLOCKS,
-    COMPUTE_MODELS,
     DTYPES,
     KERNELS,
     OPTIMIZERS,
@@ -47,7 +47,8 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         "--data-source",
         default=d.data_source,
         choices=DATA_SOURCES,
-        help="local: each rank reads its own rows (no traffic); root: rank 0 scatters every batch (data traffic)",
+        help="local: each rank reads its own rows (no traffic); "
+        "root: rank 0 scatters every batch (data traffic)",
     )
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch", type=int, default=d.batch, help="global batch size")
@@ -74,13 +75,20 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument("--kernels", default=d.kernels, choices=KERNELS, help="compute kernels")
     g = p.add_argument_group("time")
     g.add_argument(
-        "--clock", default=d.clock, choices=CLOCKS, help="wall: this machine's clock; sim: a simulated cluster"
+        "--clock",
+        default=d.clock,
+        choices=CLOCKS,
+        help="wall: this machine's clock; sim: a simulated cluster",
     )
     g.add_argument(
-        "--hardware", default=d.hardware, help="with --clock sim: local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json"
+        "--hardware",
+        default=d.hardware,
+        help="with --clock sim: local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json",
     )
     g.add_argument(
-        "--compute", default=d.compute, choices=COMPUTE_MODELS,
+        "--compute",
+        default=d.compute,
+        choices=COMPUTE_MODELS,
         help="with --clock sim: model (FLOPs and bytes on the profile) or measured (CPU time, scaled)",
     )
     g = p.add_argument_group("output")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from ..config import layout_name
 from . import hardware
-from .collectives import ALLREDUCE, Cost, to_bytes
 from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check, coords_of, micro_rows
 from .steptime import RankCosts, op_time, step_time
@@ -116,7 +115,7 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         "widths": _short(spec.widths),
         "n_layers": spec.n_layers,
         "hardware": hw.name,
-        "links": {g: {"name": l.name, "alpha_s": l.alpha, "bytes_per_s": l.bw} for g, l in links.items()},
+        "links": {g: {"name": k.name, "alpha_s": k.alpha, "bytes_per_s": k.bw} for g, k in links.items()},
         "comm": {
             "ranks": out,
             "all_ranks": exact,
@@ -154,7 +153,9 @@ def data_ready(spec: Spec, link) -> list[float]:
         s, d, _ = coords_of(dest, spec)
         for step in rows[d]:
             r = sum(step)
-            wire += ((r * spec.widths[0] * spec.prec.act if s == 0 else 0) + (r * 8 if s == S - 1 else 0)) * link.beta
+            wire += (
+                (r * spec.widths[0] * spec.prec.act if s == 0 else 0) + (r * 8 if s == S - 1 else 0)
+            ) * link.beta
         if (s == 0 or s == S - 1) and dest // per_stage == s:
             start[s] = max(start[s], wire + link.alpha)
     start[0] = max(start[0], wire)

@@ -14,7 +14,8 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   all-reduces block inside the layer that needs them.
 * A message of n bytes leaves when the stage's outgoing link is free (its activations forward and
   gradients back go out one after another), stays n x beta on the wire and arrives alpha later:
-  the latency of a hop is paid on the critical path, not per micro-batch. At the end of its schedule a stage waits for its sends to leave.
+  the latency of a hop is paid on the critical path, not per micro-batch. At the end of its schedule a
+  stage waits for its sends to leave.
 * Data parallelism (DDP): each gradient bucket's all-reduce starts as soon as backward has
   finished its layers (in the last micro-batch of the last accumulation step), on the dp group's
   stream, one bucket after another; the rank waits for the last one after backward (Li et al.
@@ -72,11 +73,17 @@ class RankCosts:
         self.t = rank_pred["coords"]["tp"]
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
-        self.optimizer_s = optimizer_passes(spec) * rank_pred["params_updated"] * spec.prec.param * self.stream
+        self.optimizer_s = (
+            optimizer_passes(spec) * rank_pred["params_updated"] * spec.prec.param * self.stream
+        )
 
     def _tp(self, n: int) -> float:
         cost = ALLREDUCE[self.spec.collectives](n, self.spec.tp, self.t)
-        return seconds(to_bytes(cost, self.spec.prec.act), self.links["tp"], self.hw.gamma) if cost.messages else 0.0
+        return (
+            seconds(to_bytes(cost, self.spec.prec.act), self.links["tp"], self.hw.gamma)
+            if cost.messages
+            else 0.0
+        )
 
     def forward(self, r: int) -> float:
         W, bpe, out = self.spec.widths, self.spec.prec.act, 0.0
@@ -92,7 +99,10 @@ class RankCosts:
         """(compute, f all-reduce after it) of each layer in backward order, last layer first."""
         W, bpe, out = self.spec.widths, self.spec.prec.act, []
         for i, kind, w in reversed(list(zip(range(self.lo, self.hi), self.kinds, self.works))):
-            compute = r * w["bwd_flops"] / self.rate + (r * w["bwd_elems"] + w["bwd_call_elems"]) * bpe * self.stream
+            compute = (
+                r * w["bwd_flops"] / self.rate
+                + (r * w["bwd_elems"] + w["bwd_call_elems"]) * bpe * self.stream
+            )
             f = self._tp(r * W[i]) if kind == "column" and i > 0 else 0.0
             out.append((compute, f))
         return out
@@ -190,4 +200,3 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
             clock[s] = max(clock[s], left[s])
     ends = [clock[s] + zero_dp_s + stage_costs[s][0].optimizer_s for s in range(S)]
     return {"makespan": max(ends), "busiest": max(busy), "dp_exposed": max(0.0, dp_exposed) + zero_dp_s}
-

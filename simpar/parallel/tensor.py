@@ -42,7 +42,16 @@ import dataclasses
 import numpy as np
 
 from .. import collectives
-from ..model import ACTIVATIONS, Context, ParamStore, activation_of, init_layer, layer_backward, layer_forward
+from ..model import (
+    Context,
+    ParamStore,
+    act_backward,
+    activation_of,
+    bias_act_forward,
+    init_layer,
+    layer_backward,
+    layer_forward,
+)
 from .base import HeldBytes, NonFiniteWatch, Strategy
 from .data import DataParallel
 
@@ -110,12 +119,11 @@ class TensorParallelStack:
         # The kernel must not add b or apply act: both belong AFTER the sum g computes.
         partial, _ = layer_forward(dataclasses.replace(layer, act="none"), x_shard, bias=False)
         z = g_forward(partial, self.comm, self.algorithm)
-        z += layer.b  # once, on the full sum (b is replicated)
-        y = ACTIVATIONS[layer.act][0](z)
+        y = bias_act_forward(z, layer.b, layer.act)  # b once, on the full sum (b is replicated)
         return y, Context(x_shard, z, y)
 
     def _row_backward(self, layer, ctx, dy):
-        dz = ACTIVATIONS[layer.act][1](g_backward(dy), ctx.z, ctx.y)
+        dz = act_backward(g_backward(dy), ctx.z, ctx.y, layer.act)
         # dB_k = Y_k^T dZ (this rank's rows), db = sum dZ (identical on every rank), dY_k = dZ B_k^T.
         return layer_backward(dataclasses.replace(layer, act="none"), Context(ctx.x, dz, dz), dz)
 

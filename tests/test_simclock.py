@@ -1,0 +1,148 @@
+"""The simulated clock (--clock sim): the real run on a simulated cluster's time.
+
+* The numerics are the real run's: same losses, same bytes as --clock wall.
+* Simulated time is deterministic (--compute model), and each rank's step splits exactly into
+  compute + exposed communication + idle.
+* Predict == simulate: the cost model's step time (closed-form recurrences, never calling the code it
+  predicts) agrees with the simulated clock within 5% on every layout the tour runs, on two hardware
+  profiles (one node of NVLink; and nodes of 2 devices, so groups cross an inter-node link) and two
+  model sizes. Both sides are deterministic, so this is a check of the closed form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simpar import simclock
+from simpar.launch import launch, run
+
+# Two devices per node: on 4 ranks the dp and pp groups leave the node, the tp group of 2 does not.
+TWO_PER_NODE = {
+    "name": "two-per-node",
+    "description": "test profile: nodes of 2 devices, 10 us and 5 GB/s between nodes",
+    "flops": {"fp64": 20e12, "fp32": 40e12, "mixed": 80e12},
+    "gamma": 3 / 1e12,
+    "intra_alpha": 2e-6,
+    "intra_bw": 100e9,
+    "devices_per_node": 2,
+    "inter_alpha": 10e-6,
+    "nic_bw": 5e9,
+    "nics_per_node": 1,
+}
+
+
+def test_same_losses_and_bytes_as_the_wall_clock_and_a_trace_in_simulated_time(tmp_path):
+    common = dict(dp=2, pp=2, dtype="float64", steps=3, batch=32)
+    wall = launch(4, **common)
+    sim = launch(4, clock="sim", hardware="dgx-h100", trace=True, **common)
+    assert sim["losses"] == wall["losses"]
+    for a, b in zip(sim["comm"]["ranks"], wall["comm"]["ranks"]):
+        assert a["sent"] == b["sent"] and a["received"] == b["received"]
+    t = sim["time"]["sim"]
+    assert t["hardware"] == "dgx-h100" and "simulated" in t["unit"]
+    assert t["samples_per_s"] == pytest.approx(32 / t["step_s"])
+    # The trace's timestamps are simulated microseconds since the start: 3 steps of a few tens of us.
+    compute = [e for e in sim["trace"] if e["args"]["kind"] in ("forward", "backward")]
+    assert compute and max(e["ts"] + e["dur"] for e in compute) <= 3 * t["step_s"] * 1e6 * 1.0001
+    assert min(e["ts"] for e in compute) >= 0
+
+
+def test_simulated_time_is_deterministic_and_adds_up():
+    runs = [
+        launch(4, tp=2, pp=2, schedule="1f1b", steps=3, clock="sim", hardware="dgx-h100") for _ in range(2)
+    ]
+    assert runs[0]["time"]["sim"] == runs[1]["time"]["sim"]
+    for r in runs[0]["time"]["sim"]["per_rank"]:
+        assert r["compute_s"] + r["comm_exposed_s"] + r["idle_s"] == pytest.approx(r["step_s"], rel=1e-9)
+        assert r["compute_s"] > 0 and r["comm_exposed_s"] > 0
+    # a 2-stage pipeline leaves stages idle: the bubble shows up as idle time
+    assert max(r["idle_s"] for r in runs[0]["time"]["sim"]["per_rank"]) > 0
+
+
+@pytest.mark.parametrize("hardware", ["dgx-h100", "two-per-node"])
+@pytest.mark.parametrize("layers", ["64,128,128,128,10", "64,256,256,256,10"])
+def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers):
+    if hardware == "two-per-node":
+        (tmp_path / "hw.json").write_text(json.dumps(TWO_PER_NODE))
+        hardware = str(tmp_path / "hw.json")
+    out = tmp_path / "tour"
+    res = run(
+        4,
+        [
+            "tour",
+            "--clock",
+            "sim",
+            "--hardware",
+            hardware,
+            "--layers",
+            layers,
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+        timeout=240,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    layouts = sorted(out.glob("*.json"))
+    names = {p.stem for p in layouts}
+    assert {"serial", "dp4", "dp4-zero3", "pp4-1f1b", "dp2xtp2", "tp2xpp2"} <= names
+    for path in layouts:
+        if path.stem == "trace":
+            continue
+        m = json.loads(path.read_text())
+        sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
+        assert abs(pred / sim - 1) <= 0.05, (path.stem, hardware, layers, sim, pred)
+    assert "speedup" in res.stdout and "time per step, simulated on" in res.stdout
+
+
+def test_native_mpi_allreduce_gets_closed_form_time_and_is_marked_modeled():
+    m = launch(4, dp=4, steps=2, clock="sim", hardware="dgx-h100", collectives="mpi")
+    assert m["comm"]["modeled_ops"] == ["model/grad-allreduce"]
+    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=0.05)
+
+
+def test_wait_splits_into_idle_and_exposed_communication():
+    profile = simclock.Profile("p", 1e9, 1e-9, 0.0, 1.0, {"pp": simclock.Link(1e-6, 1e9)})
+    clock = simclock.SimClock(profile)
+    clock.begin_step(0.0)
+    clock.compute(2e-6)
+    clock.wait_until(10e-6, busy_from=6e-6)  # waited 8 us: 4 idle (peer not sending), 4 transferring
+    step = clock.end_step(10e-6)
+    assert step.idle_s == pytest.approx(4e-6) and step.comm_exposed_s == pytest.approx(4e-6)
+    assert step.compute_s == pytest.approx(2e-6) and step.step_s == pytest.approx(10e-6)
+
+
+def test_a_ranks_messages_share_its_links():
+    profile = simclock.Profile("p", 1e9, 1e-9, 0.0, 1.0, {"dp": simclock.Link(1e-6, 1e9)})
+    clock = simclock.SimClock(profile)
+    first = clock.send("dp", 1, 1000)  # 1 us on the wire
+    second = clock.send("dp", 2, 1000)  # waits for the first to leave
+    assert first == pytest.approx((1e-6, 2e-6)) and second == pytest.approx((2e-6, 3e-6))
+
+    class Received:  # two messages arriving together share the incoming link
+        def __init__(self, start, arrival):
+            self.start, self.arrival = start, arrival
+
+        def transfer_start(self):
+            return self.start
+
+        def completion(self):
+            return self.arrival
+
+    done = clock.receive_round("dp", [Received(0.0, 2e-6), Received(0.0, 2e-6)])
+    assert done == pytest.approx(3e-6)
+
+
+def test_bad_clock_options_are_one_line():
+    res = run(0, ["train", "--clock", "sim", "--hardware", "no-such-cluster", "--steps", "1"], timeout=60)
+    assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1 and "no-such-cluster" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_readme_quotes_the_sim_command():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "--clock sim --hardware dgx-h100" in readme
