@@ -59,6 +59,12 @@ class Tracer:
             return clock.now * 1e6
         return (self._wall0 + (time.perf_counter() - self._perf0)) * 1e6
 
+    @staticmethod
+    def _clock_arg() -> dict:
+        """Events of a --clock sim run say so: their times are simulated, on this hardware profile."""
+        clock = simclock.active()
+        return {"clock": f"simulated on {clock.profile.name}"} if clock is not None else {}
+
     def add(self, name: str, kind: str, start_us: float, end_us: float, args: dict | None = None) -> None:
         self.events.append(
             {
@@ -69,7 +75,7 @@ class Tracer:
                 "ts": start_us,
                 "dur": max(end_us - start_us, 0.0),
                 "cat": kind,
-                "args": {"kind": kind, "step": self.step, **(args or {})},
+                "args": {"kind": kind, "step": self.step, **self._clock_arg(), **(args or {})},
             }
         )
 

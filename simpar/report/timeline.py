@@ -141,9 +141,10 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     )
     top.invert_yaxis()
     top.set_xlim(0, span_ms)
-    top.set_xlabel("ms since the step began")
+    clock = next((e["args"]["clock"] for e in events if "clock" in e.get("args", {})), "measured")
+    top.set_xlabel("ms since the step began" + (" (simulated)" if clock != "measured" else ""))
     top.set_title(
-        f"measured, step {step}: bubble {this_step:.1%} "
+        f"{clock}, step {step}: bubble {this_step:.1%} "
         f"(all steps{' but the first' if len(compute_steps) > 1 else ''}: {overall:.1%}), "
         f"{len(ranks)} ranks"
     )
