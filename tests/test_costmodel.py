@@ -20,7 +20,7 @@ from simpar import costmodel as cm
 from simpar.cli.plan import plan_main, standin_widths
 from simpar.config import RunConfig, SimparError
 from simpar.costmodel import hardware
-from tests.mpiutil import train_json
+from tests.conftest import train_json
 
 DIGITS = [64, 128, 128, 128, 10]
 
@@ -76,7 +76,8 @@ def test_data_parallel_step_bytes():
 
 
 def test_zero_traffic_formulas():
-    """Layers of 1024x1024+1024 elements split evenly over 8 ranks: ZeRO-1/2 = 2(p-1)/p P, ZeRO-3 = 3(p-1)/p P."""
+    """Layers of 1024x1024+1024 elements split evenly over 8 ranks: ZeRO-1/2 = 2(p-1)/p P,
+    ZeRO-3 = 3(p-1)/p P."""
     widths = [1024] * 5
     P, p = 4 * (1024 * 1024 + 1024), 8
     for stage, factor in ((0, 2), (1, 2), (2, 2), (3, 3)):
