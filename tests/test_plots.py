@@ -107,6 +107,21 @@ def test_plot_main_errors(tmp_path):
         plot_main(["--timeline", str(tmp_path / "no-trace.json"), "-o", str(tmp_path / "t.png")])
 
 
+def test_prediction_ticks_skip_old_files_but_not_cost_model_bugs(results, monkeypatch):
+    """A metrics file without a config gets no cost-model tick; a cost model that crashes is not
+    quietly drawn without its tick (the plots would then hide the very failure they exist to show)."""
+    _, m = results[1]
+    assert plots._prediction(m)["comm"]["per_step"]["model"] > 0
+    assert plots._prediction({k: v for k, v in m.items() if k != "config"}) is None
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in the cost model")
+
+    monkeypatch.setattr("simpar.costmodel.predict_from_config", broken)
+    with pytest.raises(ZeroDivisionError):
+        plots._prediction(m)
+
+
 def test_plan_sweep_plot(tmp_path):
     out = tmp_path / "sweep.png"
     text = io.StringIO()

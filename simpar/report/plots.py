@@ -65,9 +65,13 @@ def _prediction(metrics: dict) -> dict | None:
     from ..costmodel import predict_from_config
 
     try:
-        cfg = RunConfig(**{k: v for k, v in metrics["config"].items() if k in RunConfig.__dataclass_fields__})
-        return predict_from_config(cfg, metrics["world_size"], steps=1)
-    except Exception:  # a metrics file from another version: plot the measurement alone
+        config, world = metrics["config"], metrics["world_size"]
+        cfg = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
+    except (KeyError, TypeError, AttributeError):  # a metrics file from another version: no config to
+        return None  # predict from, so plot the measurement alone
+    try:
+        return predict_from_config(cfg, world, steps=1)
+    except SimparError:  # a layout the cost model declines; any other error is a bug in it and shows
         return None
 
 
@@ -208,10 +212,10 @@ def comm_scaling(path: str, results) -> str:
     axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
     handles, labels = [], []
     for ax in axes:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
     fig.legend(handles, labels, loc="lower center", ncol=min(8, max(1, len(labels))), fontsize=8)
     fig.suptitle("Communication scaling: lines = cost model, dots = measured by the ledger", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
