@@ -256,6 +256,38 @@ def test_plan_show_schedule():
     assert "stage 3" in out and "3/9" in out
 
 
+def test_plan_says_when_local_is_the_uncalibrated_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration cache here
+    note = "hardware local is the uncalibrated defaults"
+    assert note in run_plan("--dp", "2")
+    assert note in run_plan("--compare", "--world", "4")
+    assert note in run_plan("--sweep", "dp=1,2", "-o", str(tmp_path / "sweep.png"))
+    assert note not in run_plan("--dp", "2", "--hardware", "dgx-h100")
+    calibrated = dict(hardware.LOCAL_DEFAULTS.to_dict(), description="measured here")
+    path = tmp_path / "simpar" / "hardware-local.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(calibrated))
+    assert note not in run_plan("--dp", "2")
+
+
+@pytest.mark.parametrize("zero,accum", [(2, 1), (3, 1), (3, 2), (2, 2)])
+def test_plan_names_the_zero_gradient_buffer(zero, accum):
+    """ZeRO-2/3 hold their 1/p shard of every layer's gradient plus one layer's full gradient (the
+    largest, 128x128+128 here) while it is reduce-scattered; ZeRO-2 with accumulation the whole P."""
+    from simpar.units import fmt_si
+
+    args = ["--dp", "4", "--zero", str(zero), "--grad-accum", str(accum), "--precision", "fp32"]
+    out = run_plan(*args)
+    sizes = layer_sizes(DIGITS)
+    shard = sum(n // 4 + (0 < n % 4) for n in sizes) * 4  # rank 0 holds the largest chunks
+    if zero == 2 and accum > 1:
+        want = f"+ accumulation buffer {fmt_si(sum(sizes) * 4)}"
+    else:
+        want = f"+ one-layer gradient buffer {fmt_si((128 * 128 + 128) * 4)}"
+    assert f"shard {fmt_si(shard)} (1/4 of every layer's) {want}" in out
+    assert "gradient buffer" not in run_plan("--dp", "4", "--zero", "1")
+
+
 # -- prediction == measurement, on real MPI runs --------------------------------------------------------
 
 LAYOUTS = {  # name: (ranks, extra train arguments)
