@@ -17,6 +17,7 @@ import os
 
 from ..config import SimparError
 from ..files import read_json
+from .metrics import modeled_ops
 
 CATS = ("data", "model", "activation")
 CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
@@ -78,9 +79,14 @@ def _prediction(metrics: dict) -> dict | None:
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
 
 
+def _traffic_label(name: str, m: dict) -> str:
+    """The layout's name, marked when its bytes were modeled (--collectives mpi), not counted."""
+    return f"{name} (modeled)" if modeled_ops(m) else name
+
+
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
-    names = [n for n, _ in results]
+    names = [_traffic_label(n, m) for n, m in results]
     bottom = [0.0] * len(results)
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
@@ -190,7 +196,14 @@ def comm_scaling(path: str, results) -> str:
             colour = colours(i % 10)
             xs, ys = _family_curve(cfg, key, values)
             if xs:
-                ax.plot(xs, ys, color=colour, alpha=0.8, label=name, linestyle=("-", "--", ":", "-.")[i % 4])
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colour,
+                    alpha=0.8,
+                    label=_traffic_label(name, m),
+                    linestyle=("-", "--", ":", "-.")[i % 4],
+                )
             here = {
                 "world": m["world_size"],
                 "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
@@ -229,12 +242,14 @@ def tour_plots(results, out_dir: str) -> list[str]:
     """The tour's figures in out_dir; returns the paths written."""
     if not results:
         return []
+    modeled = any(modeled_ops(m) for _, m in results)
     written = [
         _bar_figure(
             results,
             comm_by_layout,
             os.path.join(out_dir, "comm_by_layout.png"),
-            "same model and data; bars = ledger (measured), ticks = cost model",
+            "same model and data; bars = ledger (measured), ticks = cost model"
+            + ("; (modeled): MPI's own collectives, bytes booked from the formula" if modeled else ""),
         ),
         comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),
         _bar_figure(
