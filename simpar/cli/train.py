@@ -45,7 +45,8 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         "--data-source",
         default=d.data_source,
         choices=DATA_SOURCES,
-        help="local: each rank reads its own rows (no traffic); root: rank 0 scatters every batch (data traffic)",
+        help="local: each rank reads its own rows (no traffic); "
+        "root: rank 0 scatters every batch (data traffic)",
     )
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch", type=int, default=d.batch, help="global batch size")

@@ -134,7 +134,9 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         "widths": _short(spec.widths),
         "n_layers": spec.n_layers,
         "hardware": hw.name,
-        "links": {g: {"name": l.name, "alpha_s": l.alpha, "bytes_per_s": l.bw} for g, l in links.items()},
+        "links": {
+            g: {"name": link.name, "alpha_s": link.alpha, "bytes_per_s": link.bw} for g, link in links.items()
+        },
         "comm": {
             "ranks": out,
             "all_ranks": exact,
