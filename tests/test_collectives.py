@@ -32,6 +32,14 @@ def c(n: int, p: int, i: int) -> int:
     return split_sizes(n, p)[i % p]
 
 
+def test_chunk_formula_is_numpys_array_split():
+    """The formulas below cut chunks by split_sizes; it must be np.array_split's rule, which the
+    collectives promise (checked against NumPy itself, not against simpar's chunk_bounds)."""
+    for n in range(0, 40):
+        for p in range(1, 9):
+            assert split_sizes(n, p) == [len(a) for a in np.array_split(np.arange(n), p)], (n, p)
+
+
 def tree_children(p: int, r: int) -> int:
     return sum(1 for k in range(p.bit_length()) if 2**k > r and r + 2**k < p)
 
