@@ -160,6 +160,19 @@ def test_modeled_bytes_are_labelled_and_not_called_exact():
     assert tour_verdict(wrong) == "NO"
 
 
+def test_train_summary_asks_to_calibrate_only_when_uncalibrated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration cache here
+    with redirect_stdout(io.StringIO()) as text:
+        print_summary(finished_run(False))
+    assert "'local', uncalibrated defaults: run `python -m simpar bench --calibrate`" in text.getvalue()
+    path = tmp_path / "simpar" / "hardware-local.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(dict(LOCAL_DEFAULTS.to_dict(), description="measured here")))
+    with redirect_stdout(io.StringIO()) as text:
+        print_summary(finished_run(False))
+    assert "uncalibrated" not in text.getvalue() and "'local', measured by" in text.getvalue()
+
+
 def test_plan_sweep_plot(tmp_path):
     out = tmp_path / "sweep.png"
     text = io.StringIO()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..costmodel import hardware
 from ..units import fmt_bytes
 from .metrics import CATS, bytes_verdict, modeled_ops
 
@@ -53,8 +54,14 @@ def print_summary(m: dict) -> None:
             "construction, not by measurement",
             "NO": f"{len(bad)} mismatch(es): " + "; ".join(bad[:3]),
         }[bytes_verdict(m)]
+        # train predicts on the `local` profile; ask to calibrate only when it is the defaults
+        profile = (
+            "hardware profile 'local', uncalibrated defaults: run `python -m simpar bench --calibrate` "
+            "to measure this machine"
+            if hardware.load("local") is hardware.LOCAL_DEFAULTS
+            else "hardware profile 'local', measured by `python -m simpar bench --calibrate`"
+        )
         print(
             f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
-            f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms "
-            "(hardware profile 'local'; run `python -m simpar bench --calibrate` to measure it)"
+            f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms ({profile})"
         )
