@@ -190,12 +190,14 @@ def main(argv=None) -> int:
     print(f"  simpar data parallel ({args.kernels:>5}) : {simpar:9.0f} samples/s")
     if torch:
         print(
-            f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   ratio simpar/torch = {simpar / torch:.2f}x"
+            f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   "
+            f"ratio simpar/torch = {simpar / torch:.2f}x"
         )
     else:
         print("  PyTorch DDP                   : torch is not installed (pip install torch==2.13.0)")
     print(
-        f"  compute-bound limit           : {limit:9.0f} samples/s   ({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
+        f"  compute-bound limit           : {limit:9.0f} samples/s   "
+        f"({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
         f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {simpar / limit:.0%}"
     )
     return 0

@@ -47,7 +47,8 @@ def available() -> list[str]:
 
 
 def load(name: str):
-    """The backend called `name` (imported on first use: numba compiles, cuda needs a GPU or the simulator)."""
+    """The backend called `name` (imported on first use: numba compiles, cuda needs a GPU or the
+    simulator)."""
     if name not in _BACKENDS:
         if name == "numba":
             from . import cpu

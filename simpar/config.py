@@ -148,8 +148,9 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         need = cfg.microbatches * cfg.dp * cfg.grad_accum
         _require(
             cfg.batch >= need,
-            f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel "
-            f"rank(s) x {cfg.grad_accum} accumulation step(s): every micro-batch needs a row (>= {need})",
+            f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} "
+            f"data-parallel rank(s) x {cfg.grad_accum} accumulation step(s): "
+            f"every micro-batch needs a row (>= {need})",
         )
     if cfg.stage_layers is not None:
         _require(

@@ -86,10 +86,10 @@ def launch(n: int, timeout: float = 300, trace: bool = False, **kwargs) -> dict:
             timeout=timeout,
         )
         if res.returncode != 0:
-            lines = [l for l in res.stderr.splitlines() if l.strip()]
+            lines = [line for line in res.stderr.splitlines() if line.strip()]
             raise LaunchError(
                 next(
-                    (l for l in lines if l.startswith("simpar: error")),
+                    (line for line in lines if line.startswith("simpar: error")),
                     "\n".join(lines[-15:]) or f"exit status {res.returncode}",
                 )
             )

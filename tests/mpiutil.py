@@ -7,7 +7,6 @@ simpar.launch's (the same code the notebooks use).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,24 +27,3 @@ def run_script(n: int, script, args=(), timeout: float = 120) -> subprocess.Comp
     """Run a Python file on n ranks under `python -m mpi4py`."""
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
-
-
-def train_json(n: int, args: list[str], tmp_path, name: str = "m", timeout: float = 120) -> dict:
-    """Run `simpar train` on n ranks with --metrics-out and --weights-out; return the metrics dict
-    with the final weights loaded under key "weights" (list of (W, b))."""
-    import numpy as np
-
-    metrics = Path(tmp_path) / f"{name}.json"
-    weights = Path(tmp_path) / f"{name}.npz"
-    res = run_mpi(
-        n,
-        ["train", *args, "--quiet", "--metrics-out", str(metrics), "--weights-out", str(weights)],
-        timeout=timeout,
-    )
-    assert res.returncode == 0, (
-        f"exit {res.returncode}\nSTDOUT:\n{res.stdout[-3000:]}\nSTDERR:\n{res.stderr[-3000:]}"
-    )
-    out = json.loads(metrics.read_text())
-    with np.load(weights) as z:
-        out["weights"] = [(z[f"W{i}"], z[f"b{i}"]) for i in range(len(z.files) // 2)]
-    return out

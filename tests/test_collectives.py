@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import split_sizes
 from tests.mpiutil import run_script
 
 SCRIPT = Path(__file__).with_name("mpi_collectives_check.py")
@@ -28,8 +29,15 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # relative to the sum of |input
 
 def c(n: int, p: int, i: int) -> int:
     """Size of chunk i (mod p) of np.array_split(n, p)."""
-    base, extra = divmod(n, p)
-    return base + (1 if i % p < extra else 0)
+    return split_sizes(n, p)[i % p]
+
+
+def test_chunk_formula_is_numpys_array_split():
+    """The formulas below cut chunks by split_sizes; it must be np.array_split's rule, which the
+    collectives promise (checked against NumPy itself, not against simpar's chunk_bounds)."""
+    for n in range(0, 40):
+        for p in range(1, 9):
+            assert split_sizes(n, p) == [len(a) for a in np.array_split(np.arange(n), p)], (n, p)
 
 
 def tree_children(p: int, r: int) -> int:

@@ -13,6 +13,7 @@ import io
 import json
 import time
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -20,9 +21,10 @@ from simpar import costmodel as cm
 from simpar.cli.plan import plan_main, standin_widths
 from simpar.config import RunConfig, SimparError
 from simpar.costmodel import hardware
-from tests.mpiutil import train_json
+from tests.conftest import DIGITS, layer_sizes, train_json
+from tests.mpiutil import run_script
 
-DIGITS = [64, 128, 128, 128, 10]
+MUTATE = Path(__file__).with_name("mutate_executor.py")
 
 
 def run_plan(*argv) -> str:
@@ -268,6 +270,38 @@ def test_plan_show_schedule():
     assert "stage 3" in out and "3/9" in out
 
 
+def test_plan_says_when_local_is_the_uncalibrated_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration cache here
+    note = "hardware local is the uncalibrated defaults"
+    assert note in run_plan("--dp", "2")
+    assert note in run_plan("--compare", "--world", "4")
+    assert note in run_plan("--sweep", "dp=1,2", "-o", str(tmp_path / "sweep.png"))
+    assert note not in run_plan("--dp", "2", "--hardware", "dgx-h100")
+    calibrated = dict(hardware.LOCAL_DEFAULTS.to_dict(), description="measured here")
+    path = tmp_path / "simpar" / "hardware-local.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(calibrated))
+    assert note not in run_plan("--dp", "2")
+
+
+@pytest.mark.parametrize("zero,accum", [(2, 1), (3, 1), (3, 2), (2, 2)])
+def test_plan_names_the_zero_gradient_buffer(zero, accum):
+    """ZeRO-2/3 hold their 1/p shard of every layer's gradient plus one layer's full gradient (the
+    largest, 128x128+128 here) while it is reduce-scattered; ZeRO-2 with accumulation the whole P."""
+    from simpar.units import fmt_si
+
+    args = ["--dp", "4", "--zero", str(zero), "--grad-accum", str(accum), "--precision", "fp32"]
+    out = run_plan(*args)
+    sizes = layer_sizes(DIGITS)
+    shard = sum(n // 4 + (0 < n % 4) for n in sizes) * 4  # rank 0 holds the largest chunks
+    if zero == 2 and accum > 1:
+        want = f"+ accumulation buffer {fmt_si(sum(sizes) * 4)}"
+    else:
+        want = f"+ one-layer gradient buffer {fmt_si((128 * 128 + 128) * 4)}"
+    assert f"shard {fmt_si(shard)} (1/4 of every layer's) {want}" in out
+    assert "gradient buffer" not in run_plan("--dp", "4", "--zero", "1")
+
+
 # -- prediction == measurement, on real MPI runs --------------------------------------------------------
 
 LAYOUTS = {  # name: (ranks, extra train arguments)
@@ -313,6 +347,37 @@ def test_prediction_equals_ledger(name, tmp_path):
     for r, (measured, predicted) in enumerate(zip(m["memory"]["ranks"], pred["memory"]["ranks"])):
         for kind in ("params", "grads", "optimizer", "activations_peak"):
             assert measured[kind] == predicted[kind], (name, r, kind)
+
+
+# -- the witness is independent: change the executor's rules and the prediction disagrees -------------
+
+MUTATIONS = {  # mutation: (ranks, train arguments, the category the changed rule moves bytes in)
+    # Balanced, 64,16,128,128,10 splits [2, 2] (boundary width 128); the mutant cuts [1, 3], so the
+    # boundary is 16 wide and stage 0 holds one layer's parameters instead of two.
+    "stages": (2, ["--pp", "2", "--layers", "64,16,128,128,10"], "activation"),
+    # One bucket of P = 42,634 elements over 4 ranks: P % 4 == 2, so chunks of 10659, 10659, 10658,
+    # 10658 become 10660, 10658, 10658, 10658 and rank 1 sends one element less in the ring.
+    "chunks": (4, ["--dp", "4", "--bucket-mb", "1"], "model"),
+}
+
+
+def mutated_run(mutation: str, n: int, args: list, tmp_path) -> dict:
+    out = tmp_path / f"{mutation}.json"
+    argv = [mutation, "--steps", "2", "--kernels", "numpy", "--quiet", "--metrics-out", str(out), *args]
+    res = run_script(n, MUTATE, argv, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_mutated_executor_is_caught(mutation, tmp_path):
+    """The same launch both ways: unpatched, the ledger equals the prediction; with the executor's
+    stage split or chunk rule changed (tests/mutate_executor.py), `prediction_mismatches` says so."""
+    n, args, category = MUTATIONS[mutation]
+    assert sum(layer_sizes(DIGITS)) % 4 == 2  # with 0 or 1 left over both rules cut the same chunks
+    assert mutated_run("none", n, args, tmp_path)["prediction_mismatches"] == []
+    bad = mutated_run(mutation, n, args, tmp_path)["prediction_mismatches"]
+    assert any(f" {category}: measured" in line for line in bad), bad
 
 
 def test_calibrate_writes_a_usable_profile(tmp_path):

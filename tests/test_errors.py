@@ -14,7 +14,7 @@ FAULT_SCRIPT = Path(__file__).with_name("fault_rank.py")
 
 
 def assert_one_line_error(res, fragment, elapsed):
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, f"exit {res.returncode}; stderr:\n{res.stderr}"
     assert len(lines) == 1, f"expected one line, got:\n{res.stderr}"
     assert lines[0].startswith("simpar: error: "), lines[0]

@@ -105,15 +105,47 @@ def test_sgd_momentum_matches_hand_computation():
     assert opt.state_nbytes() == 16
 
 
-def test_adam_matches_hand_computation_and_keeps_dtype():
+def reference_adam(w, grads, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Kingma & Ba 2015, Algorithm 1, in float64: the weights after each of the given gradients."""
+    w, m, v, out = np.array(w, dtype=np.float64), 0.0, 0.0, []
+    for t, g in enumerate(grads, start=1):
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        w = w - lr * m_hat / (np.sqrt(v_hat) + eps)
+        out.append(w)
+    return out
+
+
+def test_adam_first_step_is_lr_times_sign_and_keeps_dtype():
     w = np.array([1.0, -1.0], dtype=np.float32)
     g = np.array([0.2, -0.4], dtype=np.float32)
     opt = optim.Adam(lr=0.01)
     opt.step([w], [g])
-    # first step: m_hat = g, v_hat = g^2 -> update = lr * sign(g) (up to eps)
+    # first step: m_hat = g, v_hat = g^2 -> update = lr * sign(g) (up to eps), whatever the betas
     np.testing.assert_allclose(w, [0.99, -0.99], rtol=1e-6)
     assert w.dtype == np.float32 and opt.m[0].dtype == np.float32
     assert opt.state_nbytes() == 2 * 2 * 4
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_adam_several_steps_match_reference(dtype, rtol):
+    """Six steps with gradients of changing size and sign: from step 2 on the update depends on
+    beta1, beta2, eps and the bias corrections, which step 1 (lr * sign(g)) does not show."""
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal(6)
+    grads = [rng.standard_normal(6) * scale for scale in (1.0, 0.1, 3.0, 0.01, 1.0, 0.5)]
+    want = reference_adam(w0, grads, lr=0.1)
+    # The check can tell Adam's defaults apart: another beta2 or beta1 lands far outside rtol.
+    for other in (dict(beta2=0.99), dict(beta1=0.8)):
+        wrong = reference_adam(w0, grads, lr=0.1, **other)[-1]
+        assert np.abs(wrong - want[-1]).max() > 10 * rtol * np.abs(want[-1]).max()
+    w = w0.astype(dtype)
+    opt = optim.Adam(lr=0.1)
+    for g, expect in zip(grads, want):
+        opt.step([w], [g.astype(dtype)])
+        assert w.dtype == dtype
+        np.testing.assert_allclose(w, expect, rtol=rtol, atol=rtol * np.abs(expect).max())
 
 
 def test_elementwise_optimizer_is_independent_of_grouping():

@@ -16,9 +16,8 @@ import json
 import numpy as np
 import pytest
 
-from simpar.parallel.schedules import partition_layers
-
-from .mpiutil import run_script, train_json
+from .conftest import assert_same_model, split_sizes, stage_split, train_json
+from .mpiutil import run_script
 
 LAYERS = [64, 32, 32, 32, 10]
 STEPS, BATCH = 3, 50  # 50 rows: 3, 4 and 8 micro-batches are uneven, on purpose
@@ -66,8 +65,8 @@ for name, kw in cases:
     if key not in serial:
         serial[key] = run_training(RunConfig(**ref_kw), Communicator(MPI.COMM_SELF, Ledger(), "self"))
     ref = serial[key]
-    metrics["weight_err"] = max(float(np.abs(a - b).max() / np.abs(a).max())
-                                for pa, pb in zip(ref.weights, result.weights) for a, b in zip(pa, pb))
+    pairs = [(a, b) for pa, pb in zip(ref.weights, result.weights) for a, b in zip(pa, pb)]
+    metrics["weight_err"] = max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in pairs)
     metrics["loss_err"] = max(abs(a - b) / abs(a) for a, b in zip(ref.metrics["losses"], metrics["losses"]))
     out[name] = metrics
 if rank == 0:
@@ -86,18 +85,15 @@ def run_matrix(S: int, cases: list, tmp_path) -> dict:
 
 
 def rows_per_rank(batch: int, dp: int, grad_accum: int = 1) -> list[int]:
-    """Rows each dp rank processes per step (the BatchFeeder's split)."""
-    return [
-        sum(len(np.array_split(m, dp)[d]) for m in np.array_split(np.arange(batch), grad_accum))
-        for d in range(dp)
-    ]
+    """Rows each dp rank processes per step: each micro-step's rows split over dp (np.array_split)."""
+    return [sum(split_sizes(rows, dp)[d] for rows in split_sizes(batch, grad_accum)) for d in range(dp)]
 
 
 def check_activation_bytes(m: dict, layers=LAYERS, stage_layers=None) -> None:
     """Exactly B_r*h_out*bpe forward + B_r*h_in*bpe backward per step per rank; received likewise."""
     cfg = m["config"]
     S, dp = cfg["pp"], cfg["dp"]
-    bounds = partition_layers(layers, S, stage_layers)
+    bounds = stage_split(layers, S, stage_layers)
     bpe = np.dtype(cfg["dtype"]).itemsize
     rows = rows_per_rank(cfg["batch"], dp, cfg["grad_accum"])
     for r in m["comm"]["ranks"]:
@@ -179,20 +175,6 @@ def test_memory_gpipe_grows_1f1b_bounded(matrices):
         assert last[s]["activations_peak"] == (S - s) * 8 * row * 8
 
 
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory):
-    return train_json(1, CLI, tmp_path_factory.mktemp("serial"))
-
-
-def assert_same_model(run, ref, tol=1e-12):
-    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=tol)
-    assert len(run["weights"]) == len(ref["weights"])
-    for (W, b), (Wr, br) in zip(run["weights"], ref["weights"]):
-        assert (
-            np.abs(W - Wr).max() <= tol * np.abs(Wr).max() and np.abs(b - br).max() <= tol * np.abs(br).max()
-        )
-
-
 def test_dp2_pp2_with_trace(serial, tmp_path):
     trace_path = tmp_path / "trace.json"
     run = train_json(
@@ -201,11 +183,11 @@ def test_dp2_pp2_with_trace(serial, tmp_path):
         + ["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "3", "--trace", str(trace_path)],
         tmp_path,
     )
-    assert_same_model(run, serial)
+    assert_same_model(run, serial(CLI), 1e-12)
     check_activation_bytes(run)
     # Each stage all-reduces its own layers' gradients over 2 dp ranks: ring, p = 2 -> P_s * bpe per rank.
     for r in run["comm"]["ranks"]:
-        lo, hi = partition_layers(LAYERS, 2)[r["coords"]["pp"]]
+        lo, hi = stage_split(LAYERS, 2)[r["coords"]["pp"]]
         P_s = sum(LAYERS[i] * LAYERS[i + 1] + LAYERS[i + 1] for i in range(lo, hi))
         assert r["sent"]["model"] == STEPS * P_s * 8
     events = json.loads(trace_path.read_text())["traceEvents"]
@@ -222,7 +204,7 @@ def test_tp2_pp2(serial, tmp_path):
     run = train_json(
         4, CLI + ["--tp", "2", "--pp", "2", "--schedule", "gpipe", "--microbatches", "4"], tmp_path
     )
-    assert_same_model(run, serial)
+    assert_same_model(run, serial(CLI), 1e-12)
     check_activation_bytes(run)
     assert all(r["sent"]["model"] == 0 for r in run["comm"]["ranks"])
 
@@ -249,5 +231,5 @@ def test_dp2_tp2_pp2_eight_ranks(serial, tmp_path):
         tmp_path,
         timeout=180,
     )
-    assert_same_model(run, serial)
+    assert_same_model(run, serial(CLI), 1e-12)
     check_activation_bytes(run)

@@ -18,6 +18,8 @@ from simpar.config import RunConfig, SimparError
 from simpar.costmodel import predict_from_config
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
 from simpar.report import plots
+from simpar.report.tables import print_summary
+from simpar.tour import print_tour_table
 
 STEPS = 3
 
@@ -105,6 +107,70 @@ def test_plot_main_errors(tmp_path):
         plot_main([str(bad), "-o", str(tmp_path / "x.png")])
     with pytest.raises(SimparError, match="trace"):  # --timeline goes to simpar.timeline
         plot_main(["--timeline", str(tmp_path / "no-trace.json"), "-o", str(tmp_path / "t.png")])
+
+
+def test_prediction_ticks_skip_old_files_but_not_cost_model_bugs(results, monkeypatch):
+    """A metrics file without a config gets no cost-model tick; a cost model that crashes is not
+    quietly drawn without its tick (the plots would then hide the very failure they exist to show)."""
+    _, m = results[1]
+    assert plots._prediction(m)["comm"]["per_step"]["model"] > 0
+    assert plots._prediction({k: v for k, v in m.items() if k != "config"}) is None
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in the cost model")
+
+    monkeypatch.setattr("simpar.costmodel.predict_from_config", broken)
+    with pytest.raises(ZeroDivisionError):
+        plots._prediction(m)
+
+
+def finished_run(modeled: bool) -> dict:
+    """fake_metrics(dp=2) with what `train` adds at the end, its bytes counted or (like
+    --collectives mpi) the all-reduce's modeled."""
+    m = fake_metrics(dp=2)
+    m["comm"]["modeled_ops"] = ["model/grad-allreduce"] if modeled else []
+    m["kernels"] = "numpy"
+    m["time"]["step_s_median"] = 0.1
+    m["predicted"] = {"time": {"step_s": 0.1}}
+    m["prediction_mismatches"] = []
+    return m
+
+
+def test_modeled_bytes_are_labelled_and_not_called_exact():
+    """--collectives mpi: MPI hides its messages and the ledger books the formula's volume, which then
+    equals the cost model's by construction; the summary and the tour must not call that exact."""
+
+    def printed(fn, *args) -> str:
+        with redirect_stdout(io.StringIO()) as text:
+            fn(*args)
+        return text.getvalue()
+
+    def tour_verdict(m: dict) -> str:
+        rows = printed(print_tour_table, [("dp2", m)], "float64").splitlines()
+        return next(line for line in rows if line.startswith("dp2 ")).split()[-1]
+
+    counted, modeled = printed(print_summary, finished_run(False)), printed(print_summary, finished_run(True))
+    assert "cost model: exact (" in counted and "modeled" not in counted
+    assert "exact" not in modeled and "construction, not by measurement" in modeled
+    assert "model*" in modeled and "* modeled, not counted: model/grad-allreduce" in modeled
+    assert tour_verdict(finished_run(False)) == "exact"
+    assert tour_verdict(finished_run(True)) == "modeled"
+    assert "'modeled': MPI's own" in printed(print_tour_table, [("dp2", finished_run(True))], "float64")
+    wrong = dict(finished_run(True), prediction_mismatches=["rank 0 model: measured 1 B, predicted 2 B"])
+    assert tour_verdict(wrong) == "NO"
+
+
+def test_train_summary_asks_to_calibrate_only_when_uncalibrated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration cache here
+    with redirect_stdout(io.StringIO()) as text:
+        print_summary(finished_run(False))
+    assert "'local', uncalibrated defaults: run `python -m simpar bench --calibrate`" in text.getvalue()
+    path = tmp_path / "simpar" / "hardware-local.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(dict(LOCAL_DEFAULTS.to_dict(), description="measured here")))
+    with redirect_stdout(io.StringIO()) as text:
+        print_summary(finished_run(False))
+    assert "uncalibrated" not in text.getvalue() and "'local', measured by" in text.getvalue()
 
 
 def test_plan_sweep_plot(tmp_path):

@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from simpar import costmodel as cm
 from simpar import trace
 from simpar.parallel.schedules import (
     SCHEDULES,
@@ -31,6 +32,7 @@ from simpar.parallel.schedules import (
     partition_layers,
     show_schedule_main,
 )
+from tests.conftest import stage_split
 
 SIZES = [(S, M) for S in range(1, 6) for M in range(1, 10)]
 
@@ -135,19 +137,17 @@ def test_partition_balances_parameters():
     assert partition_layers([64, 32, 32, 32, 10], 2, [3, 1]) == [(0, 3), (3, 4)]
     with pytest.raises(ValueError):
         partition_layers([64, 32, 10], 2, [2, 1])
-    # Minimal largest stage, checked against brute force.
+    # The whole rule (smallest largest stage, then later stages as long as possible), by brute force
+    # in tests/conftest.py: the executor and the cost model's own formula must both follow it.
     rng = np.random.default_rng(0)
     for _ in range(30):
-        widths = list(rng.integers(1, 50, size=rng.integers(3, 8)))
-        n = len(widths) - 1
-        cost = [widths[i] * widths[i + 1] + widths[i + 1] for i in range(n)]
-        for S in range(1, n + 1):
-            got = max(sum(cost[lo:hi]) for lo, hi in partition_layers(widths, S))
-            best = min(
-                max(sum(cost[a:b]) for a, b in zip((0,) + cuts, cuts + (n,)))
-                for cuts in itertools.combinations(range(1, n), S - 1)
-            )
-            assert got == best
+        widths = [int(w) for w in rng.integers(1, 50, size=rng.integers(3, 8))]
+        for S in range(1, len(widths)):
+            want = stage_split(widths, S)
+            assert partition_layers(widths, S) == want, (widths, S)
+            assert cm.stage_bounds(cm.Spec(widths=widths, batch=8, pp=S)) == want, (widths, S)
+    # A tie: three equal layers over two stages, [1, 2] and [2, 1] -- the later stage takes two.
+    assert partition_layers([10] * 4, 2) == stage_split([10] * 4, 2) == [(0, 1), (1, 3)]
 
 
 def test_trace_span_is_noop_without_tracer_and_records_with_one():

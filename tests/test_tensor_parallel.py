@@ -9,13 +9,12 @@ group; with dp > 1, 2(dp-1)/dp x (local shard parameters) x bpe of "model" bytes
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from simpar.collectives import chunk_bounds
 from simpar.config import RunConfig, SimparError, validate
 
-from .mpiutil import run_script, train_json
+from .conftest import assert_same_model, split_sizes, train_json
+from .mpiutil import run_script
 
 STEPS = 5
 BATCH = 64
@@ -35,34 +34,6 @@ ODD_GELU_ADAM = BASE + [
 F32 = ["--dtype", "float32", "--steps", str(STEPS), "--batch", str(BATCH), "--kernels", "numpy"]
 
 
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory):
-    """One serial run per configuration, shared by every test of this module."""
-    cache = {}
-
-    def get(args):
-        key = tuple(args)
-        if key not in cache:
-            cache[key] = train_json(1, list(args), tmp_path_factory.mktemp("serial"))
-        return cache[key]
-
-    return get
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
-
-
-def assert_same_model(run, ref, tol):
-    assert rel_err(run["losses"], ref["losses"]) <= tol, (run["losses"], ref["losses"])
-    assert len(run["weights"]) == len(ref["weights"])
-    for i, ((W, b), (Wr, br)) in enumerate(zip(run["weights"], ref["weights"])):
-        assert W.shape == Wr.shape and b.shape == br.shape, f"layer {i}: shapes differ"
-        assert rel_err(W, Wr) <= tol, f"layer {i} W off by {rel_err(W, Wr)}"
-        assert rel_err(b, br) <= tol, f"layer {i} b off by {rel_err(b, br)}"
-
-
 # -- the traffic the design promises, derived independently of the implementation ---------------
 
 
@@ -71,15 +42,14 @@ def ring_allreduce_sent(n: int, p: int, r: int) -> int:
     all but chunk r+1 in the all-gather (2(p-1)/p * n up to rounding; 2(p-1)*n over the ring)."""
     if p == 1:
         return 0
-    c = np.diff(chunk_bounds(n, p))
-    return int(2 * n - c[r] - c[(r + 1) % p])
+    c = split_sizes(n, p)
+    return 2 * n - c[r] - c[(r + 1) % p]
 
 
 def local_rows(batch, dp, grad_accum, dp_index) -> list[int]:
-    return [
-        len(np.array_split(np.arange(len(m)), dp)[dp_index])
-        for m in np.array_split(np.arange(batch), grad_accum)
-    ]
+    """Rows of each micro-step on data-parallel rank dp_index: the batch split into grad_accum
+    micro-steps, each split over dp ranks (both by np.array_split's rule)."""
+    return [split_sizes(rows, dp)[dp_index] for rows in split_sizes(batch, grad_accum)]
 
 
 def expected_activation(layers, tp, dp, grad_accum, dp_index, tp_index, bpe) -> dict:

@@ -1,21 +1,20 @@
 """ZeRO-1/2/3 against the serial model, the ledger against the ZeRO paper's volumes (Rajbhandari et
 al. 2020, sec. 7), and the measured memory against the shard sizes (sec. 5).
 
-Every run is a real `mpiexec` job; results are cached per module so each layout runs once and all
-its checks (losses, weights, bytes, memory) read the same metrics. The default digits model
+Every run is a real `mpiexec` job; results are cached (per module, the serial references per session
+in tests/conftest.py) so each layout runs once and all its checks (losses, weights, bytes, memory)
+read the same metrics. The default digits model
 (64,128,128,128,10; P = 42,634) does not divide by 3 or 4, nor do its layers: uneven chunks.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from simpar.collectives import chunk_bounds
-from tests.mpiutil import train_json
+from tests.conftest import assert_same_model, layer_sizes, split_sizes, train_json
 
 LAYERS = [64, 128, 128, 128, 10]
-SIZES = [a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:])]  # n_l, flat (W, b) per layer
+SIZES = layer_sizes(LAYERS)  # n_l, flat (W, b) per layer
 P = sum(SIZES)
 STEPS = 4
 BASE = ["--steps", str(STEPS), "--batch", "64"]
@@ -36,8 +35,8 @@ def runs(tmp_path_factory):
 
 
 def chunk(n: int, p: int, r: int) -> int:
-    b = chunk_bounds(n, p)
-    return int(b[r + 1] - b[r])
+    """Rank r's chunk of n elements: np.array_split's rule, written out (tests/conftest.py)."""
+    return split_sizes(n, p)[r]
 
 
 def shard(p: int, r: int) -> int:
@@ -65,15 +64,6 @@ def expected_memory(stage: int, p: int, r: int, bpe: int, k_opt: int, accum: int
     grads = S + (P if stage == 2 and accum > 1 else n_max)
     params = P if stage == 2 else S + n_max
     return {"params": params * bpe, "grads": grads * bpe, "optimizer": k_opt * S * bpe}
-
-
-def assert_same_model(got: dict, ref: dict, rtol: float) -> None:
-    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=rtol)
-    assert len(got["weights"]) == len(ref["weights"])
-    for (W, b), (Wr, br) in zip(got["weights"], ref["weights"]):
-        assert W.shape == Wr.shape and b.shape == br.shape
-        assert np.abs(W - Wr).max() <= rtol * np.abs(Wr).max()
-        assert np.abs(b - br).max() <= rtol * max(np.abs(br).max(), 1e-3)
 
 
 def check_ledger(m: dict, stage: int, p: int, bpe: int, accum: int = 1) -> None:
@@ -105,8 +95,8 @@ MATRIX = [(dp, stage) for dp in (2, 3, 4) for stage in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("dp,stage", MATRIX)
-def test_sgd_float64_matches_serial(runs, dp, stage):
-    ref = runs(1, "--dtype", "float64")
+def test_sgd_float64_matches_serial(runs, serial, dp, stage):
+    ref = serial([*BASE, "--dtype", "float64"])
     m = runs(dp, "--dtype", "float64", "--zero", str(stage))
     assert m["mesh"]["dp"] == dp
     assert_same_model(m, ref, 1e-12)
@@ -115,15 +105,15 @@ def test_sgd_float64_matches_serial(runs, dp, stage):
 
 
 @pytest.mark.parametrize("dp,stage", [(2, 3), (3, 1), (4, 2)])
-def test_adam_float64_matches_serial(runs, dp, stage):
-    ref = runs(1, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.005")
+def test_adam_float64_matches_serial(runs, serial, dp, stage):
+    ref = serial([*BASE, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.005"])
     m = runs(dp, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.005", "--zero", str(stage))
     assert_same_model(m, ref, 1e-12)
     check_memory(m, stage, dp, 8, k_opt=2)  # Adam: two moments per owned element
 
 
-def test_float32_matches_serial(runs):
-    ref = runs(1, "--dtype", "float32")
+def test_float32_matches_serial(runs, serial):
+    ref = serial([*BASE, "--dtype", "float32"])
     m = runs(4, "--dtype", "float32", "--zero", "3")
     assert_same_model(m, ref, 1e-5)
     check_ledger(m, 3, 4, 4)
@@ -131,10 +121,10 @@ def test_float32_matches_serial(runs):
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_grad_accumulation(runs, stage):
+def test_grad_accumulation(runs, serial, stage):
     """Stages 1/2 reduce-scatter once per step (stage 2 pays a full accumulation buffer for it);
     stage 3 gathers and reduce-scatters on every micro-step: 3K(p-1)/p * P."""
-    ref = runs(1, "--dtype", "float64", "--grad-accum", "2")
+    ref = serial([*BASE, "--dtype", "float64", "--grad-accum", "2"])
     m = runs(3, "--dtype", "float64", "--grad-accum", "2", "--zero", str(stage))
     assert_same_model(m, ref, 1e-12)
     check_ledger(m, stage, 3, 8, accum=2)

@@ -72,7 +72,8 @@ def measure(n: int, dtype, repeat: int, batch: int, act: str) -> dict:
 
 def format_table(rows: list[dict], dtype: str, threads: str, ready_s: float) -> str:
     lines = [
-        f"matmul, {dtype}, BLAS threads {threads} (numba kernels ready in {ready_s:.1f} s: compiled or loaded from cache)",
+        f"matmul, {dtype}, BLAS threads {threads} "
+        f"(numba kernels ready in {ready_s:.1f} s: compiled or loaded from cache)",
         f"{'n':>6} {'numpy GF/s':>11} {'numba GF/s':>11} {'ratio':>6}   "
         f"{'layer (batch x n x n)':>22} {'numpy unfused':>14} {'numba fused':>12} {'ratio':>6}",
     ]

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
+from ..collectives import ALLREDUCE_ALGORITHMS
 from ..config import SimparError
 from ..files import atomic_write
-from ..collectives import ALLREDUCE_ALGORITHMS
 from ..units import parse_buffer_size
 from .base import Parser
 
@@ -216,7 +216,6 @@ def calibrate_main(argv: list[str]) -> int:
         f"  MPI       alpha {hw.intra_alpha * 1e6:.2f} us, bandwidth {hw.intra_bw / 1e9:.2f} GB/s "
         f"(beta = {1 / hw.intra_bw:.3g} s/byte)"
     )
-    print(
-        f"saved to {path}; use it with `python -m simpar plan --hardware {'local' if args.out is None else path}`"
-    )
+    hardware = "local" if args.out is None else path
+    print(f"saved to {path}; use it with `python -m simpar plan --hardware {hardware}`")
     return 0

@@ -1,6 +1,7 @@
 """`python -m simpar plan`: what a layout costs, before you run it (no MPI, answers instantly).
 
-    python -m simpar plan --layers 784,4096,4096,10 --batch 1024 --dp 8 --tp 4 --pp 2 --hardware ib-cluster
+    python -m simpar plan --layers 784,4096,4096,10 --batch 1024 --dp 8 --tp 4 --pp 2 \
+        --hardware ib-cluster
     python -m simpar plan --params 7e9 --batch 512 --dp 64 --zero 3 --precision mixed --optimizer adam
     python -m simpar plan --params 70e9 --sweep tp=1,2,4,8 --dp 8 -o sweep.png
     python -m simpar plan --params 13e9 --compare --world 64 --hardware ib-cluster --memory-limit 80GB
@@ -10,9 +11,13 @@
 (widths [h] * (L+1)). Unless --width/--depth say otherwise, h keeps GPT-3's aspect ratio h/L ~ 128
 (Brown et al. 2020, Table 2.1: 175B has h = 12288, L = 96): h = (128 N)^(1/3) rounded to a multiple
 of 128, L = N / (h^2 + h) (with only --depth: h = sqrt(N/L), rounded to a multiple of 128, or of
-8 below 1024, so that tensor parallelism divides it). It has the right parameter count and layer widths, so bytes of gradients,
-ZeRO shards and tensor-parallel activations scale right; its activation memory is an MLP's (one x
-and one z per layer), far less than a transformer's attention and MLP blocks.
+8 below 1024, so that tensor parallelism divides it). It has the right parameter count and layer
+widths, so bytes of gradients, ZeRO shards and tensor-parallel activations scale right; its
+activation memory is an MLP's (one x and one z per layer), far less than a transformer's attention
+and MLP blocks.
+
+--hardware local is this machine as `python -m simpar bench --calibrate` measured it; without that
+measurement it is a set of documented defaults, and every text output says so (times are then rough).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import math
 from .. import costmodel as cm
 from ..config import SimparError
 from ..costmodel import hardware
-from ..costmodel.compare import explain, factorizations, fits_in, rank_layouts  # noqa: F401  (lessons use them)
+
+# factorizations is not used here: the lessons import it from this module
+from ..costmodel.compare import explain, factorizations, fits_in, rank_layouts  # noqa: F401
 from ..units import fmt_si as fmt_bytes
 from ..units import fmt_time, parse_bytes, parse_count
 from .base import Parser
@@ -166,7 +173,7 @@ def plan_main(argv: list[str]) -> int:
     if a.json:
         print(json.dumps(pred, indent=1, default=str))
     else:
-        print(format_plan(pred, hw, limit))
+        print(format_plan(pred, hw, limit, spec.widths))
     return 0
 
 
@@ -187,15 +194,52 @@ def show_schedule(a) -> int:
 # -- the readable table -------------------------------------------------------------------------------------
 
 
-def format_plan(pred: dict, hw, limit: float | None) -> str:
+def hardware_note(hw) -> list[str]:
+    """A line saying `local` is the uncalibrated defaults (no cache file), else nothing: times on
+    defaults are rough, and the reader should know which it is without looking for a file."""
+    if hw is not hardware.LOCAL_DEFAULTS:
+        return []
+    return [
+        f"note: hardware local is the uncalibrated defaults ({hardware.cache_path()} does not exist); "
+        "times are rough -- run `python -m simpar bench --calibrate` to measure this machine"
+    ]
+
+
+def grads_breakdown(sp: dict, widths: list, grads: float) -> str:
+    """ZeRO-2/3 name what their gradient memory holds besides the 1/p shard: one whole layer's
+    gradient buffer (the largest layer, filled by backward, then reduce-scattered), or with ZeRO-2
+    and gradient accumulation the whole model's (accumulated over micro-steps, reduce-scattered once)."""
+    if sp["zero"] < 2:
+        return ""
+    sizes = [a * b + b for a, b in zip(widths[:-1], widths[1:])]
+    whole = sp["zero"] == 2 and sp["grad_accum"] > 1
+    buffer = (sum(sizes) if whole else max(sizes)) * cm.PRECISIONS[sp["precision"]].grad
+    name, why = (
+        ("accumulation buffer", "ZeRO-2 with --grad-accum keeps the whole gradient until one reduce-scatter")
+        if whole
+        else (
+            "one-layer gradient buffer",
+            "the largest layer's full gradient, held while it is reduce-scattered",
+        )
+    )
+    shard = fmt_bytes(grads - buffer)
+    return (
+        f"grads {fmt_bytes(grads)} = shard {shard} (1/{sp['dp']} of every layer's) "
+        f"+ {name} {fmt_bytes(buffer)} ({why})"
+    )
+
+
+def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None) -> str:
     sp, t = pred["spec"], pred["time"]
+    ranks_word = "ranks" if pred["world"] > 1 else "rank"
     lines = [
         f"simpar plan: {describe_model(pred)}, global batch {sp['batch']}, {pred['layout']} on "
-        f"{pred['world']} rank{'s' if pred['world'] > 1 else ''}, {sp['precision']} {sp['optimizer']}, hardware {hw.name}",
+        f"{pred['world']} {ranks_word}, {sp['precision']} {sp['optimizer']}, hardware {hw.name}",
+        *hardware_note(hw),
         "links: "
         + "; ".join(
-            f"{g} group -> {l['name']} ({fmt_bytes(l['bytes_per_s'])}/s, {fmt_time(l['alpha_s'])})"
-            for g, l in pred["links"].items()
+            f"{g} group -> {link['name']} ({fmt_bytes(link['bytes_per_s'])}/s, {fmt_time(link['alpha_s'])})"
+            for g, link in pred["links"].items()
             if g != "world" and sp[g] > 1
         )
         if pred["world"] > 1
@@ -246,7 +290,8 @@ def format_plan(pred: dict, hw, limit: float | None) -> str:
     verdict = ""
     if limit:
         ratio = mem["max_total"] / limit
-        verdict = f"  vs limit {fmt_bytes(limit)}: {'fits' if ratio <= 1 else 'DOES NOT FIT'} ({ratio:.3g}x the limit)"
+        fit = "fits" if ratio <= 1 else "DOES NOT FIT"
+        verdict = f"  vs limit {fmt_bytes(limit)}: {fit} ({ratio:.3g}x the limit)"
     lines += [
         "",
         "memory per rank (max): "
@@ -254,6 +299,9 @@ def format_plan(pred: dict, hw, limit: float | None) -> str:
         + f"; total {fmt_bytes(mem['max_total'])}"
         + verdict,
     ]
+    breakdown = grads_breakdown(sp, widths, mem["max"]["grads"]) if widths else ""
+    if breakdown:
+        lines.append("  " + breakdown)
     if sp["pp"] > 1:
         S, M = sp["pp"], sp["microbatches"]
         formula = (
@@ -318,8 +366,11 @@ def sweep(spec: cm.Spec, hw, text: str, out: str, as_json: bool, limit: float | 
         )
     else:
         print(f"sweep of {key} on {hw.name} (bytes and memory per rank per step, the largest over ranks)")
+        for line in hardware_note(hw):
+            print(line)
         print(
-            f"{key:>8} {'layout':<22} {'data':>9} {'model':>9} {'activation':>10} {'memory':>9} {'bubble':>7} {'step':>9}"
+            f"{key:>8} {'layout':<22} {'data':>9} {'model':>9} {'activation':>10} {'memory':>9} "
+            f"{'bubble':>7} {'step':>9}"
         )
         for v, p in rows:
             if isinstance(p, str):
@@ -360,10 +411,12 @@ def print_compare(spec, hw, world: int | None, limit: float | None, as_json: boo
         print(json.dumps({"world": world, "memory_limit": limit, "ranked": ranked}, indent=1, default=str))
         return 0
     print(
-        f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, {world} rank{'s' if world > 1 else ''} on {hw.name}, "
-        f"{spec.precision} {spec.optimizer}"
+        f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, "
+        f"{world} rank{'s' if world > 1 else ''} on {hw.name}, {spec.precision} {spec.optimizer}"
         + (f", memory limit {fmt_bytes(limit)} per rank" if limit else "")
     )
+    for line in hardware_note(hw):
+        print(line)
     print(
         f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
         f"{'pp+bubble':>9} {'dp/zero':>9}"
@@ -372,8 +425,9 @@ def print_compare(spec, hw, world: int | None, limit: float | None, as_json: boo
         t = p["time"]
         print(
             f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
-            f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}{fmt_time(t['compute_s']):>9} "
-            f"{fmt_time(t['tp_s']):>9} {fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}"
+            f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}"
+            f"{fmt_time(t['compute_s']):>9} {fmt_time(t['tp_s']):>9} "
+            f"{fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}"
         )
     if len(ranked) > 15:
         print(f"    ... {len(ranked) - 15} more")

@@ -12,9 +12,10 @@ def ps_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str, op:
     """Parameter server (Li et al. 2014, OSDI): every rank pushes to rank 0, which sums and sends back.
 
     Cost: a worker r != 0 sends N and receives N, in 1 message; the server (rank 0) receives
-    (p-1) N, adds it all up, and sends (p-1) N, in p-1 messages. All ranks together: 2(p-1) N in 2(p-1) messages --
-    the same total as the ring, but all of it through one rank, whose link then takes (p-1) times
-    longer than anyone's in the ring: the reason sharded servers and all-reduce replaced it.
+    (p-1) N, adds it all up, and sends (p-1) N, in p-1 messages. All ranks together: 2(p-1) N in
+    2(p-1) messages -- the same total as the ring, but all of it through one rank, whose link then
+    takes (p-1) times longer than anyone's in the ring: the reason sharded servers and all-reduce
+    replaced it.
     """
     p, r = comm.size, comm.rank
     if p == 1:

@@ -67,13 +67,14 @@ def explain(ranked: list[dict], limit: float | None, fits) -> list[str]:
     """Sentences saying why the winner wins: its links, and what sinks each main rival."""
     win = ranked[0]
     if not fits(win):
+        leanest = min(ranked, key=lambda p: p["memory"]["max_total"])
         return [
-            f"nothing fits: even the leanest layout, {min(ranked, key=lambda p: p['memory']['max_total'])['layout']}, "
-            f"needs {min(p['memory']['max_total'] for p in ranked) / limit:.1f}x the memory limit; "
+            f"nothing fits: even the leanest layout, {leanest['layout']}, "
+            f"needs {leanest['memory']['max_total'] / limit:.1f}x the memory limit; "
             f"try --zero 3, more ranks, --precision mixed or a smaller batch"
         ]
     t, sp = win["time"], win["spec"]
-    used = [f"{g} on {l['name']}" for g, l in win["links"].items() if g != "world" and sp[g] > 1]
+    used = [f"{g} on {link['name']}" for g, link in win["links"].items() if g != "world" and sp[g] > 1]
     out = [
         f"winner: {win['layout']} at {fmt_time(t['step_s'])} per step"
         + (f" ({', '.join(used)})" if used else "")

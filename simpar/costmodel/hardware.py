@@ -12,8 +12,8 @@ on a laptop); `inter` joins nodes (InfiniBand, Ethernet). Which one a group of r
 from simpar's rank layout (mesh.py: tp fastest, then dp, then pp) -- see `group_link`.
 
 Profiles:
-  local          this machine, measured by `python -m simpar bench --calibrate` (simpar/bench/calibrate.py) and cached in
-                 ~/.cache/simpar/hardware-local.json; documented defaults if there is no cache.
+  local          this machine, measured by `python -m simpar bench --calibrate` (simpar/bench/calibrate.py)
+                 and cached in ~/.cache/simpar/hardware-local.json; documented defaults if there is no cache.
   dgx-h100       one DGX H100 node: 8 H100 SXM GPUs on NVLink 4 (NVSwitch).
   ib-cluster     DGX H100 nodes joined by 400 Gb/s NDR InfiniBand, one ConnectX-7 NIC per GPU.
   ethernet-100g  8-GPU H100 nodes with a single 100 Gb/s Ethernet NIC (RoCE) per node.
@@ -78,9 +78,11 @@ _H100_FLOPS = {"fp64": 0.5 * 67e12, "fp32": 0.5 * 494.5e12, "mixed": 0.5 * 989.4
 # A reduction reads two operands and writes one: 3 bytes of HBM traffic per byte reduced at 3.35 TB/s.
 _H100_GAMMA = 3 / 3.35e12
 _NVLINK_SOURCES = [
-    "NVIDIA H100 Tensor Core GPU datasheet: 989.4 TFLOP/s dense BF16, 67 TFLOP/s FP64 TC, 80 GB HBM3 3.35 TB/s",
+    "NVIDIA H100 Tensor Core GPU datasheet: 989.4 TFLOP/s dense BF16, 67 TFLOP/s FP64 TC, "
+    "80 GB HBM3 3.35 TB/s",
     "NVLink 4 / NVSwitch (DGX H100 user guide): 900 GB/s per GPU bidirectional = 450 GB/s per direction; "
-    "we assume 80% of it (360 GB/s), the bus bandwidth nccl-tests typically reports for all-reduce on DGX H100",
+    "we assume 80% of it (360 GB/s), the bus bandwidth nccl-tests typically reports for all-reduce "
+    "on DGX H100",
     "latency: NCCL's per-hop launch+sync cost on NVLink is a few microseconds; 3 us assumed",
     "achievable compute: 50% of the dense peak (typical model-FLOP utilisation of large-model training)",
 ]

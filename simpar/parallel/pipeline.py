@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import trace
 from ..data import distributed_sampler, micro_steps

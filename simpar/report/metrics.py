@@ -105,3 +105,19 @@ def sim_summary(per_rank_steps: list, cfg, hw, predicted: dict, serial_step_s: f
         out["serial_step_s_predicted"] = serial_step_s
         out["speedup_vs_serial_predicted"] = serial_step_s / step if step > 0 else None
     return out
+
+
+def modeled_ops(m: dict) -> list[str]:
+    """The ops (category/op) of a run whose bytes were booked from a formula, not counted: MPI's own
+    collectives (--collectives mpi) hide their messages, so Communicator.record_modeled books the
+    bandwidth-optimal volume. Control traffic is left out, like everywhere else."""
+    return list(m.get("comm", {}).get("modeled_ops") or [])
+
+
+def bytes_verdict(m: dict) -> str:
+    """How a run's bytes and shard memory compare with the cost model: "NO" (a mismatch), "modeled"
+    (they agree, but some bytes were booked from the same formula the cost model uses, so for those
+    the agreement is by construction, not a measurement) or "exact"."""
+    if m.get("prediction_mismatches"):
+        return "NO"
+    return "modeled" if modeled_ops(m) else "exact"

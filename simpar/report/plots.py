@@ -17,6 +17,7 @@ import os
 
 from ..config import SimparError
 from ..files import read_json
+from .metrics import modeled_ops
 
 CATS = ("data", "model", "activation")
 CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
@@ -65,18 +66,27 @@ def _prediction(metrics: dict) -> dict | None:
     from ..costmodel import predict_from_config
 
     try:
-        cfg = RunConfig(**{k: v for k, v in metrics["config"].items() if k in RunConfig.__dataclass_fields__})
-        return predict_from_config(cfg, metrics["world_size"], steps=1)
-    except Exception:  # a metrics file from another version: plot the measurement alone
+        config, world = metrics["config"], metrics["world_size"]
+        cfg = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
+    except (KeyError, TypeError, AttributeError):  # a metrics file from another version: no config to
+        return None  # predict from, so plot the measurement alone
+    try:
+        return predict_from_config(cfg, world, steps=1)
+    except SimparError:  # a layout the cost model declines; any other error is a bug in it and shows
         return None
 
 
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
 
 
+def _traffic_label(name: str, m: dict) -> str:
+    """The layout's name, marked when its bytes were modeled (--collectives mpi), not counted."""
+    return f"{name} (modeled)" if modeled_ops(m) else name
+
+
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
-    names = [n for n, _ in results]
+    names = [_traffic_label(n, m) for n, m in results]
     bottom = [0.0] * len(results)
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
@@ -186,7 +196,14 @@ def comm_scaling(path: str, results) -> str:
             colour = colours(i % 10)
             xs, ys = _family_curve(cfg, key, values)
             if xs:
-                ax.plot(xs, ys, color=colour, alpha=0.8, label=name, linestyle=("-", "--", ":", "-.")[i % 4])
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colour,
+                    alpha=0.8,
+                    label=_traffic_label(name, m),
+                    linestyle=("-", "--", ":", "-.")[i % 4],
+                )
             here = {
                 "world": m["world_size"],
                 "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
@@ -208,10 +225,10 @@ def comm_scaling(path: str, results) -> str:
     axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
     handles, labels = [], []
     for ax in axes:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
     fig.legend(handles, labels, loc="lower center", ncol=min(8, max(1, len(labels))), fontsize=8)
     fig.suptitle("Communication scaling: lines = cost model, dots = measured by the ledger", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
@@ -225,12 +242,14 @@ def tour_plots(results, out_dir: str) -> list[str]:
     """The tour's figures in out_dir; returns the paths written."""
     if not results:
         return []
+    modeled = any(modeled_ops(m) for _, m in results)
     written = [
         _bar_figure(
             results,
             comm_by_layout,
             os.path.join(out_dir, "comm_by_layout.png"),
-            "same model and data; bars = ledger (measured), ticks = cost model",
+            "same model and data; bars = ledger (measured), ticks = cost model"
+            + ("; (modeled): MPI's own collectives, bytes booked from the formula" if modeled else ""),
         ),
         comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),
         _bar_figure(
