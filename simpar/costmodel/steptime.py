@@ -86,6 +86,9 @@ class RankCosts:
         )
 
     def forward(self, r: int) -> float:
+        return self._cached("F", r, self._forward)
+
+    def _forward(self, r: int) -> float:
         W, bpe, out = self.spec.widths, self.spec.prec.act, 0.0
         for i, kind, w in zip(range(self.lo, self.hi), self.kinds, self.works):
             out += r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
@@ -97,6 +100,9 @@ class RankCosts:
 
     def backward_layers(self, r: int) -> list[tuple[float, float]]:
         """(compute, f all-reduce after it) of each layer in backward order, last layer first."""
+        return self._cached("layers", r, self._backward_layers)
+
+    def _backward_layers(self, r: int) -> list[tuple[float, float]]:
         W, bpe, out = self.spec.widths, self.spec.prec.act, []
         for i, kind, w in reversed(list(zip(range(self.lo, self.hi), self.kinds, self.works))):
             compute = (
@@ -108,7 +114,7 @@ class RankCosts:
         return out
 
     def backward(self, r: int) -> float:
-        return sum(c + f for c, f in self.backward_layers(r))
+        return self._cached("B", r, lambda r: sum(c + f for c, f in self.backward_layers(r)))
 
     def bucket_seconds(self, s_sizes: list, d: int) -> list[tuple[list[int], float]]:
         """DDP buckets (layer positions, all-reduce seconds) over the dp group; none without dp."""
