@@ -62,7 +62,7 @@ def command_lines(draw) -> tuple[int, list[str]]:
 
 
 @settings(
-    max_examples=int(os.environ.get("SIMPAR_FUZZ_EXAMPLES", "12")),
+    max_examples=int(os.environ.get("SIMPAR_FUZZ_EXAMPLES", "30")),
     deadline=None,
     database=None,  # nothing written into the checkout
     derandomize=not EXPLORE,
