@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from dataclasses import dataclass
 from importlib import resources
 
@@ -70,8 +71,10 @@ def read_idx(path: str) -> np.ndarray:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
             raw = f.read()
-    except OSError as exc:
+    except OSError as exc:  # gzip.BadGzipFile is an OSError too
         raise SimparError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (EOFError, zlib.error) as exc:  # a .gz cut short, or its compressed stream damaged
+        raise SimparError(f"{path} is truncated or corrupt: {exc}") from None
     if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
         raise SimparError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
@@ -107,6 +110,13 @@ def load_mnist(data_dir: str, dtype) -> Dataset:
     (xi, yi, xv, yv) = parts
     if len(xi) != len(yi) or len(xv) != len(yv):
         raise SimparError(f"{data_dir}: image and label counts differ")
+    if xi.ndim < 2 or xv.ndim < 2 or yi.ndim != 1 or yv.ndim != 1:
+        raise SimparError(f"{data_dir}: images must be 3-D and labels 1-D IDX files")
+    if not len(xi) or not len(xv):
+        raise SimparError(f"{data_dir}: the {'training' if not len(xi) else 't10k'} IDX files hold 0 rows")
+    top = max(int(yi.max()), int(yv.max()))
+    if top >= 10:  # the loss would index past the 10 outputs (an IndexError deep in a rank)
+        raise SimparError(f"{data_dir}: a label is {top}; MNIST labels must be 0..9")
     flat = lambda a: (a.reshape(len(a), -1) / 255.0).astype(dtype)
     return Dataset(flat(xi), yi.astype(np.int64), flat(xv), yv.astype(np.int64), 10)
 

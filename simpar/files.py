@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 
 import numpy as np
@@ -15,17 +16,50 @@ import numpy as np
 from .config import SimparError
 
 
-def writable(path: str) -> bool:
-    """Can a file be written (by rename) at `path`? Its folder must exist and be writable, and
-    `path` itself must not be a folder."""
+def output_problem(outputs: dict[str, str | None]) -> str | None:
+    """Why the output files {flag: path} could not be written, or None. Checked before training,
+    so a bad path costs seconds, not the run: each must be a new or regular file in a folder where
+    a file can really be created (tried, so /proc, read-only mounts and full quotas show up), and
+    no two flags may name the same file (the second write would silently replace the first)."""
+    seen = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        problem = _path_problem(path)
+        if problem:
+            return f"{flag} {path}: not a writable file path ({problem})"
+        key = os.path.realpath(path)
+        if key in seen:
+            return f"{flag} {path}: the same file as {seen[key]}; give each output its own path"
+        seen[key] = flag
+    return None
+
+
+def _path_problem(path: str) -> str | None:
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return "it names a folder"
+    if os.path.exists(path) and not os.path.isfile(path):
+        mode = os.stat(path).st_mode
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"it is {kind}, not a regular file"
     folder = os.path.dirname(os.path.abspath(path))
-    return os.path.isdir(folder) and os.access(folder, os.W_OK) and not os.path.isdir(path)
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist"
+    try:  # the only honest test: create a file there, as atomic_write will
+        fd, tmp = tempfile.mkstemp(prefix=".simpar-check.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        return f"cannot create a file in {folder}: {exc.strerror or exc}"
+    return None
 
 
 def atomic_write(path: str, write_fn, binary: bool = False) -> None:
+    """Write via a temporary file renamed into place; an OSError (disk full, quota, file size
+    limit) becomes one SimparError and leaves neither the temporary file nor a partial `path`."""
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise SimparError(f"cannot write {path}: it is a folder")
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        raise SimparError(f"cannot write {path}: it names a folder")
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
@@ -37,10 +71,19 @@ def atomic_write(path: str, write_fn, binary: bool = False) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a results file should be readable
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise SimparError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
 
 
 def read_json(path, what: str):

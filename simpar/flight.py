@@ -55,9 +55,19 @@ class FlightRecorder:
         """A message ("send" | "recv") or a collective call; returns the event to complete later."""
         with self._lock:
             self.seq += 1
-            event = {"seq": self.seq, "step": self.step, "kind": kind, "op": op, "category": category,
-                     "group": group, "peer": peer, "bytes": int(nbytes), "tag": tag,
-                     "posted": time.time(), "completed": None}
+            event = {
+                "seq": self.seq,
+                "step": self.step,
+                "kind": kind,
+                "op": op,
+                "category": category,
+                "group": group,
+                "peer": peer,
+                "bytes": int(nbytes),
+                "tag": tag,
+                "posted": time.time(),
+                "completed": None,
+            }
             if kind == "collective":
                 event["group_seq"] = self.collective_seq[group] = self.collective_seq.get(group, 0) + 1
             self.events.append(event)
@@ -76,9 +86,13 @@ class FlightRecorder:
         os.makedirs(self.dump_dir, exist_ok=True)
         path = os.path.join(self.dump_dir, f"rank-{self.rank}.json")
         with self._lock:
-            doc = {"rank": self.rank, "world_size": self.world_size, "step": self.step,
-                   "waiting": {k: v for k, v in (self.waiting or {}).items() if k != "since"} or None,
-                   "events": list(self.events)}
+            doc = {
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "step": self.step,
+                "waiting": {k: v for k, v in (self.waiting or {}).items() if k != "since"} or None,
+                "events": list(self.events),
+            }
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1)
@@ -90,7 +104,9 @@ def install(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_
     global _active
     _active = FlightRecorder(rank, world_size, dump_dir)
     if watchdog_s > 0:
-        threading.Thread(target=_watch, args=(_active, watchdog_s), daemon=True, name="simpar-watchdog").start()
+        threading.Thread(
+            target=_watch, args=(_active, watchdog_s), daemon=True, name="simpar-watchdog"
+        ).start()
     return _active
 
 

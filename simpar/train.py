@@ -20,11 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import collectives, simclock
+from .agree import preflight, same_data, together
 from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError, validate
+from .config import RunConfig, SimparError
 from .costmodel import hardware
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
-from .files import writable, write_json, write_trace, write_weights
+from .files import output_problem, write_json, write_trace, write_weights
+from .limits import diverged, divergence_message
 from .mesh import Mesh
 from .model import parameter_count, predict
 from .report.metrics import build_metrics, sim_summary
@@ -73,7 +75,8 @@ def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset
     tells the others the outcome and the number of training rows (control traffic).
     """
     if cfg.data_source == "local" or world.size == 1:
-        data = load_dataset(cfg)
+        data = together(world, load_dataset, cfg)  # a file only one rank lacks must not hang the rest
+        same_data(data, world)
         return data, len(data.x_train)
     data, outcome = None, None
     if world.rank == 0:
@@ -138,7 +141,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
-    validate(cfg, world.size)
+    preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
@@ -169,8 +172,9 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         if clock is not None:  # the loss all-reduce synchronises the ranks: clocks meet at the latest
             clock.end_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
         step_times.append(time.perf_counter() - step_start)
-        if not math.isfinite(loss):
-            _raise_nonfinite(loss, step, strategy, world)
+        if not math.isfinite(loss) or (losses and diverged(loss, losses[0])):
+            progress.close()  # so the error line starts a line of its own, not after the bar
+            _raise_nonfinite(loss, step, strategy, world, losses[:1])
         losses.append(loss)
         progress.update(loss)
         epoch_samples += cfg.batch
@@ -251,19 +255,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 
 def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
     """Fail before training, not after it, if rank 0 will not be able to write an output file."""
-    problem = None
-    if world.rank == 0:
-        for flag, path in (
-            ("--metrics-out", cfg.metrics_out),
-            ("--weights-out", cfg.weights_out),
-            ("--trace", cfg.trace),
-        ):
-            if path and not writable(path):
-                problem = (
-                    f"{flag} {path}: not a writable file path "
-                    "(its folder is missing or read-only, or it is a folder)"
-                )
-                break
+    outputs = {"--metrics-out": cfg.metrics_out, "--weights-out": cfg.weights_out, "--trace": cfg.trace}
+    problem = output_problem(outputs) if world.rank == 0 else None
     problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
     if problem:
         raise SimparError(problem)
@@ -277,8 +270,10 @@ def _tracer(cfg, world):
     return Tracer.install(world.rank)
 
 
-def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator) -> None:
+def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:
     """All ranks see the same reduced loss, so all get here together; find who went bad first."""
+    if math.isfinite(loss):
+        raise SimparError(divergence_message(loss, step + 1, first_loss[0], strategy.cfg.lr))
     mine = strategy.first_nonfinite
     first = world.allreduce_scalar(mine if mine is not None else math.inf, op=_mpi_min())
     where = (

@@ -7,9 +7,9 @@
     python -m simpar plot run1.json run2.json -o compare.png                             (plot.py)
 
 Bad input becomes ONE line `simpar: error: ...` on stderr (from rank 0 only) and exit status 2 on
-every rank (base.finish_error). Errors are found collectively (every rank validates the same inputs;
-a non-finite loss is seen by all ranks through the reduced loss), so all ranks leave together and
-MPI shuts down cleanly -- no hang, no traceback per rank.
+every rank (base.finish_error). Errors are found collectively (agree.py: every rank checks, then
+the ranks exchange verdicts; a non-finite or diverging loss is seen by all ranks through the reduced
+loss), so all ranks leave together and MPI shuts down cleanly -- no hang, no traceback per rank.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from ..config import SimparError
+from ..files import output_problem
 from ..report.plots import _plt, _save, comm_by_layout, comm_scaling, load_metrics, memory_by_layout
 from ..report.timeline import plot_timeline
 from .base import Parser
@@ -33,9 +34,7 @@ def plot_main(argv: list[str]) -> int:
         m = load_metrics(path)
         name = m.get("layout") or os.path.splitext(os.path.basename(path))[0]
         results.append((name if name not in [n for n, _ in results] else f"{name} ({path})", m))
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise SimparError(f"-o {args.out}: folder {folder} does not exist")
+    _check_outputs({"-o": args.out, "--scaling": args.scaling})
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(results) + 6), 4.8))
     comm_by_layout(a, results)
@@ -64,7 +63,15 @@ def timeline_main(argv: list[str]) -> int:
     path = args.trace_opt or args.trace
     if not path:
         p.error("give the trace file: simpar plot --timeline trace.json -o timeline.png")
+    _check_outputs({"-o": args.out})
     result = plot_timeline(path, args.out, args.schedule, args.stages, args.microbatches, args.step)
     ideal = f", ideal {result['ideal_bubble']:.1%}" if result["ideal_bubble"] is not None else ""
     print(f"wrote {args.out}: measured bubble {result['measured_bubble']:.1%}{ideal}")
     return 0
+
+
+def _check_outputs(outputs: dict) -> None:
+    """Before reading or drawing anything: a bad -o path is one line, not a traceback at the end."""
+    problem = output_problem(outputs)
+    if problem:
+        raise SimparError(problem)

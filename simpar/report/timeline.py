@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import SimparError
-from ..files import read_json
+from ..files import atomic_write, read_json
 
 COLOURS = {
     "forward": "#4C72B0",
@@ -177,5 +177,6 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
             + (" = (S-1)/(M+S-1)" if schedule != "naive" else " = (S-1)/S")
         )
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    # Atomic, like every other output: a full disk leaves one error line and no half a PNG.
+    atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
     return {"measured_bubble": overall, "step_bubble": this_step, "ideal_bubble": ideal, "step": step}
