@@ -49,17 +49,32 @@ class FlightRecorder:
         self.step = 0
         self.collective_seq: dict = {}  # group -> collectives called so far
         self.waiting: dict | None = None  # the event this rank blocks on, with "since"
+        self.round_recvs: list = []  # receives posted since a collective last looked (collectives/base.py)
+        self.check_collectives = False  # --check-collectives
+        self.desync_at: int | None = None  # --inject desync: skip the first collective of this step
         self._lock = threading.Lock()
 
     def record(self, kind: str, op: str, category: str, group: str, peer, nbytes: int, tag=None) -> dict:
         """A message ("send" | "recv") or a collective call; returns the event to complete later."""
         with self._lock:
             self.seq += 1
-            event = {"seq": self.seq, "step": self.step, "kind": kind, "op": op, "category": category,
-                     "group": group, "peer": peer, "bytes": int(nbytes), "tag": tag,
-                     "posted": time.time(), "completed": None}
+            event = {
+                "seq": self.seq,
+                "step": self.step,
+                "kind": kind,
+                "op": op,
+                "category": category,
+                "group": group,
+                "peer": peer,
+                "bytes": int(nbytes),
+                "tag": tag,
+                "posted": time.time(),
+                "completed": None,
+            }
             if kind == "collective":
                 event["group_seq"] = self.collective_seq[group] = self.collective_seq.get(group, 0) + 1
+            elif kind == "recv":
+                self.round_recvs.append(event)
             self.events.append(event)
         return event
 
@@ -76,9 +91,13 @@ class FlightRecorder:
         os.makedirs(self.dump_dir, exist_ok=True)
         path = os.path.join(self.dump_dir, f"rank-{self.rank}.json")
         with self._lock:
-            doc = {"rank": self.rank, "world_size": self.world_size, "step": self.step,
-                   "waiting": {k: v for k, v in (self.waiting or {}).items() if k != "since"} or None,
-                   "events": list(self.events)}
+            doc = {
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "step": self.step,
+                "waiting": {k: v for k, v in (self.waiting or {}).items() if k != "since"} or None,
+                "events": list(self.events),
+            }
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1)
@@ -90,8 +109,20 @@ def install(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_
     global _active
     _active = FlightRecorder(rank, world_size, dump_dir)
     if watchdog_s > 0:
-        threading.Thread(target=_watch, args=(_active, watchdog_s), daemon=True, name="simpar-watchdog").start()
+        threading.Thread(
+            target=_watch, args=(_active, watchdog_s), daemon=True, name="simpar-watchdog"
+        ).start()
     return _active
+
+
+def take_desync() -> bool:
+    """--inject desync@rank=R,step=S: True once, for this rank's first collective of step S -- which
+    it then skips, as a rank whose code took another branch would. Its peers wait for it."""
+    recorder = _active
+    if recorder is not None and recorder.desync_at is not None and recorder.step + 1 >= recorder.desync_at:
+        recorder.desync_at = None
+        return True
+    return False
 
 
 def uninstall() -> None:
