@@ -76,6 +76,13 @@ class RankCosts:
         self.optimizer_s = (
             optimizer_passes(spec) * rank_pred["params_updated"] * spec.prec.param * self.stream
         )
+        self._memo: dict = {}  # (what, rows) -> seconds: micro-batches come in a few sizes only
+
+    def _cached(self, what: str, r: int, fn):
+        key = (what, r)
+        if key not in self._memo:
+            self._memo[key] = fn(r)
+        return self._memo[key]
 
     def _tp(self, n: int) -> float:
         cost = ALLREDUCE[self.spec.collectives](n, self.spec.tp, self.t)
