@@ -176,15 +176,21 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     return cfg
 
 
-INJECTIONS = {"kill": ("rank", "step"), "stall": ("rank", "step", "seconds"), "nan": ("rank", "step"),
-              "desync": ("rank", "step")}
+INJECTIONS = {
+    "kill": ("rank", "step"),
+    "stall": ("rank", "step", "seconds"),
+    "nan": ("rank", "step"),
+    "desync": ("rank", "step"),
+}
 
 
 def parse_inject(text: str) -> dict:
     """'stall@rank=1,step=3,seconds=20' -> {"kind": "stall", "rank": 1, "step": 3, "seconds": 20.0}."""
     kind, _, rest = (text or "").partition("@")
-    usage = ("--inject KIND@rank=R,step=S with KIND kill, stall (add ,seconds=T), nan or desync, "
-             f"e.g. stall@rank=1,step=3,seconds=20; got {text!r}")
+    usage = (
+        "--inject KIND@rank=R,step=S with KIND kill, stall (add ,seconds=T), nan or desync, "
+        f"e.g. stall@rank=1,step=3,seconds=20; got {text!r}"
+    )
     _require(kind in INJECTIONS, usage)
     fields = {}
     for part in filter(None, rest.split(",")):

@@ -140,7 +140,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             return _run_training(cfg, world)
         finally:  # the tour runs several layouts in one process: nothing may outlive its run
             flight.uninstall()
-        
+
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     validate(cfg, world.size)
@@ -168,7 +168,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     epoch_start, epoch_samples, eval_s = start, 0, 0.0
     for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
         step_start = time.perf_counter()
-        recorder.step = step
+        recorder.step, recorder.step_since = step, time.monotonic()
         if clock is not None:
             clock.begin_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
         micro = inject(cfg, world.rank, step, feeder.get(rows))
@@ -203,6 +203,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
                 )
             epoch_log.append(entry)
             epoch_start, epoch_samples = time.perf_counter(), 0
+    recorder.step_since = None  # the steps are over: the watchdog's step rule stops here
     world.barrier()
     elapsed = time.perf_counter() - start
     progress.close()
@@ -301,8 +302,12 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator) -> N
 
 def start_recorder(cfg: RunConfig, world: Communicator):
     """The flight recorder and its watchdog (flight.py), and --check-collectives / --inject desync."""
+    if world.rank == 0:
+        flight.clear_dumps()
+    world.barrier()  # nobody may dump before the old dumps are gone
     recorder = flight.install(world.rank, world.size, cfg.watchdog)
     recorder.check_collectives = cfg.check_collectives
+    recorder.progress_bar = not cfg.quiet
     fault = parse_inject(cfg.inject) if cfg.inject else None
     if fault and fault["kind"] == "desync" and fault["rank"] == world.rank:
         recorder.desync_at = fault["step"]

@@ -93,15 +93,19 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     )
     g = p.add_argument_group("reliability")
     g.add_argument(
-        "--watchdog", type=float, default=d.watchdog,
+        "--watchdog",
+        type=float,
+        default=d.watchdog,
         help="end the job when one wait lasts longer than this many seconds; 0 turns it off (default 120)",
     )
     g.add_argument(
-        "--check-collectives", action="store_true",
+        "--check-collectives",
+        action="store_true",
         help="before each collective, its group compares op, category, bytes and dtype",
     )
     g.add_argument(
-        "--inject", default=None,
+        "--inject",
+        default=None,
         help="a fault, for teaching: kill|stall|nan|desync@rank=R,step=S (stall: ,seconds=T)",
     )
     g = p.add_argument_group("output")

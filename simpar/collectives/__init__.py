@@ -22,7 +22,18 @@ import numpy as np
 
 from .. import flight
 from ..comm import Communicator
-from .base import Pending, Rounds, _flat, chunk_bounds, offsets, reduce_add, run, scratch, set_reduce_kernel  # noqa: F401
+from .base import (  # noqa: F401
+    Pending,
+    Rounds,
+    _flat,
+    chunk_bounds,
+    new_tag,
+    offsets,
+    reduce_add,
+    run,
+    scratch,
+    set_reduce_kernel,
+)
 from .native import mpi_allreduce_rounds
 from .ps import ps_allreduce_rounds
 from .rabenseifner import rabenseifner_allreduce_rounds
@@ -43,12 +54,29 @@ def _call(comm: Communicator, buf: np.ndarray, category: str, op: str) -> dict:
     return {"comm": comm, "op": op, "category": category, "nbytes": buf.nbytes, "dtype": buf.dtype}
 
 
+def _skipped(comm: Communicator, buf: np.ndarray, category: str, op: str) -> Pending:
+    """--inject desync: this rank skips the collective its peers make, as a rank whose code took
+    another branch would: its call count and tags move on, its peers wait for messages that never
+    come (the watchdog, the flight recorder and --check-collectives then say so)."""
+    new_tag(comm)
+    flight.active().record(
+        "collective",
+        f"{op} (skipped)",
+        category,
+        comm.name,
+        "its group",
+        buf.nbytes,
+        members=comm.world_ranks,
+    )
+    return Pending(iter(()))
+
+
 def start_allreduce(
     comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
 ) -> Pending:
     """Begin summing `buf` over the group, in place; returns the in-flight collective."""
     if flight.take_desync():
-        return Pending(iter(()))  # --inject desync: this rank skips the call its peers make
+        return _skipped(comm, buf, category, op)
     rounds = ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op)
     return Pending(rounds, comm.name, _call(comm, buf, category, op))
 
@@ -65,7 +93,9 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
     flat = _flat(buf)
-    if not flight.take_desync():
+    if flight.take_desync():
+        _skipped(comm, buf, category, op)
+    else:
         run(ring_reduce_scatter_rounds(comm, flat, category, op), comm.name, _call(comm, buf, category, op))
     bounds = offsets(flat.size, comm.size)
     return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
@@ -73,7 +103,9 @@ def reduce_scatter(
 
 def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
     """Every rank has written its chunk `comm.rank` of `buf`; fill in everyone else's."""
-    if not flight.take_desync():
+    if flight.take_desync():
+        _skipped(comm, buf, category, op)
+    else:
         run(ring_allgather_rounds(comm, _flat(buf), category, op), comm.name, _call(comm, buf, category, op))
     return buf
 

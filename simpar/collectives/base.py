@@ -135,7 +135,13 @@ class Pending:
         recorder = flight.active()
         if recorder is not None and call is not None:  # the flight recorder's view of this call
             self.event = recorder.record(
-                "collective", call["op"], call["category"], group, "its group", call["nbytes"]
+                "collective",
+                call["op"],
+                call["category"],
+                group,
+                "its group",
+                call["nbytes"],
+                members=call["comm"].world_ranks,
             )
             if recorder.check_collectives:
                 check_same_call(call["comm"], self.event, call["dtype"])
