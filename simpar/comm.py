@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import simclock
+from . import flight, simclock
 
 CATEGORIES = ("data", "model", "activation", "control")
 
@@ -76,6 +76,12 @@ def _check_category(category: str) -> None:
         raise ValueError(f"unknown traffic category {category!r}; use one of {CATEGORIES}")
 
 
+def _done(event) -> None:
+    recorder = flight.active()
+    if recorder is not None and event is not None:
+        recorder.wait_end(event)
+
+
 def _clock_for(category: str):
     """The simulated clock, if one runs -- except for control traffic, which takes no simulated time."""
     return None if category == "control" else simclock.active()
@@ -121,7 +127,9 @@ class Communicator:
             left, header = self._stamp(clock, dest, buf.nbytes)
             self._headers.Send(header, dest=dest, tag=tag)
             clock.wait_until(left, busy_from=header[0])  # a blocking send returns once sent
+        event = self._record("send", op, category, dest, buf.nbytes, tag, wait=True)
         self.mpi.Send(buf, dest=dest, tag=tag)
+        _done(event)
 
     def recv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> np.ndarray:
         """Receive into `buf` (which the caller owns: never a buffer another array still aliases).
@@ -129,11 +137,13 @@ class Communicator:
         Booked from the message's real size (MPI's status), not the buffer's."""
         _check_category(category)
         status = MPI.Status()
+        event = self._record("recv", op, category, source, buf.nbytes, tag, wait=True)
         clock = _clock_for(category)
         if clock is not None:
             header = np.empty(2)
             self._headers.Recv(header, source=source, tag=tag)
         self.mpi.Recv(buf, source=source, tag=tag, status=status)
+        _done(event)
         nbytes = status.Get_count(MPI.BYTE)
         self.ledger.book_recv(category, op, self.world_ranks[source], nbytes)
         if clock is not None:
@@ -148,6 +158,7 @@ class Communicator:
         if not buf.flags.c_contiguous:
             raise ValueError("isend needs a contiguous buffer that stays alive until the request completes")
         self.ledger.book_send(category, op, self.world_ranks[dest], buf.nbytes)
+        self._record("send", op, category, dest, buf.nbytes, tag)
         clock = _clock_for(category)
         if clock is None:
             return self.mpi.Isend(buf, dest=dest, tag=tag)
@@ -161,6 +172,7 @@ class Communicator:
         # simpar receiver knows the exact size it waits for (the tests check that all ranks'
         # received bytes add up to all ranks' sent bytes, which a shorter message would break).
         self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
+        self._record("recv", op, category, source, buf.nbytes, tag)
         if _clock_for(category) is None:
             return self.mpi.Irecv(buf, source=source, tag=tag)
         header = np.empty(2)
@@ -173,6 +185,11 @@ class Communicator:
     def waitall(self, requests: list) -> None:
         """Finish requests from isend/irecv (a pipeline's sends); under the simulated clock the rank
         waits until the last one completes in simulated time."""
+        recorder = flight.active()
+        event = None
+        if recorder is not None and requests:  # a pipeline's sends: done once their receivers took them
+            event = recorder.record("wait", "sends-delivered", "activation", self.name, "the receivers", 0)
+            recorder.wait_begin(event)
         sims = [r for r in requests if isinstance(r, simclock.SimRequest)]
         MPI.Request.Waitall(
             [r for r in requests if not isinstance(r, simclock.SimRequest)]
@@ -180,6 +197,28 @@ class Communicator:
         )
         for sim in sims:
             simclock.active().wait_until(sim.completion(), busy_from=sim.transfer_start())
+        _done(event)
+
+    def _record(self, kind, op, category, peer, nbytes, tag, wait=False):
+        """Into the flight recorder (flight.py), if one runs; `wait`: the rank blocks on it now."""
+        recorder = flight.active()
+        if recorder is None:
+            return None
+        event = recorder.record(kind, op, category, self.name, self.world_ranks[peer], nbytes, tag)
+        if wait:
+            recorder.wait_begin(event)
+        return event
+
+    def _blocking(self, op: str, call):
+        """A native MPI call that blocks on the whole group (control traffic): the watchdog watches it."""
+        recorder = flight.active()
+        event = None
+        if recorder is not None:
+            event = recorder.record("collective", op, "control", self.name, "its group", 0)
+            recorder.wait_begin(event)
+        result = call()
+        _done(event)
+        return result
 
     def _stamp(self, clock, dest: int, nbytes: int) -> tuple[float, np.ndarray]:
         """When the message's last byte has left, and its header: [transfer start, arrival]."""
@@ -207,7 +246,7 @@ class Communicator:
     def allreduce_scalar(self, value: float, op=MPI.SUM) -> float:
         """Reduce one float for logging; uses MPI's own Allreduce, booked as modeled control."""
         out = np.array(value, dtype=np.float64)
-        self.mpi.Allreduce(MPI.IN_PLACE, out, op=op)
+        self._blocking("allreduce-scalar", lambda: self.mpi.Allreduce(MPI.IN_PLACE, out, op=op))
         if self.size > 1:
             self.record_modeled("control", "allreduce-scalar", 2 * 8, 2 * 8, 2)
         return float(out)
@@ -217,7 +256,7 @@ class Communicator:
         import pickle
 
         nbytes = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-        result = self.mpi.gather(obj, root=root)
+        result = self._blocking("gather", lambda: self.mpi.gather(obj, root=root))
         if self.rank != root:
             self.record_modeled("control", "gather", nbytes, 0, 1)
         else:
@@ -227,11 +266,11 @@ class Communicator:
     def bcast_object(self, obj, root: int = 0):
         import pickle
 
-        result = self.mpi.bcast(obj, root=root)
+        result = self._blocking("bcast", lambda: self.mpi.bcast(obj, root=root))
         if self.rank == root and self.size > 1:
             nbytes = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
             self.record_modeled("control", "bcast", nbytes * (self.size - 1), 0, self.size - 1)
         return result
 
     def barrier(self) -> None:
-        self.mpi.Barrier()
+        self._blocking("barrier", self.mpi.Barrier)

@@ -62,6 +62,10 @@ class RunConfig:
     clock: str = "wall"
     hardware: str = "local"
     compute: str = "model"
+    # reliability: the watchdog (seconds; 0 = off), collective fingerprints, fault injection
+    watchdog: float = 120.0
+    check_collectives: bool = False
+    inject: str | None = None
     # output
     metrics_out: str | None = None
     weights_out: str | None = None
@@ -103,6 +107,9 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(
         cfg.compute in COMPUTE_MODELS, f"unknown compute model {cfg.compute!r} (choose model or measured)"
     )
+    _require(cfg.watchdog >= 0 and math.isfinite(cfg.watchdog), "--watchdog must be a number of seconds >= 0")
+    if cfg.inject:
+        _require(parse_inject(cfg.inject)["rank"] < world_size, f"--inject {cfg.inject}: no such rank")
     _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
     _require(0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}")
@@ -167,6 +174,35 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "all-reduce layouts only",
         )
     return cfg
+
+
+INJECTIONS = {
+    "kill": ("rank", "step"),
+    "stall": ("rank", "step", "seconds"),
+    "nan": ("rank", "step"),
+    "desync": ("rank", "step"),
+}
+
+
+def parse_inject(text: str) -> dict:
+    """'stall@rank=1,step=3,seconds=20' -> {"kind": "stall", "rank": 1, "step": 3, "seconds": 20.0}."""
+    kind, _, rest = (text or "").partition("@")
+    usage = (
+        "--inject KIND@rank=R,step=S with KIND kill, stall (add ,seconds=T), nan or desync, "
+        f"e.g. stall@rank=1,step=3,seconds=20; got {text!r}"
+    )
+    _require(kind in INJECTIONS, usage)
+    fields = {}
+    for part in filter(None, rest.split(",")):
+        key, _, value = part.partition("=")
+        _require(key in INJECTIONS[kind] and value, usage)
+        try:
+            fields[key] = float(value) if key == "seconds" else int(value)
+        except ValueError:
+            raise SimparError(usage) from None
+    _require(set(fields) == set(INJECTIONS[kind]), usage)
+    _require(fields["step"] >= 1 and fields["rank"] >= 0, usage)
+    return {"kind": kind, **fields}
 
 
 def layout_name(layout) -> str:

@@ -11,12 +11,12 @@ that ranks that called different collectives can be told apart afterwards.
 
 The watchdog is a thread that looks at what the rank is waiting for. If one wait lasts longer
 than `--watchdog SECONDS` (default 120 s: longer than any step simpar runs here, shorter than a
-person's patience; 0 turns it off), every waiting rank dumps its recorder to
-`simpar-flight/rank-K.json`, and the lowest-numbered one ends the job with ONE line naming itself,
-the operation and the peer it waits for. (The others wait half a second per rank before they would
-say the same: by then the job is gone. A rank ending with os._exit makes MPICH's launcher end the
-rest quietly: no traceback, no banner, exit status 2.) `simpar debug DIR` (debug.py) reads the
-dumps and names the rank that is behind, or the ranks whose collectives differ.
+person's patience; 0 turns it off) -- or a step runs that long without any communication, as on a
+stalled rank -- the rank dumps its recorder to `simpar-flight/rank-K.json` and ends with exit
+status 2; the first rank to get there says why in ONE line (the operation, and the peer it waits
+for); MPI_Abort then ends every rank, one that cannot run its watchdog (SIGSTOP, hung in C code)
+too. `simpar debug DIR` (report/debug.py) reads the dumps and names the rank that is behind, or
+the ranks whose collectives differ.
 """
 
 from __future__ import annotations
@@ -49,9 +49,16 @@ class FlightRecorder:
         self.step = 0
         self.collective_seq: dict = {}  # group -> collectives called so far
         self.waiting: dict | None = None  # the event this rank blocks on, with "since"
+        self.step_since: float | None = None  # when the current training step began (monotonic)
+        self.progress_bar = False  # rank 0 shows one: an error line must start on a fresh line
+        self.round_recvs: list = []  # receives posted since a collective last looked (collectives/base.py)
+        self.check_collectives = False  # --check-collectives
+        self.desync_at: int | None = None  # --inject desync: skip the first collective of this step
         self._lock = threading.Lock()
 
-    def record(self, kind: str, op: str, category: str, group: str, peer, nbytes: int, tag=None) -> dict:
+    def record(
+        self, kind: str, op: str, category: str, group: str, peer, nbytes: int, tag=None, members=None
+    ) -> dict:
         """A message ("send" | "recv") or a collective call; returns the event to complete later."""
         with self._lock:
             self.seq += 1
@@ -69,7 +76,11 @@ class FlightRecorder:
                 "completed": None,
             }
             if kind == "collective":
+                event["members"] = list(members) if members is not None else None
+                group = f"{group}:{','.join(map(str, members))}" if members is not None else group
                 event["group_seq"] = self.collective_seq[group] = self.collective_seq.get(group, 0) + 1
+            elif kind == "recv":
+                self.round_recvs.append(event)
             self.events.append(event)
         return event
 
@@ -110,6 +121,16 @@ def install(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_
     return _active
 
 
+def take_desync() -> bool:
+    """--inject desync@rank=R,step=S: True once, for this rank's first collective of step S -- which
+    it then skips, as a rank whose code took another branch would. Its peers wait for it."""
+    recorder = _active
+    if recorder is not None and recorder.desync_at is not None and recorder.step + 1 >= recorder.desync_at:
+        recorder.desync_at = None
+        return True
+    return False
+
+
 def uninstall() -> None:
     global _active
     _active = None
@@ -122,28 +143,74 @@ def describe(event: dict) -> str:
 
 
 def _watch(recorder: FlightRecorder, limit: float) -> None:
-    """The watchdog thread: poll what the rank waits for; past the limit, dump and end the job."""
+    """The watchdog thread. Past the limit -- one wait, or one step spent without communicating (a
+    stalled rank) -- it dumps the recorder and ends the job with exit status 2. Exactly one rank
+    says why: the first to claim the report (a file created exclusively in the dump folder)."""
+    poll = min(1.0, limit / 4)
     while _active is recorder:
-        time.sleep(min(1.0, limit / 4))
-        waiting = recorder.waiting
-        if waiting is None or time.monotonic() - waiting["since"] < limit:
+        time.sleep(poll)
+        waiting, now, since = recorder.waiting, time.monotonic(), recorder.step_since
+        if waiting is not None and now - waiting["since"] >= limit:
+            what = f"waited more than {limit:g} s at step {waiting['step'] + 1} in {describe(waiting)}"
+        elif waiting is None and since is not None and now - since >= limit:
+            what = f"spent more than {limit:g} s in step {recorder.step + 1} without communicating (stalled?)"
+        else:
             continue
         try:
-            path = recorder.dump()
+            folder = os.path.dirname(recorder.dump()) or "."
         except OSError as exc:
-            path = f"(could not write the flight recorder: {exc.strerror})"
-        time.sleep(0.5 * recorder.rank)  # the lowest waiting rank speaks; the job ends with it
-        fatal(
-            f"watchdog: rank {recorder.rank} waited more than {limit:g} s at step {waiting['step'] + 1} in "
-            f"{describe(waiting)}; flight recorders in {os.path.dirname(path) or '.'}/ "
-            f"(`python -m simpar debug {os.path.dirname(path) or '.'}` says who is behind)"
-        )
+            folder = f"(not written: {exc.strerror})"
+        if _claim_report(recorder.dump_dir):  # the first rank here says why; the others keep quiet
+            print_error(
+                f"watchdog: rank {recorder.rank} {what}; flight recorders in {folder}/ "
+                f"(`python -m simpar debug {folder}` says who is behind)"
+            )
+        # The other ranks' watchdogs fire within a poll or two: let them dump before anyone aborts.
+        time.sleep(2 * poll + 0.5)
+        fatal(None)
 
 
-def fatal(message: str) -> None:
-    """End this rank -- and with it the job -- at once, with ONE line: for failures the other ranks
-    cannot take part in (a stalled peer, mismatched collectives). MPICH's launcher then stops every
-    other rank quietly and the job's exit status is 2."""
-    print(f"simpar: error: {message}", file=sys.stderr, flush=True)
+def _claim_report(folder: str) -> bool:
+    try:
+        os.close(os.open(os.path.join(folder, ".reported"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+
+
+def clear_dumps(folder: str = DUMP_DIR) -> None:
+    """Rank 0, before training: old dumps would mislead `simpar debug`."""
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("rank-") or name == ".reported":
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def print_error(message: str) -> None:
+    """The one line, starting on a line of its own even after rank 0's progress bar."""
+    start = "\n" if _active is not None and _active.progress_bar else ""
+    print(f"{start}simpar: error: {message}", file=sys.stderr, flush=True)
+
+
+def fatal(message: str | None) -> None:
+    """End the whole job at once, from this rank, for failures the other ranks cannot take part in
+    (a stalled peer, mismatched collectives): print ONE line (None: print nothing -- another rank
+    says it), then MPI_Abort(2). MPICH's launcher then ends every rank, stalled ones too, quietly and
+    with exit status 2 -- provided nothing of ours is left to print: the abort's own message to
+    stdout/stderr is silenced by pointing both at /dev/null first."""
+    if message is not None:
+        print_error(message)
+    else:
+        time.sleep(0.3)  # let a reporter's line out first
     sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(2)
     os._exit(2)

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, simclock
+from . import collectives, flight, simclock
 from .agree import preflight, same_data, together
 from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError
+from .config import RunConfig, SimparError, parse_inject
 from .costmodel import hardware
 from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
 from .files import output_problem, write_json, write_trace, write_weights
@@ -137,11 +139,15 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     # Overflow is detected where it matters (a non-finite loss, blamed on a layer): NumPy's own
     # warnings would only print the same news once per rank, in the middle of the progress bar.
     with np.errstate(all="ignore"):
-        return _run_training(cfg, world)
+        try:
+            return _run_training(cfg, world)
+        finally:  # the tour runs several layouts in one process: nothing may outlive its run
+            flight.uninstall()
 
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
+    recorder = start_recorder(cfg, world)
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
@@ -165,9 +171,10 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     epoch_start, epoch_samples, eval_s = start, 0, 0.0
     for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
         step_start = time.perf_counter()
+        recorder.step, recorder.step_since = step, time.monotonic()
         if clock is not None:
             clock.begin_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
-        micro = feeder.get(rows)
+        micro = inject(cfg, world.rank, step, feeder.get(rows))
         loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
         if clock is not None:  # the loss all-reduce synchronises the ranks: clocks meet at the latest
             clock.end_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
@@ -200,6 +207,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
                 )
             epoch_log.append(entry)
             epoch_start, epoch_samples = time.perf_counter(), 0
+    recorder.step_since = None  # the steps are over: the watchdog's step rule stops here
     world.barrier()
     elapsed = time.perf_counter() - start
     progress.close()
@@ -285,6 +293,39 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, firs
         f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
         f"(now {strategy.cfg.lr}) or --dtype float64"
     )
+
+
+def start_recorder(cfg: RunConfig, world: Communicator):
+    """The flight recorder and its watchdog (flight.py), and --check-collectives / --inject desync."""
+    if world.rank == 0:
+        flight.clear_dumps()
+    world.barrier()  # nobody may dump before the old dumps are gone
+    recorder = flight.install(world.rank, world.size, cfg.watchdog)
+    recorder.check_collectives = cfg.check_collectives
+    recorder.progress_bar = not cfg.quiet
+    fault = parse_inject(cfg.inject) if cfg.inject else None
+    if fault and fault["kind"] == "desync" and fault["rank"] == world.rank:
+        recorder.desync_at = fault["step"]
+    return recorder
+
+
+def inject(cfg: RunConfig, rank: int, step: int, micro: list) -> list:
+    """--inject KIND@rank=R,step=S: the fault, on rank R as step S begins (for teaching: see what the
+    watchdog, the flight recorder and the NaN check say). kill: SIGKILL, as a crashed node would;
+    stall: sleep T seconds, as a rank stuck in I/O would; nan: a NaN in the rank's input rows (a rank
+    without input rows -- a middle pipeline stage -- is left alone); desync: see flight.take_desync."""
+    fault = parse_inject(cfg.inject) if cfg.inject else None
+    if not fault or fault["rank"] != rank or fault["step"] != step + 1:
+        return micro
+    if fault["kind"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault["kind"] == "stall":
+        time.sleep(fault["seconds"])
+    if fault["kind"] == "nan" and micro and micro[0][0] is not None:
+        x = micro[0][0].copy()
+        x[0, 0] = np.nan
+        micro = [(x, micro[0][1]), *micro[1:]]
+    return micro
 
 
 def start_clock(cfg: RunConfig, world: Communicator):

@@ -5,6 +5,7 @@
     python -m simpar plan --layers 784,4096,4096,10 --batch 1024 --dp 8 --tp 4 --pp 2     (plan.py)
     python -m simpar bench matmul ;  mpiexec -n 2 python -m mpi4py -m simpar bench allreduce  (bench.py)
     python -m simpar plot run1.json run2.json -o compare.png                             (plot.py)
+    python -m simpar debug simpar-flight/      what the watchdog's flight recorders say  (debug.py)
 
 Bad input becomes ONE line `simpar: error: ...` on stderr (from rank 0 only) and exit status 2 on
 every rank (base.finish_error). Errors are found collectively (agree.py: every rank checks, then
@@ -17,13 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
+from .. import flight
 from ..config import SimparError
-from .base import Parser, finish_error
+from .base import Parser, finish_error, launcher_rank
 from .tour import add_tour_arguments, tour_command
 from .train import add_run_arguments, train_command
 
-SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot")
+SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot", "debug")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("tour", help="every layout that fits the world size, checked against serial (default)")
     )
     add_run_arguments(sub.add_parser("train", help="train one layout"))
-    for name in ("plan", "bench", "plot"):
+    for name in ("plan", "bench", "plot", "debug"):
         p = sub.add_parser(name, add_help=False, help=f"see `simpar {name} --help`")
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench import bench_main
 
             return bench_main(argv[1:])
+        if argv[0] == "debug":
+            from .debug import debug_main
+
+            return debug_main(argv[1:])
         args = build_parser().parse_args(argv)
         return train_command(args) if args.command == "train" else tour_command(args)
     except SimparError as exc:
@@ -71,3 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code in (0, None):
             return 0
         raise
+    except Exception as exc:  # noqa: BLE001  a bug, or an MPI error, on this rank alone
+        # The other ranks cannot join a clean exit (they may be inside a collective), so this rank
+        # ends the job: one line, then MPI_Abort. SIMPAR_TRACEBACK=1 shows where it happened.
+        if os.environ.get("SIMPAR_TRACEBACK"):
+            traceback.print_exc()
+        kind = "MPI error" if type(exc).__module__.startswith("mpi4py") else type(exc).__name__
+        flight.fatal(f"rank {launcher_rank()}: {kind}: {exc} (unexpected; SIMPAR_TRACEBACK=1 shows where)")

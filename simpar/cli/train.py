@@ -91,6 +91,23 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         choices=COMPUTE_MODELS,
         help="with --clock sim: model (FLOPs and bytes on the profile) or measured (CPU time, scaled)",
     )
+    g = p.add_argument_group("reliability")
+    g.add_argument(
+        "--watchdog",
+        type=float,
+        default=d.watchdog,
+        help="end the job when one wait lasts longer than this many seconds; 0 turns it off (default 120)",
+    )
+    g.add_argument(
+        "--check-collectives",
+        action="store_true",
+        help="before each collective, its group compares op, category, bytes and dtype",
+    )
+    g.add_argument(
+        "--inject",
+        default=None,
+        help="a fault, for teaching: kill|stall|nan|desync@rank=R,step=S (stall: ,seconds=T)",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--metrics-out", default=None, help="write the metrics JSON here (rank 0)")
     g.add_argument("--weights-out", default=None, help="write the final full-shape weights (.npz, rank 0)")
@@ -132,6 +149,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         clock=args.clock,
         hardware=args.hardware,
         compute=args.compute,
+        watchdog=args.watchdog,
+        check_collectives=args.check_collectives,
+        inject=args.inject,
         metrics_out=args.metrics_out,
         weights_out=args.weights_out,
         trace=args.trace,

@@ -20,8 +20,20 @@ from typing import Callable
 
 import numpy as np
 
+from .. import flight
 from ..comm import Communicator
-from .base import Pending, Rounds, _flat, chunk_bounds, offsets, reduce_add, run, scratch, set_reduce_kernel  # noqa: F401
+from .base import (  # noqa: F401
+    Pending,
+    Rounds,
+    _flat,
+    chunk_bounds,
+    new_tag,
+    offsets,
+    reduce_add,
+    run,
+    scratch,
+    set_reduce_kernel,
+)
 from .native import mpi_allreduce_rounds
 from .ps import ps_allreduce_rounds
 from .rabenseifner import rabenseifner_allreduce_rounds
@@ -37,11 +49,36 @@ ALLREDUCE_ALGORITHMS: dict[str, Callable[..., Rounds]] = {
 }
 
 
+def _call(comm: Communicator, buf: np.ndarray, category: str, op: str) -> dict:
+    """What the flight recorder and --check-collectives know of a call."""
+    return {"comm": comm, "op": op, "category": category, "nbytes": buf.nbytes, "dtype": buf.dtype}
+
+
+def _skipped(comm: Communicator, buf: np.ndarray, category: str, op: str) -> Pending:
+    """--inject desync: this rank skips the collective its peers make, as a rank whose code took
+    another branch would: its call count and tags move on, its peers wait for messages that never
+    come (the watchdog, the flight recorder and --check-collectives then say so)."""
+    new_tag(comm)
+    flight.active().record(
+        "collective",
+        f"{op} (skipped)",
+        category,
+        comm.name,
+        "its group",
+        buf.nbytes,
+        members=comm.world_ranks,
+    )
+    return Pending(iter(()))
+
+
 def start_allreduce(
     comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
 ) -> Pending:
     """Begin summing `buf` over the group, in place; returns the in-flight collective."""
-    return Pending(ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op), comm.name)
+    if flight.take_desync():
+        return _skipped(comm, buf, category, op)
+    rounds = ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op)
+    return Pending(rounds, comm.name, _call(comm, buf, category, op))
 
 
 def allreduce(
@@ -56,19 +93,25 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
     flat = _flat(buf)
-    run(ring_reduce_scatter_rounds(comm, flat, category, op), comm.name)
+    if flight.take_desync():
+        _skipped(comm, buf, category, op)
+    else:
+        run(ring_reduce_scatter_rounds(comm, flat, category, op), comm.name, _call(comm, buf, category, op))
     bounds = offsets(flat.size, comm.size)
     return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
 
 
 def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
     """Every rank has written its chunk `comm.rank` of `buf`; fill in everyone else's."""
-    run(ring_allgather_rounds(comm, _flat(buf), category, op), comm.name)
+    if flight.take_desync():
+        _skipped(comm, buf, category, op)
+    else:
+        run(ring_allgather_rounds(comm, _flat(buf), category, op), comm.name, _call(comm, buf, category, op))
     return buf
 
 
 def broadcast(
     comm: Communicator, buf: np.ndarray, root: int, category: str, op: str = "broadcast"
 ) -> np.ndarray:
-    run(binomial_broadcast_rounds(comm, buf, root, category, op), comm.name)
+    run(binomial_broadcast_rounds(comm, buf, root, category, op), comm.name, _call(comm, buf, category, op))
     return buf

@@ -18,13 +18,15 @@ the kernel backend's reduce-add with `set_reduce_kernel` (kernels/ itself never 
 
 from __future__ import annotations
 
+import os
+import time
 from contextlib import contextmanager
 from typing import Callable, Generator, Iterator
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import simclock
+from .. import flight, simclock
 from ..comm import Communicator
 
 Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
@@ -124,10 +126,25 @@ class Pending:
     depends on when the real messages happened to arrive.
     """
 
-    def __init__(self, rounds: Rounds, group: str = "world"):
+    def __init__(self, rounds: Rounds, group: str = "world", call: dict | None = None):
         self._rounds = rounds
         self._requests: list = []
+        self._round_recvs: list = []
         self.done = False
+        self.event = None
+        recorder = flight.active()
+        if recorder is not None and call is not None:  # the flight recorder's view of this call
+            self.event = recorder.record(
+                "collective",
+                call["op"],
+                call["category"],
+                group,
+                "its group",
+                call["nbytes"],
+                members=call["comm"].world_ranks,
+            )
+            if recorder.check_collectives:
+                check_same_call(call["comm"], self.event, call["dtype"])
         self._clock = simclock.active()
         if self._clock is None:
             self._advance()
@@ -136,22 +153,38 @@ class Pending:
             self._clock.in_flight.setdefault(group, []).append(self)
 
     def _advance(self) -> None:
+        recorder = flight.active()
+        if recorder is not None:
+            recorder.round_recvs = []
         try:
             self._requests = next(self._rounds)
         except StopIteration:
             self.done = True
+        if recorder is not None:  # the receives this round waits for: whom the watchdog names
+            self._round_recvs, recorder.round_recvs = recorder.round_recvs, []
 
     def progress(self) -> None:
         while self._clock is None and not self.done and MPI.Request.Testall(self._requests):
+            self._round_done()
             self._advance()
 
     def wait(self) -> None:
+        recorder = flight.active()
         if self._clock is not None:
             self._clock.wait_until(self._run_on_stream(), busy_from=self.started_at)
-            return
         while not self.done:
+            if recorder is not None:
+                recorder.wait_begin(self._round_recvs[0] if self._round_recvs else self.event or {})
             MPI.Request.Waitall(self._requests)
+            self._round_done()
             self._advance()
+        if recorder is not None:
+            recorder.wait_end(self.event)
+
+    def _round_done(self) -> None:
+        now = time.time()
+        for event in self._round_recvs:
+            event["completed"] = now
 
     def _run_on_stream(self) -> float:
         """Run this collective (and every one started before it) on the simulated stream; its end."""
@@ -182,8 +215,31 @@ class Pending:
         return self.ended_at
 
 
-def run(rounds: Rounds, group: str = "world") -> None:
-    Pending(rounds, group).wait()
+def run(rounds: Rounds, group: str = "world", call: dict | None = None) -> None:
+    Pending(rounds, group, call).wait()
+
+
+def check_same_call(comm, event: dict, dtype) -> None:
+    """--check-collectives: before a collective, its group compares what each rank is about to call
+    (the group's call number, op, category, bytes, dtype) -- TORCH_DISTRIBUTED_DEBUG=DETAIL's
+    fingerprint check. A difference ends the job with one line naming both calls and their ranks.
+    The comparison is MPI's own all-gather, booked as control traffic."""
+    mine = (event["group_seq"], event["op"], event["category"], event["bytes"], str(dtype))
+    rows = comm.mpi.allgather(mine)
+    comm.record_modeled(
+        "control", "check-collectives", 64 * (comm.size - 1), 64 * (comm.size - 1), comm.size - 1
+    )
+    odd = next((i for i, row in enumerate(rows) if row != rows[0]), None)
+    if odd is None:
+        return
+    what = lambda row: f"#{row[0]} {row[1]} ({row[2]}, {row[3]} B, {row[4]})"
+    if comm.rank == 0:
+        flight.fatal(
+            f"--check-collectives: group {comm.name} disagrees: rank {comm.world_ranks[0]} called "
+            f"{what(rows[0])}, rank {comm.world_ranks[odd]} called {what(rows[odd])}"
+        )
+    time.sleep(30)  # the group's first rank says it and ends the job; wait for that, silently
+    os._exit(2)
 
 
 def _flat(buf: np.ndarray) -> np.ndarray:
