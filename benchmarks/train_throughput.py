@@ -21,7 +21,10 @@ import sys
 import tempfile
 import time
 
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from simpar.units import THREAD_VARS  # noqa: E402  (pure Python: NumPy is not loaded yet)
+
+for _v in THREAD_VARS:  # one compute thread per process, before NumPy starts its pool
     os.environ[_v] = "1"
 
 import numpy as np  # noqa: E402

@@ -32,6 +32,7 @@ from ..costmodel import hardware
 
 # factorizations is not used here: the lessons import it from this module
 from ..costmodel.compare import explain, factorizations, fits_in, rank_layouts  # noqa: F401
+from ..report.plan import describe_model, format_plan, hardware_note, print_compare  # noqa: F401
 from ..units import fmt_si as fmt_bytes
 from ..units import fmt_time, parse_bytes, parse_count
 from .base import Parser
@@ -194,133 +195,6 @@ def show_schedule(a) -> int:
 # -- the readable table -------------------------------------------------------------------------------------
 
 
-def hardware_note(hw) -> list[str]:
-    """A line saying `local` is the uncalibrated defaults (no cache file), else nothing: times on
-    defaults are rough, and the reader should know which it is without looking for a file."""
-    if hw is not hardware.LOCAL_DEFAULTS:
-        return []
-    return [
-        f"note: hardware local is the uncalibrated defaults ({hardware.cache_path()} does not exist); "
-        "times are rough -- run `python -m simpar bench --calibrate` to measure this machine"
-    ]
-
-
-def grads_breakdown(sp: dict, widths: list, grads: float) -> str:
-    """ZeRO-2/3 name what their gradient memory holds besides the 1/p shard: one whole layer's
-    gradient buffer (the largest layer, filled by backward, then reduce-scattered), or with ZeRO-2
-    and gradient accumulation the whole model's (accumulated over micro-steps, reduce-scattered once)."""
-    if sp["zero"] < 2:
-        return ""
-    sizes = [a * b + b for a, b in zip(widths[:-1], widths[1:])]
-    whole = sp["zero"] == 2 and sp["grad_accum"] > 1
-    buffer = (sum(sizes) if whole else max(sizes)) * cm.PRECISIONS[sp["precision"]].grad
-    name, why = (
-        ("accumulation buffer", "ZeRO-2 with --grad-accum keeps the whole gradient until one reduce-scatter")
-        if whole
-        else (
-            "one-layer gradient buffer",
-            "the largest layer's full gradient, held while it is reduce-scattered",
-        )
-    )
-    shard = fmt_bytes(grads - buffer)
-    return (
-        f"grads {fmt_bytes(grads)} = shard {shard} (1/{sp['dp']} of every layer's) "
-        f"+ {name} {fmt_bytes(buffer)} ({why})"
-    )
-
-
-def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None) -> str:
-    sp, t = pred["spec"], pred["time"]
-    ranks_word = "ranks" if pred["world"] > 1 else "rank"
-    lines = [
-        f"simpar plan: {describe_model(pred)}, global batch {sp['batch']}, {pred['layout']} on "
-        f"{pred['world']} {ranks_word}, {sp['precision']} {sp['optimizer']}, hardware {hw.name}",
-        *hardware_note(hw),
-        "links: "
-        + "; ".join(
-            f"{g} group -> {link['name']} ({fmt_bytes(link['bytes_per_s'])}/s, {fmt_time(link['alpha_s'])})"
-            for g, link in pred["links"].items()
-            if g != "world" and sp[g] > 1
-        )
-        if pred["world"] > 1
-        else "links: none (one rank)",
-    ]
-    ranks = pred["comm"]["ranks"]
-    shown = (
-        ranks if len(ranks) <= 16 else [r for r in ranks if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0]
-    )
-    lines += [
-        "",
-        "per rank per step"
-        + ("" if shown is ranks else " (first rank of each stage; others differ by a few bytes)"),
-        f"{'rank':>5} {'pp,dp,tp':>9} | {'data':>9} {'model':>9} {'activation':>10} {'msgs':>6} | "
-        f"{'params':>9} {'grads':>9} {'optimizer':>9} {'activations':>11} {'total':>9}",
-    ]
-    if len(shown) > 12:
-        shown = shown[:6] + [None] + shown[-3:]
-    for r in shown:
-        if r is None:
-            lines.append(f"{'...':>5}")
-            continue
-        c, m = r["coords"], r["memory"]
-        lines.append(
-            f"{r['rank']:>5} {c['pp']:>5},{c['dp']},{c['tp']} | "
-            + " ".join(
-                f"{fmt_bytes(r['sent'][k]):>{w}}" for k, w in (("data", 9), ("model", 9), ("activation", 10))
-            )
-            + f" {sum(r['messages'].values()):>6} | "
-            + " ".join(
-                f"{fmt_bytes(m[k]):>{w}}"
-                for k, w in (("params", 9), ("grads", 9), ("optimizer", 9), ("activations_peak", 11))
-            )
-            + f" {fmt_bytes(sum(m.values())):>9}"
-        )
-    if pred["comm"]["total_sent"]:
-        tot = pred["comm"]["total_sent"]
-        lines.append("all ranks together: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in tot.items()))
-    lines += ["", "collectives (slowest rank): time = latency (alpha) + bandwidth (beta) + reduction (gamma)"]
-    for op, v in sorted(pred["comm"]["by_op_slowest_rank"].items()):
-        ts = v["time_s"]
-        lines.append(
-            f"  {op:<28} {v['link']:<14} {fmt_bytes(v['sent']):>9} {v['messages']:>6} msgs  "
-            f"{fmt_time(ts['latency'])} + {fmt_time(ts['bandwidth'])} + {fmt_time(ts['reduction'])}"
-            f" = {fmt_time(sum(ts.values()))}"
-        )
-    mem = pred["memory"]
-    verdict = ""
-    if limit:
-        ratio = mem["max_total"] / limit
-        fit = "fits" if ratio <= 1 else "DOES NOT FIT"
-        verdict = f"  vs limit {fmt_bytes(limit)}: {fit} ({ratio:.3g}x the limit)"
-    lines += [
-        "",
-        "memory per rank (max): "
-        + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mem["max"].items())
-        + f"; total {fmt_bytes(mem['max_total'])}"
-        + verdict,
-    ]
-    breakdown = grads_breakdown(sp, widths, mem["max"]["grads"]) if widths else ""
-    if breakdown:
-        lines.append("  " + breakdown)
-    if sp["pp"] > 1:
-        S, M = sp["pp"], sp["microbatches"]
-        formula = (
-            f"(S-1)/S = {S - 1}/{S}" if sp["schedule"] == "naive" else f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}"
-        )
-        lines.append(f"pipeline bubble ({sp['schedule']}): {formula} = {pred['bubble']:.1%} of the step")
-    lines += [
-        "",
-        f"time per step on {hw.name}: compute {fmt_time(t['compute_s'])} + tp {fmt_time(t['tp_s'])} "
-        f"+ pp {fmt_time(t['pp_s'])} + bubble {fmt_time(t['bubble_s'])} + dp/zero exposed "
-        f"{fmt_time(t['dp_exposed_s'])} (of {fmt_time(t['dp_s'])}) + data {fmt_time(t['data_s'])}",
-        f"  = {fmt_time(t['step_s'])} per step, {t['samples_per_s']:,.0f} samples/s",
-    ]
-    return "\n".join(lines)
-
-
-# -- --sweep ---------------------------------------------------------------------------------------------
-
-
 def _with(spec: cm.Spec, key: str, value: int) -> cm.Spec:
     """A copy of spec with one knob changed; `width` scales every hidden width to `value`."""
     d = dict(spec.__dict__)
@@ -391,54 +265,4 @@ def sweep(spec: cm.Spec, hw, text: str, out: str, as_json: bool, limit: float | 
         plot_sweep(key, good, out, hw.name, limit)
         if not as_json:
             print(f"plot saved to {out}")
-    return 0
-
-
-def describe_model(pred: dict) -> str:
-    """One line naming the planned model: its widths (or the stand-in's shape) and parameter count."""
-    w, P = pred["widths"], pred["params"]
-    shape = (
-        "-".join(map(str, w)) if "..." not in w else f"stand-in, {pred['n_layers']} layers of width {w[1]}"
-    )
-    return f"MLP {shape} ({P / 1e9:,.2f} B params)" if P >= 1e9 else f"MLP {shape} ({P / 1e6:,.3g} M params)"
-
-
-def print_compare(spec, hw, world: int | None, limit: float | None, as_json: bool) -> int:
-    """`plan --compare`: the ranked table and the explanation."""
-    ranked, invalid = rank_layouts(spec, hw, world, limit)
-    fits = fits_in(limit)
-    if as_json:
-        print(json.dumps({"world": world, "memory_limit": limit, "ranked": ranked}, indent=1, default=str))
-        return 0
-    print(
-        f"simpar plan --compare: {describe_model(ranked[0])}, batch {spec.batch}, "
-        f"{world} rank{'s' if world > 1 else ''} on {hw.name}, {spec.precision} {spec.optimizer}"
-        + (f", memory limit {fmt_bytes(limit)} per rank" if limit else "")
-    )
-    for line in hardware_note(hw):
-        print(line)
-    print(
-        f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
-        f"{'pp+bubble':>9} {'dp/zero':>9}"
-    )
-    for i, p in enumerate(ranked[:15], 1):
-        t = p["time"]
-        print(
-            f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
-            f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}"
-            f"{fmt_time(t['compute_s']):>9} {fmt_time(t['tp_s']):>9} "
-            f"{fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}"
-        )
-    if len(ranked) > 15:
-        print(f"    ... {len(ranked) - 15} more")
-    notes = [f"{invalid} factorizations skipped as invalid for this model"] if invalid else []
-    if limit:
-        over = sum(not fits(p) for p in ranked)
-        notes.append(
-            f"{over} of {len(ranked)} layouts exceed the memory limit (marked !)"
-            if over
-            else "every layout fits in memory"
-        )
-    print("(" + "; ".join(notes) + ")" if notes else "")
-    print("\n" + "\n".join(explain(ranked, limit, fits)))
     return 0
