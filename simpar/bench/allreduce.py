@@ -38,6 +38,32 @@ def iterations(size: int, iters: int) -> tuple[int, int]:
     return (2 if size <= 2**20 else 1), timed
 
 
+def stream_bandwidth(comm: Communicator, nbytes: int = 1 << 26, repeats: int = 5) -> float:
+    """Bytes per second ONE rank moves through memory while every rank does the same: `dst = a + b`
+    on arrays of `nbytes` (3 x nbytes moved per call), the median of `repeats`, all ranks at once
+    (they share the memory bus, as they do inside an all-reduce)."""
+    a = np.ones(nbytes // 8)
+    b, dst = a.copy(), np.empty_like(a)
+    times = []
+    for _ in range(repeats + 1):
+        comm.mpi.Barrier()
+        t0 = MPI.Wtime()
+        np.add(a, b, out=dst)
+        times.append(MPI.Wtime() - t0)
+    return 3 * nbytes / float(np.median(times[1:]))
+
+
+def ring_roofline_s(size: int, p: int, bandwidth: float) -> float:
+    """The least time a ring all-reduce of `size` bytes can take when memory is the limit.
+
+    Over shared memory a message is one copy (MPICH's single-copy path: the receiver reads the
+    sender's buffer): 2 bytes moved per byte sent. Per rank, with chunks c = size/p: the
+    reduce-scatter's p-1 rounds each copy a chunk in (2c) and add it (read 2c, write c: 3c); the
+    all-gather's p-1 rounds each copy a chunk (2c). That is 7 (p-1)/p x size bytes per rank, at the
+    bandwidth one rank gets while all of them stream (`stream_bandwidth`)."""
+    return 7 * (p - 1) / p * size / bandwidth
+
+
 def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], iters: int) -> list[dict]:
     """Time every algorithm on one message size; the rows, identical on every rank."""
     p = comm.size
@@ -79,18 +105,28 @@ def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], it
     return rows
 
 
-def format_table(rows: list[dict], p: int, dtype: str) -> str:
+def add_roofline(rows: list[dict], p: int, bandwidth: float) -> None:
+    """Each row gets the memory roofline's time and the fraction of it the algorithm reaches."""
+    for row in rows:
+        row["roofline_us"] = ring_roofline_s(row["size"], p, bandwidth) * 1e6
+        row["of_roofline"] = row["roofline_us"] / row["time_us"]
+
+
+def format_table(rows: list[dict], p: int, dtype: str, bandwidth: float) -> str:
     lines = [
         f"# simpar bench allreduce: {p} ranks, {dtype}, in place, SUM; "
         "time = median over iterations of the slowest rank",
         "# busbw = algbw * 2(p-1)/p (nccl-tests); vs native = busbw / MPI_Allreduce's busbw",
+        f"# roofline = 7(p-1)/p x size / {bandwidth / 1e9:.2f} GB/s, the memory traffic a shared-memory ring "
+        "must make at the bandwidth each rank gets while all stream; of roof = roofline / time",
         f"#{'size(B)':>11} {'count':>10}  {'algorithm':<14}{'iters':>5} {'time(us)':>11} "
-        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10}",
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10} {'roof(us)':>9} {'of roof':>8}",
     ]
     for row in rows:
         name = "mpi (native)" if row["algorithm"] == NATIVE else row["algorithm"]
         lines.append(
             f"{row['size']:>12} {row['count']:>10}  {name:<14}{row['iters']:>5} {row['time_us']:>11.1f} "
-            f"{row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} {row['vs_native']:>9.2f}x"
+            f"{row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} {row['vs_native']:>9.2f}x "
+            f"{row['roofline_us']:>9.1f} {row['of_roofline']:>7.0%}"
         )
     return "\n".join(lines)

@@ -173,14 +173,17 @@ def allreduce_main(argv: list[str]) -> int:
     # (MPIR_CVAR_POSIX_NUM_COLLS_THRESHOLD = 5): time its steady state, not its start-up.
     for _ in range(8):
         world.Allreduce(MPI.IN_PLACE, np.ones(1))
+    bandwidth = comm.mpi.allreduce(allreduce.stream_bandwidth(comm), op=MPI.MIN)  # the memory roofline
     rows = []
     for size in args.sizes:
         rows += allreduce.measure(comm, size, args.dtype, args.algorithms, args.iters)
+    allreduce.add_roofline(rows, comm.size, bandwidth)
     if comm.rank == 0:
+        doc = {"ranks": comm.size, "dtype": args.dtype, "stream_bandwidth_per_rank": bandwidth, "rows": rows}
         print(
-            json.dumps({"ranks": comm.size, "dtype": args.dtype, "rows": rows}, indent=1)
+            json.dumps(doc, indent=1)
             if args.json
-            else allreduce.format_table(rows, comm.size, args.dtype),
+            else allreduce.format_table(rows, comm.size, args.dtype, bandwidth),
             flush=True,
         )
     return 0
