@@ -1,5 +1,8 @@
 """CPU kernels in Numba: a GotoBLAS-style matmul, the fused linear layer, and the reduce-add.
 
+(Over 300 lines on purpose: the matmul's packing, micro-kernel and driver only make sense read
+together, and the fused layer reuses them; splitting them would scatter one algorithm.)
+
 Why a hand-written matmul at all? NumPy hands `x @ W` to OpenBLAS, whose kernels are hand-tuned
 assembly. Writing one in Numba shows what those kernels do: keep operands in cache, keep a tile of
 the result in vector registers, and feed the CPU's FMA units (AVX2: 8 float32 / 4 float64 lanes,
