@@ -124,7 +124,7 @@ def resolve(resume: str, root: str | None) -> str | None:
         if found:
             return found[-1][1]
         if STEP_DIR.match(os.path.basename(os.path.normpath(resume))):
-            raise SimparError(f"--resume {resume}: not a complete checkpoint (no {MANIFEST})")
+            raise SimparError(f"checkpoint {resume} is not complete (no {MANIFEST})")
         raise SimparError(f"--resume {resume}: holds no checkpoint (no {MANIFEST}, no step-* folders)")
     return resume
 
