@@ -186,6 +186,7 @@ def save(root: str, step: int, state: FullState, info: dict, keep: int = KEEP) -
     """Write D/step-N (rank 0): prune, write a temporary folder, fsync, rename into place."""
     files = serialise(step, state, info)  # in memory first: the folder exists only while written
     final = step_dir(root, step)
+    tmp = os.path.join(root, f".tmp-{os.path.basename(final)}-{os.getpid()}")
     try:
         # Prune first, so nothing is left to do once the new checkpoint appears. Checkpoints at or
         # after this step belong to an abandoned run (we resumed from an older one): they go too.
@@ -196,7 +197,6 @@ def save(root: str, step: int, state: FullState, info: dict, keep: int = KEEP) -
             doomed.append(final)  # an incomplete step-N (power loss mid-write): replace it
         for path in doomed:
             _remove(path)
-        tmp = os.path.join(root, f".tmp-{os.path.basename(final)}-{os.getpid()}")
         os.mkdir(tmp)
         for name in sorted(files, key=lambda n: n == MANIFEST):  # the manifest last
             with open(os.path.join(tmp, name), "wb") as f:
@@ -207,6 +207,7 @@ def save(root: str, step: int, state: FullState, info: dict, keep: int = KEEP) -
         os.replace(tmp, final)
         _fsync_dir(root)
     except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # e.g. the disk filled up: leave no temporary folder
         raise SimparError(f"cannot write checkpoint {final}: {exc.strerror or exc}") from None
     return final
 

@@ -84,6 +84,16 @@ def test_resolve_auto_newest_and_stale_folders(tmp_path):
     assert [s for s, _ in checkpoint.complete(root)] == [10, 15]
 
 
+def test_a_failed_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
+    with pytest.raises(checkpoint.SimparError, match="cannot write checkpoint .*No space left"):
+        checkpoint.save(str(tmp_path), 5, _state(1), _info())
+    assert os.listdir(tmp_path) == []
+
+
 def test_sampler_resumes_mid_epoch_and_across_epochs():
     full = list(global_batches(100, 30, 7, 10))  # 3 steps per epoch
     for start in (1, 3, 5):
