@@ -71,6 +71,10 @@ class RunConfig:
     weights_out: str | None = None
     trace: str | None = None
     quiet: bool = False
+    # checkpoints (checkpoint.py): where, how often (None: at the end only), and what to resume from
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: str | None = None  # a checkpoint folder, or "auto": the newest in checkpoint_dir
     eval_every_epoch: bool = True
 
     def to_dict(self) -> dict:
@@ -122,6 +126,16 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(cfg.microbatches >= 1, "--microbatches must be at least 1")
     _require(cfg.bucket_mb > 0, "--bucket-mb must be positive")
     _require(cfg.tp >= 1 and cfg.pp >= 1, "--tp and --pp must be at least 1")
+    _require(
+        cfg.checkpoint_every is None or cfg.checkpoint_every >= 1, "--checkpoint-every must be at least 1"
+    )
+    _require(
+        cfg.checkpoint_every is None or cfg.checkpoint_dir,
+        "--checkpoint-every needs --checkpoint-dir DIR (where to write them)",
+    )
+    _require(
+        cfg.resume != "auto" or cfg.checkpoint_dir, "--resume auto needs --checkpoint-dir DIR (where to look)"
+    )
     if cfg.dataset == "mnist":
         _require(cfg.data_dir is not None, "--dataset mnist needs --data-dir DIR with the four IDX files")
 

@@ -155,14 +155,31 @@ def total_steps(cfg: RunConfig, n_train: int) -> int:
     return (cfg.epochs or 10) * steps_per_epoch(n_train, cfg.batch)
 
 
-def global_batches(n_train: int, batch: int, seed: int, steps: int):
-    """Yield (epoch, row indices) of every step's global batch; the same on every rank."""
+def global_batches(n_train: int, batch: int, seed: int, steps: int, start: int = 0):
+    """Yield (epoch, row indices) of every step's global batch from step `start` on; the same on
+    every rank. An epoch's order is a function of (seed, epoch) alone, so a run resumed at `start`
+    continues the very same sequence: the step number is the sampler's whole state."""
     per_epoch = steps_per_epoch(n_train, batch)
-    for step in range(steps):
+    order = None
+    for step in range(start, steps):
         epoch, i = divmod(step, per_epoch)
-        if i == 0:
+        if i == 0 or order is None:
             order = np.random.default_rng([seed, epoch]).permutation(n_train)
         yield epoch, order[i * batch : (i + 1) * batch]
+
+
+def sampler_position(step: int, n_train: int, batch: int, seed: int) -> dict:
+    """Where global_batches stands after `step` steps (a checkpoint's manifest): the next step, its
+    epoch and batch within the epoch, and the inputs that fix the order."""
+    epoch, i = divmod(step, steps_per_epoch(n_train, batch))
+    return {
+        "next_step": step,
+        "epoch": epoch,
+        "batch_in_epoch": i,
+        "n_train": n_train,
+        "batch": batch,
+        "seed": seed,
+    }
 
 
 def distributed_sampler(rows: np.ndarray, dp: int, dp_index: int) -> np.ndarray:

@@ -35,6 +35,17 @@ class SGD:
     def state_nbytes(self) -> int:
         return sum(v.nbytes for v in self.velocity.values())
 
+    # Checkpoints: state is kept per POSITION in step()'s list; which parameters a position is, the
+    # strategy knows (Strategy.optimizer_params), and it maps each to full shape and back.
+    def state_slots(self) -> dict[str, dict[int, np.ndarray]]:
+        return {"velocity": self.velocity}
+
+    def state_scalars(self) -> dict:
+        return {}
+
+    def load_state(self, slots: dict, scalars: dict) -> None:
+        self.velocity = dict(slots.get("velocity", {})) if self.momentum else {}
+
 
 class Adam:
     """Adam (Kingma & Ba 2015, Algorithm 1) with bias correction."""
@@ -63,6 +74,16 @@ class Adam:
 
     def state_nbytes(self) -> int:
         return sum(a.nbytes for a in self.m.values()) + sum(a.nbytes for a in self.v.values())
+
+    def state_slots(self) -> dict[str, dict[int, np.ndarray]]:  # as SGD's: per position
+        return {"m": self.m, "v": self.v}
+
+    def state_scalars(self) -> dict:
+        return {"t": self.t}
+
+    def load_state(self, slots: dict, scalars: dict) -> None:
+        self.m, self.v = dict(slots.get("m", {})), dict(slots.get("v", {}))
+        self.t = int(scalars.get("t", 0))
 
 
 def _charge(params: list[np.ndarray], passes: int) -> None:

@@ -4,6 +4,9 @@
         rows of the global batch (same on every rank) -> this rank's micro-steps -> strategy.train_step
         -> loss reduced over the world (control traffic) -> NaN check, progress bar, epoch summary
     -> final weights gathered to rank 0 -> accuracy -> metrics JSON, weights, tables
+    With --checkpoint-dir the full-shape state is gathered to rank 0 and saved every N steps (and at
+    the end); --resume loads one (rank 0 reads and verifies, broadcasts) and each rank takes its
+    slice, so a run continues exactly where any layout left it (checkpoint.py).
 
 Run it:
     python -m simpar train --dtype float64 --steps 20
@@ -21,12 +24,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, flight, simclock
+from . import checkpoint, collectives, flight, simclock
 from .agree import preflight, same_data, together
 from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError, parse_inject
+from .config import RunConfig, SimparError, layout_name, parse_inject
 from .costmodel import hardware
-from .data import BatchFeeder, Dataset, global_batches, load_dataset, steps_per_epoch, total_steps
+from .data import (
+    BatchFeeder,
+    Dataset,
+    global_batches,
+    load_dataset,
+    sampler_position,
+    steps_per_epoch,
+    total_steps,
+)
 from .files import output_problem, write_json, write_trace, write_weights
 from .limits import diverged, divergence_message
 from .mesh import Mesh
@@ -150,26 +161,33 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     recorder = start_recorder(cfg, world)
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
+    steps = total_steps(cfg, n_train)
+    resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
     from .parallel import build_strategy
 
     strategy = build_strategy(cfg, mesh)
+    first = 0
+    if resumed is not None:
+        strategy.load_full_state(resumed[1])  # every rank slices its shard: no traffic
+        first = resumed[2]
     feeder = BatchFeeder(data, cfg, mesh, cfg.dtype)
 
-    steps = total_steps(cfg, n_train)
     per_epoch = steps_per_epoch(n_train, cfg.batch)
     is_root = world.rank == 0
     show = is_root and not cfg.quiet
-    progress = Progress(steps, show)
+    progress = Progress(steps - first, show)
+    saved, save_s = [], 0.0
     losses, epoch_log, step_times = [], [], []
     tracer = _tracer(cfg, world)
 
     world.barrier()
     start = time.perf_counter()
     epoch_start, epoch_samples, eval_s = start, 0, 0.0
-    for step, (epoch, rows) in enumerate(global_batches(n_train, cfg.batch, cfg.seed, steps)):
+    batches = global_batches(n_train, cfg.batch, cfg.seed, steps, first)
+    for step, (epoch, rows) in enumerate(batches, start=first):
         step_start = time.perf_counter()
         recorder.step, recorder.step_since = step, time.monotonic()
         if clock is not None:
@@ -207,6 +225,11 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
                 )
             epoch_log.append(entry)
             epoch_start, epoch_samples = time.perf_counter(), 0
+        every = cfg.checkpoint_every
+        if cfg.checkpoint_dir and ((every and (step + 1) % every == 0) or step + 1 == steps):
+            save_start = time.perf_counter()
+            saved.append(save_checkpoint(cfg, world, strategy, step + 1, n_train))
+            save_s += time.perf_counter() - save_start
     recorder.step_since = None  # the steps are over: the watchdog's step rule stops here
     world.barrier()
     elapsed = time.perf_counter() - start
@@ -240,7 +263,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         epoch_log,
         gathered,
         elapsed,
-        steps,
+        steps - first,  # the steps this run did (resumed: from `first` on)
         kernels_name,
         step_times,
         eval_s,
@@ -251,7 +274,15 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     from .costmodel import mismatches, predict_from_config
 
     hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
-    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps, hw=hw)
+    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps - first, hw=hw)
+    metrics["checkpoint"] = {
+        "dir": cfg.checkpoint_dir,
+        "every": cfg.checkpoint_every,
+        "saved": saved,
+        "save_s": save_s,
+        "resumed_from": resumed[0] if resumed else None,
+        "start_step": first,
+    }
     if clock is not None:
         serial = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, stage_layers=None)
         serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
@@ -265,9 +296,79 @@ def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
     """Fail before training, not after it, if rank 0 will not be able to write an output file."""
     outputs = {"--metrics-out": cfg.metrics_out, "--weights-out": cfg.weights_out, "--trace": cfg.trace}
     problem = output_problem(outputs) if world.rank == 0 else None
+    if world.rank == 0 and not problem and cfg.checkpoint_dir:
+        try:  # create it, and clear what a killed writer left there
+            checkpoint.prepare(cfg.checkpoint_dir)
+        except SimparError as exc:
+            problem = str(exc)
+        found = checkpoint.complete(cfg.checkpoint_dir)
+        if not problem and found and not cfg.resume:
+            # A fresh run would prune them as it saves: say so instead of deleting someone's work.
+            problem = (
+                f"--checkpoint-dir {cfg.checkpoint_dir} already holds checkpoints (newest "
+                f"{os.path.basename(found[-1][1])}): add --resume auto to continue, "
+                "or choose another folder"
+            )
     problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
     if problem:
         raise SimparError(problem)
+
+
+def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps: int):
+    """--resume: (path, FullState, step) on every rank, or None to start fresh.
+
+    Rank 0 finds, reads and verifies the checkpoint and checks it fits this run; the outcome -- an
+    error, nothing to resume, or the full-shape state -- is broadcast (control traffic), so every
+    rank fails or starts together.
+    """
+    if not cfg.resume:
+        return None
+    outcome = None
+    if world.rank == 0:
+        try:
+            path = checkpoint.resolve(cfg.resume, cfg.checkpoint_dir)
+            if path is None:
+                print(f"simpar: no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0", flush=True)
+            else:
+                manifest, state = checkpoint.load(path)
+                checkpoint.check_compatible(path, manifest, cfg, n_train, steps)
+                outcome = (path, state, manifest["step"])
+                print(
+                    f"simpar: resuming from {path} (saved by {manifest.get('layout')}) at step "
+                    f"{manifest['step']} of {steps}",
+                    flush=True,
+                )
+        except SimparError as exc:
+            outcome = str(exc)
+    outcome = world.bcast_object(outcome, root=0) if world.size > 1 else outcome
+    if isinstance(outcome, str):
+        raise SimparError(outcome)
+    return outcome
+
+
+def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_train: int) -> str:
+    """Gather the full-shape state to rank 0 (collective), write it there; a write error (disk full)
+    is broadcast so every rank stops together. Returns the checkpoint's folder."""
+    state = strategy.full_state()
+    outcome = None
+    if world.rank == 0:
+        info = {
+            "layout": layout_name(cfg),
+            "world_size": world.size,
+            "model": {"layers": cfg.layers, "activation": cfg.activation, "dtype": cfg.dtype},
+            "optimizer": cfg.optimizer,
+            "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),
+            "rng": None,  # no random numbers are drawn after start (checkpoint.py)
+            "config": cfg.to_dict(),
+        }
+        try:
+            outcome = checkpoint.save(cfg.checkpoint_dir, step, state, info)
+        except SimparError as exc:
+            outcome = SimparError(str(exc))
+    outcome = world.bcast_object(outcome, root=0) if world.size > 1 else outcome
+    if isinstance(outcome, SimparError):
+        raise outcome
+    return outcome
 
 
 def _tracer(cfg, world):

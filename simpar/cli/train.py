@@ -113,6 +113,25 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument("--weights-out", default=None, help="write the final full-shape weights (.npz, rank 0)")
     g.add_argument("--trace", default=None, help="write a Chrome trace JSON (open in Perfetto)")
     g.add_argument("--quiet", action="store_true")
+    if not tour:
+        g = p.add_argument_group("checkpoints")
+        g.add_argument(
+            "--checkpoint-dir",
+            default=None,
+            help="write full-shape checkpoints here (rank 0): DIR/step-000040/, the newest 3 kept",
+        )
+        g.add_argument(
+            "--checkpoint-every",
+            type=int,
+            default=None,
+            help="every N steps, and at the end (default: the end)",
+        )
+        g.add_argument(
+            "--resume",
+            default=None,
+            help="continue from a checkpoint folder, in any layout; auto: the newest complete one in "
+            "--checkpoint-dir (none yet: start fresh)",
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -156,6 +175,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         weights_out=args.weights_out,
         trace=args.trace,
         quiet=args.quiet,
+        checkpoint_dir=getattr(args, "checkpoint_dir", None),
+        checkpoint_every=getattr(args, "checkpoint_every", None),
+        resume=getattr(args, "resume", None),
     )
     if not cfg.layers:
         raise SimparError(

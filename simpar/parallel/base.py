@@ -7,6 +7,14 @@ A strategy owns this rank's parameters, its optimizer, and the communication its
     full_weights()  -> the full-shape [(W, b), ...] on world rank 0 (None elsewhere); control traffic
     memory()        -> bytes this rank holds: params, grads, optimizer, activations_peak
     first_nonfinite -> the lowest layer index whose output held NaN/inf in the last step, or None
+    full_state()    -> full-shape params + optimizer state (checkpoint.FullState) on world rank 0
+    load_full_state(state) -> every rank takes its slice of a full-shape state (a resume)
+
+Checkpoints in any layout: the optimizers (optim.py) keep their state per POSITION in the list of
+arrays a strategy hands to `optimizer.step`, each laid out exactly like that array. So a strategy
+names that list once (`optimizer_params`) and says how an array laid out like it is gathered to
+full shape (`gather_full`) and cut from full shape (`slice_full`); full_state and load_full_state
+apply the same two to the parameters and to every kind of optimizer state.
 
 Shared pieces: HeldBytes (bytes held now and at the peak: activations, gathered parameters,
 gradient buffers), NonFiniteWatch (which layer went NaN first), and SerialStack (whole layers run
@@ -19,6 +27,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..checkpoint import FullState
 from ..model import ParamStore, activation_of, init_layer, layer_backward, layer_forward
 
 
@@ -90,6 +99,46 @@ class Strategy(ABC):
     def first_nonfinite(self) -> int | None:
         return self.watch.first
 
+    # -- checkpoints: the hooks each strategy implements, and what they add up to -------------------
+    @abstractmethod
+    def optimizer_params(self) -> list[np.ndarray]:
+        """The list this rank hands to optimizer.step: position i of the optimizer's state is laid
+        out like element i (a flat store, a ZeRO chunk, one chunk per layer)."""
+
+    @abstractmethod
+    def gather_full(self, local: list[np.ndarray]) -> list | None:
+        """Arrays laid out like optimizer_params() -> full-shape [(W, b), ...] on world rank 0, None
+        elsewhere; every rank must call it (control traffic)."""
+
+    @abstractmethod
+    def slice_full(self, full: list) -> list[np.ndarray]:
+        """Full-shape [(W, b), ...] -> fresh arrays laid out like optimizer_params(); no traffic."""
+
+    def load_params(self, full: list) -> None:
+        """Set this rank's parameters from full shape. Strategies that hold more than they update
+        (ZeRO-1/2 keep every parameter) override it."""
+        for dst, src in zip(self.optimizer_params(), self.slice_full(full)):
+            dst[...] = src
+
+    def full_state(self) -> FullState | None:
+        """Full-shape params and optimizer state on world rank 0, None elsewhere; collective."""
+        positions = len(self.optimizer_params())
+        params = self.gather_full(self.optimizer_params())
+        slots = {}
+        for name, by_position in self.optimizer.state_slots().items():
+            # Empty before the first step (or SGD without momentum) -- on every rank alike.
+            if by_position:
+                slots[name] = self.gather_full([by_position[i] for i in range(positions)])
+        if self.mesh.world.rank != 0:
+            return None
+        return FullState(params, slots, self.optimizer.state_scalars())
+
+    def load_full_state(self, state: FullState) -> None:
+        """Every rank takes its slice of the same full-shape state: no traffic."""
+        self.load_params(state.params)
+        slots = {name: dict(enumerate(self.slice_full(full))) for name, full in state.slots.items()}
+        self.optimizer.load_state(slots, state.scalars)
+
     def memory_of(self, params: int, grads: int, optimizer: int) -> dict:
         """The memory() dict, activations_peak from this strategy's meter."""
         return {
@@ -139,6 +188,31 @@ class SerialStack:
                 on_layer_done(layer.index)
         return grad
 
-    def full_pieces(self):
-        """[(layer index, W, b)] full-shape copies of this stack's layers."""
-        return [(layer.index, layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
+    def full_pieces(self, flat: np.ndarray | None = None):
+        """[(layer index, W, b)] full-shape copies of this stack's layers, or of `flat`, an array
+        laid out like store.params (optimizer state)."""
+        flat = self.store.params if flat is None else flat
+        return [(i, W.copy(), b.copy()) for i, W, b in store_views(self.store, flat)]
+
+    def flat_from_full(self, full: list) -> np.ndarray:
+        """A fresh array laid out like store.params, cut from full-shape [(W, b), ...]."""
+        return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
+
+
+def store_views(store: ParamStore, flat: np.ndarray) -> list:
+    """[(layer index, W, b)]: views of `flat`, laid out like store.params (ParamStore.build's order:
+    each layer's W, then its b), with the shapes of the store's layers."""
+    out, offset = [], 0
+    for layer in store.layers:
+        W = flat[offset : offset + layer.W.size].reshape(layer.W.shape)
+        offset += layer.W.size
+        b = flat[offset : offset + layer.b.size]
+        offset += layer.b.size
+        out.append((layer.index, W, b))
+    return out
+
+
+def flatten(pairs: list, dtype) -> np.ndarray:
+    """[(W, b), ...] -> one fresh flat array: W then b for each, in order (ParamStore's layout)."""
+    parts = [a.reshape(-1) for W, b in pairs for a in (W, b)]
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)

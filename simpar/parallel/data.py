@@ -113,7 +113,7 @@ class DataParallel(Strategy):
             communicate = k == len(micro_steps) - 1  # accumulate locally, sync on the last micro-step
             loss += self._forward_backward(x, y, global_batch, communicate)
         self.buckets.finish()
-        self.optimizer.step([self.store.params], [self.store.grads])
+        self.optimizer.step(self.optimizer_params(), [self.store.grads])
         return loss
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
@@ -131,3 +131,15 @@ class DataParallel(Strategy):
         return self.memory_of(
             self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
         )
+
+    # -- checkpoints: one position, the whole flat store (identical on every replica) --------------
+    def optimizer_params(self) -> list:
+        return [self.store.params]
+
+    def gather_full(self, local):
+        if self.mesh.world.rank != 0:
+            return None  # replicas are identical: rank 0 has it all, nothing moves
+        return [(W, b) for _, W, b in self.stack.full_pieces(local[0])]
+
+    def slice_full(self, full):
+        return [self.stack.flat_from_full(full)]

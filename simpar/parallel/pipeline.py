@@ -267,3 +267,19 @@ class PipelineParallel(Strategy):
         return self.memory_of(
             self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
         )
+
+    # -- checkpoints: one position, this stage's flat store (train_step's optimizer.step list) -------
+    def optimizer_params(self) -> list:
+        return [self.store.params]
+
+    def gather_full(self, local):
+        """As full_weights: dp index 0 of each stage assembles its layers, world rank 0 collects."""
+        pieces = self.stack.full_pieces(local[0]) if self.mesh.dp_index == 0 else None
+        gathered = self.mesh.world.gather_object(pieces, root=0)
+        if self.mesh.world.rank != 0:
+            return None
+        by_layer = {index: (W, b) for part in gathered if part for index, W, b in part}
+        return [by_layer[i] for i in range(self.cfg.n_layers)]
+
+    def slice_full(self, full):
+        return [self.stack.flat_from_full(full)]

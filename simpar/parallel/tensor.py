@@ -52,7 +52,7 @@ from ..model import (
     layer_backward,
     layer_forward,
 )
-from .base import HeldBytes, NonFiniteWatch, Strategy
+from .base import HeldBytes, NonFiniteWatch, Strategy, flatten, store_views
 from .data import DataParallel
 
 COLUMN, ROW, REPLICATED = "column", "row", "replicated"
@@ -100,19 +100,24 @@ class TensorParallelStack:
 
     def __init__(self, cfg, mesh, layer_indices: list[int]):
         self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
-        t, k = self.comm.size, self.comm.rank
         self.kinds = pair_kinds(layer_indices)
         pieces = []
         for i, kind in zip(layer_indices, self.kinds):
             W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype)  # full, then slice
-            if kind == COLUMN:
-                cols = slice(k * W.shape[1] // t, (k + 1) * W.shape[1] // t)
-                W, b = W[:, cols], b[cols]
-            elif kind == ROW:
-                rows = slice(k * W.shape[0] // t, (k + 1) * W.shape[0] // t)
-                W = W[rows, :]
+            W, b = self._shard(kind, W, b)
             pieces.append((i, W, b, activation_of(i, cfg.n_layers, cfg.activation)))
         self.store = ParamStore.build(pieces, cfg.dtype)
+
+    def _shard(self, kind: str, W: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of a full-shape layer (initial weights, or a checkpoint's state)."""
+        t, k = self.comm.size, self.comm.rank
+        if kind == COLUMN:
+            cols = slice(k * W.shape[1] // t, (k + 1) * W.shape[1] // t)
+            return W[:, cols], b[cols]
+        if kind == ROW:
+            rows = slice(k * W.shape[0] // t, (k + 1) * W.shape[0] // t)
+            return W[rows, :], b
+        return W, b
 
     # -- one layer of each kind -----------------------------------------------------------------
     def _row_forward(self, layer, x_shard):
@@ -157,9 +162,11 @@ class TensorParallelStack:
                 grad = f_backward(grad, self.comm, self.algorithm)
         return grad
 
-    def full_pieces(self):
-        """On tp rank 0: [(layer index, W, b)] full shape, gathered (control traffic); None elsewhere."""
-        mine = [(layer.W.copy(), layer.b.copy()) for layer in self.store.layers]
+    def full_pieces(self, flat: np.ndarray | None = None):
+        """On tp rank 0: [(layer index, W, b)] full shape, gathered (control traffic); None elsewhere.
+        Of the parameters, or of `flat`: an array laid out like store.params (optimizer state)."""
+        flat = self.store.params if flat is None else flat
+        mine = [(W.copy(), b.copy()) for _, W, b in store_views(self.store, flat)]
         shards = self.comm.gather_object(mine, root=0)
         if self.comm.rank != 0:
             return None
@@ -175,6 +182,11 @@ class TensorParallelStack:
             out.append((layer.index, W, b))
         return out
 
+    def flat_from_full(self, full: list) -> np.ndarray:
+        """A fresh array laid out like store.params: this rank's shard of each full-shape layer."""
+        pairs = [self._shard(kind, *full[layer.index]) for layer, kind in zip(self.store.layers, self.kinds)]
+        return flatten(pairs, self.store.params.dtype)
+
 
 class TensorParallel(Strategy):
     """The whole model tensor-parallel over mesh.tp_comm, by composition: the data-parallel step
@@ -186,8 +198,9 @@ class TensorParallel(Strategy):
         super().__init__(cfg, mesh)
         self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
         self.replicas = DataParallel(cfg, mesh, stack=self.stack)
-        # One meter and one watch: those of the step that runs the stack.
+        # One meter and one watch: those of the step that runs the stack; and its optimizer.
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
+        self.optimizer = self.replicas.optimizer
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         loss = self.replicas.train_step(micro_steps, global_batch)
@@ -207,3 +220,17 @@ class TensorParallel(Strategy):
 
     def memory(self) -> dict:
         return self.replicas.memory()  # this rank's shards, from the arrays the stack holds
+
+    # -- checkpoints: one position, this rank's flat store of shards -------------------------------
+    def optimizer_params(self) -> list:
+        return self.replicas.optimizer_params()
+
+    def gather_full(self, local):
+        """As full_weights: only dp index 0 gathers, inside its tp group, onto world rank 0."""
+        if self.mesh.dp_index != 0:
+            return None
+        pieces = self.stack.full_pieces(local[0])
+        return [(W, b) for _, W, b in pieces] if self.mesh.world.rank == 0 else None
+
+    def slice_full(self, full):
+        return [self.stack.flat_from_full(full)]

@@ -211,19 +211,13 @@ class ZeroDataParallel(Strategy):
         """Each rank updates only the parameters it owns, with the optimizer state it alone keeps."""
         if self.stage == 1:
             mine = collectives.reduce_scatter(self.comm, self.store.grads, "model", "grad-reduce-scatter")
-            self.optimizer.step([self.store.params[self.chunk]], [mine])
+            self.optimizer.step(self.optimizer_params(), [mine])
             # The other chunks of grads now hold partial sums; zero_grad clears them next step.
             collectives.allgather(self.comm, self.store.params, "model", "param-all-gather")
             return
-        grads = [self.grad_shard[s] for s in self.segments]
+        self.optimizer.step(self.optimizer_params(), [self.grad_shard[s] for s in self.segments])
         if self.stage == 3:
-            # The shard IS the parameters: nothing to gather back; next forward gathers anew.
-            self.optimizer.step([self.param_shard[s] for s in self.segments], grads)
-            return
-        owned = [
-            self.flat[self.offsets[i] + lo : self.offsets[i] + hi] for i, (lo, hi) in enumerate(self.mine)
-        ]
-        self.optimizer.step(owned, grads)
+            return  # the shard IS the parameters: nothing to gather back; next forward gathers anew
         for i in range(len(self.sizes)):  # everyone needs everyone's updated chunk for forward
             collectives.allgather(
                 self.comm, self.flat[self.offsets[i] : self.offsets[i + 1]], "model", "param-all-gather"
@@ -266,3 +260,42 @@ class ZeroDataParallel(Strategy):
         return self.memory_of(
             self.params_bytes + self.gathered.peak, self.grads_held.peak, self.optimizer.state_nbytes()
         )
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def optimizer_params(self) -> list:
+        """What this rank updates: stage 1 its chunk of the flat model (one position); stages 2/3 its
+        chunk [lo, hi) of each layer's flat (W, b) (one position per layer)."""
+        if self.stage == 1:
+            return [self.store.params[self.chunk]]
+        if self.stage == 3:
+            return [self.param_shard[s] for s in self.segments]
+        return [
+            self.flat[self.offsets[i] + lo : self.offsets[i] + hi] for i, (lo, hi) in enumerate(self.mine)
+        ]
+
+    def gather_full(self, local):
+        """Chunks in dp-rank order concatenate back to the whole (chunk_bounds): on world rank 0 (ZeRO
+        is data parallelism only, so the dp group is the world)."""
+        parts = self.comm.gather_object([np.ascontiguousarray(a) for a in local], root=0)
+        if self.r != 0:
+            return None
+        if self.stage == 1:
+            flat = np.concatenate([p[0] for p in parts])
+            layers = [flat[self.offsets[i] : self.offsets[i + 1]] for i in range(len(self.sizes))]
+        else:
+            layers = [np.concatenate([p[i] for p in parts]) for i in range(len(self.sizes))]
+        return [tuple(v.copy() for v in self._views(i, f)) for i, f in enumerate(layers)]
+
+    def slice_full(self, full):
+        layers = [np.concatenate((W.reshape(-1), b)).astype(self.dtype, copy=False) for W, b in full]
+        if self.stage == 1:
+            return [np.concatenate(layers)[self.chunk].copy()]
+        return [f[lo:hi].copy() for f, (lo, hi) in zip(layers, self.mine)]
+
+    def load_params(self, full) -> None:
+        if self.stage == 3:
+            super().load_params(full)  # the shard is all it holds
+            return
+        # Stages 1/2 hold every parameter (their owned chunks are views into it).
+        flat = np.concatenate([np.concatenate((W.reshape(-1), b)) for W, b in full])
+        (self.store.params if self.stage == 1 else self.flat)[...] = flat
