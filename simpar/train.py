@@ -6,7 +6,9 @@
     -> final weights gathered to rank 0 -> accuracy -> metrics JSON, weights, tables
     With --checkpoint-dir the full-shape state is gathered to rank 0 and saved every N steps (and at
     the end); --resume loads one (rank 0 reads and verifies, broadcasts) and each rank takes its
-    slice, so a run continues exactly where any layout left it (checkpoint.py).
+    slice, so a run continues exactly where any layout left it (resume.py, checkpoint.py).
+    What is set up around the loop -- kernels, data, outputs, the flight recorder, the simulated
+    clock, the tracer, injected faults -- is in runsetup.py.
 
 Run it:
     python -m simpar train --dtype float64 --steps 20
@@ -17,91 +19,42 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import checkpoint, collectives, flight, simclock
-from .agree import preflight, same_data, together
-from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError, layout_name, parse_inject
+from . import flight, simclock
+from .agree import preflight
+from .comm import Communicator
+from .config import RunConfig, SimparError
 from .costmodel import hardware
 from .data import (
     BatchFeeder,
     Dataset,
     global_batches,
-    load_dataset,
-    sampler_position,
     steps_per_epoch,
     total_steps,
 )
-from .files import output_problem, write_json, write_trace, write_weights
+from .files import write_json, write_trace, write_weights
 from .limits import diverged, divergence_message
 from .mesh import Mesh
 from .model import parameter_count, predict
 from .report.metrics import build_metrics, sim_summary
 from .report.tables import print_summary
-
-
-def init_mpi():
-    from mpi4py import MPI
-
-    return Communicator(MPI.COMM_WORLD, Ledger(), "world")
-
-
-def select_kernels(cfg: RunConfig) -> str:
-    """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
-    on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths."""
-    import kernels
-
-    name = cfg.kernels
-    if name == "auto":
-        splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
-        rows = -(-cfg.batch // splits)
-        widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
-        name = kernels.choose_auto(widths, rows, cfg.dtype)
-    if name == "cuda":
-        from numba import cuda
-
-        if not cuda.is_available():
-            raise SimparError(
-                "--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
-                "to run the same kernels in Numba's CPU simulator, slowly)"
-            )
-    backend = kernels.use(name)
-    collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
-    if name == "numba":
-        # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
-        from kernels import cpu
-
-        cpu.warm_up()
-    return backend.name
-
-
-def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset | None, int]:
-    """Every rank must agree on success or failure, or some would wait forever for the others.
-
-    local: every rank loads (identical inputs give identical errors). root: only rank 0 loads and
-    tells the others the outcome and the number of training rows (control traffic).
-    """
-    if cfg.data_source == "local" or world.size == 1:
-        data = together(world, load_dataset, cfg)  # a file only one rank lacks must not hang the rest
-        same_data(data, world)
-        return data, len(data.x_train)
-    data, outcome = None, None
-    if world.rank == 0:
-        try:
-            data = load_dataset(cfg)
-            outcome = len(data.x_train)
-        except SimparError as exc:
-            outcome = str(exc)
-    outcome = world.bcast_object(outcome, root=0)
-    if isinstance(outcome, str):
-        raise SimparError(outcome)
-    return data, outcome
+from .resume import resume_collectively, save_checkpoint
+from .runsetup import (
+    check_outputs,
+    init_mpi,
+    inject,
+    load_data_collectively,
+    mpi_max,
+    mpi_min,
+    select_kernels,
+    start_clock,
+    start_recorder,
+    start_tracer,
+)
 
 
 def evaluate(weights, data: Dataset, activation: str) -> float:
@@ -159,7 +112,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
     recorder = start_recorder(cfg, world)
-    _check_outputs(cfg, world)
+    check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
     steps = total_steps(cfg, n_train)
     resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
@@ -181,7 +134,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     progress = Progress(steps - first, show)
     saved, save_s = [], 0.0
     losses, epoch_log, step_times = [], [], []
-    tracer = _tracer(cfg, world)
+    tracer = start_tracer(cfg, world)
 
     world.barrier()
     start = time.perf_counter()
@@ -191,11 +144,11 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         step_start = time.perf_counter()
         recorder.step, recorder.step_since = step, time.monotonic()
         if clock is not None:
-            clock.begin_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
+            clock.begin_step(world.mpi.allreduce(clock.now, op=mpi_max()))
         micro = inject(cfg, world.rank, step, feeder.get(rows))
         loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
         if clock is not None:  # the loss all-reduce synchronises the ranks: clocks meet at the latest
-            clock.end_step(world.mpi.allreduce(clock.now, op=_mpi_max()))
+            clock.end_step(world.mpi.allreduce(clock.now, op=mpi_max()))
         step_times.append(time.perf_counter() - step_start)
         if not math.isfinite(loss) or (losses and diverged(loss, losses[0])):
             progress.close()  # so the error line starts a line of its own, not after the bar
@@ -292,99 +245,12 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
 
 
-def _check_outputs(cfg: RunConfig, world: Communicator) -> None:
-    """Fail before training, not after it, if rank 0 will not be able to write an output file."""
-    outputs = {"--metrics-out": cfg.metrics_out, "--weights-out": cfg.weights_out, "--trace": cfg.trace}
-    problem = output_problem(outputs) if world.rank == 0 else None
-    if world.rank == 0 and not problem and cfg.checkpoint_dir:
-        try:  # create it, and clear what a killed writer left there
-            checkpoint.prepare(cfg.checkpoint_dir)
-        except SimparError as exc:
-            problem = str(exc)
-        found = checkpoint.complete(cfg.checkpoint_dir)
-        if not problem and found and not cfg.resume:
-            # A fresh run would prune them as it saves: say so instead of deleting someone's work.
-            problem = (
-                f"--checkpoint-dir {cfg.checkpoint_dir} already holds checkpoints (newest "
-                f"{os.path.basename(found[-1][1])}): add --resume auto to continue, "
-                "or choose another folder"
-            )
-    problem = world.bcast_object(problem, root=0) if world.size > 1 else problem
-    if problem:
-        raise SimparError(problem)
-
-
-def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps: int):
-    """--resume: (path, FullState, step) on every rank, or None to start fresh.
-
-    Rank 0 finds, reads and verifies the checkpoint and checks it fits this run; the outcome -- an
-    error, nothing to resume, or the full-shape state -- is broadcast (control traffic), so every
-    rank fails or starts together.
-    """
-    if not cfg.resume:
-        return None
-    outcome = None
-    if world.rank == 0:
-        try:
-            path = checkpoint.resolve(cfg.resume, cfg.checkpoint_dir)
-            if path is None:
-                print(f"simpar: no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0", flush=True)
-            else:
-                manifest, state = checkpoint.load(path)
-                checkpoint.check_compatible(path, manifest, cfg, n_train, steps)
-                outcome = (path, state, manifest["step"])
-                print(
-                    f"simpar: resuming from {path} (saved by {manifest.get('layout')}) at step "
-                    f"{manifest['step']} of {steps}",
-                    flush=True,
-                )
-        except SimparError as exc:
-            outcome = str(exc)
-    outcome = world.bcast_object(outcome, root=0) if world.size > 1 else outcome
-    if isinstance(outcome, str):
-        raise SimparError(outcome)
-    return outcome
-
-
-def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_train: int) -> str:
-    """Gather the full-shape state to rank 0 (collective), write it there; a write error (disk full)
-    is broadcast so every rank stops together. Returns the checkpoint's folder."""
-    state = strategy.full_state()
-    outcome = None
-    if world.rank == 0:
-        info = {
-            "layout": layout_name(cfg),
-            "world_size": world.size,
-            "model": {"layers": cfg.layers, "activation": cfg.activation, "dtype": cfg.dtype},
-            "optimizer": cfg.optimizer,
-            "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),
-            "rng": None,  # no random numbers are drawn after start (checkpoint.py)
-            "config": cfg.to_dict(),
-        }
-        try:
-            outcome = checkpoint.save(cfg.checkpoint_dir, step, state, info)
-        except SimparError as exc:
-            outcome = SimparError(str(exc))
-    outcome = world.bcast_object(outcome, root=0) if world.size > 1 else outcome
-    if isinstance(outcome, SimparError):
-        raise outcome
-    return outcome
-
-
-def _tracer(cfg, world):
-    if not cfg.trace:
-        return None
-    from .trace import Tracer
-
-    return Tracer.install(world.rank)
-
-
 def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:
     """All ranks see the same reduced loss, so all get here together; find who went bad first."""
     if math.isfinite(loss):
         raise SimparError(divergence_message(loss, step + 1, first_loss[0], strategy.cfg.lr))
     mine = strategy.first_nonfinite
-    first = world.allreduce_scalar(mine if mine is not None else math.inf, op=_mpi_min())
+    first = world.allreduce_scalar(mine if mine is not None else math.inf, op=mpi_min())
     where = (
         f"the output of layer {int(first)} was the first to hold NaN/inf"
         if math.isfinite(first)
@@ -394,78 +260,6 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, firs
         f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
         f"(now {strategy.cfg.lr}) or --dtype float64"
     )
-
-
-def start_recorder(cfg: RunConfig, world: Communicator):
-    """The flight recorder and its watchdog (flight.py), and --check-collectives / --inject desync."""
-    if world.rank == 0:
-        flight.clear_dumps()
-    world.barrier()  # nobody may dump before the old dumps are gone
-    recorder = flight.install(world.rank, world.size, cfg.watchdog)
-    recorder.check_collectives = cfg.check_collectives
-    recorder.progress_bar = not cfg.quiet
-    fault = parse_inject(cfg.inject) if cfg.inject else None
-    if fault and fault["kind"] == "desync" and fault["rank"] == world.rank:
-        recorder.desync_at = fault["step"]
-    return recorder
-
-
-def inject(cfg: RunConfig, rank: int, step: int, micro: list) -> list:
-    """--inject KIND@rank=R,step=S: the fault, on rank R as step S begins (for teaching: see what the
-    watchdog, the flight recorder and the NaN check say). kill: SIGKILL, as a crashed node would;
-    stall: sleep T seconds, as a rank stuck in I/O would; nan: a NaN in the rank's input rows (a rank
-    without input rows -- a middle pipeline stage -- is left alone); desync: see flight.take_desync."""
-    fault = parse_inject(cfg.inject) if cfg.inject else None
-    if not fault or fault["rank"] != rank or fault["step"] != step + 1:
-        return micro
-    if fault["kind"] == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if fault["kind"] == "stall":
-        time.sleep(fault["seconds"])
-    if fault["kind"] == "nan" and micro and micro[0][0] is not None:
-        x = micro[0][0].copy()
-        x[0, 0] = np.nan
-        micro = [(x, micro[0][1]), *micro[1:]]
-    return micro
-
-
-def start_clock(cfg: RunConfig, world: Communicator):
-    """--clock sim: install a simulated clock on the hardware profile (simclock.py), else None."""
-    if cfg.clock != "sim":
-        return None
-    hw = hardware.load(cfg.hardware)
-    precision = {"float64": "fp64", "float32": "fp32"}[cfg.dtype]
-    # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
-    share = hw.compute_share(min(world.size, hw.devices_per_node))
-    links = {}
-    for group in ("tp", "dp", "pp", "world"):
-        link = hardware.group_link(hw, group, cfg.dp, cfg.tp, cfg.pp)
-        links[group] = simclock.Link(link.alpha, link.bw)
-    local = hardware.load("local")
-    profile = simclock.Profile(
-        name=hw.name,
-        flop_rate=hw.flop_rate(precision) * share,
-        gamma=hw.gamma,
-        layer_overhead=hw.layer_overhead,
-        compute_share=share,
-        links=links,
-        measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
-    )
-    clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))
-    world.enable_headers()
-    return clock
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _mpi_min():
-    from mpi4py import MPI
-
-    return MPI.MIN
 
 
 def train_main(cfg: RunConfig) -> int:
