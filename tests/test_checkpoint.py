@@ -24,7 +24,8 @@ from simpar import checkpoint
 from simpar.checkpoint import FullState
 from simpar.data import global_batches
 from simpar.launch import _env, mpiexec_path
-from tests.mpiutil import run_mpi, train_json
+from tests.conftest import train_json
+from tests.mpiutil import run_mpi
 from tests.test_errors import assert_one_line_error
 
 # -- the format, in-process ------------------------------------------------------------------------
