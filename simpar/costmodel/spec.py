@@ -64,6 +64,8 @@ class Spec:
     zero: int = 0
     schedule: str = "1f1b"
     microbatches: int = 4
+    virtual_stages: int = 1
+    recompute: str = "none"
     grad_accum: int = 1
     collectives: str = "ring"
     bucket_mb: float = 1.0
@@ -103,6 +105,8 @@ class Spec:
             zero=cfg.zero,
             schedule=cfg.schedule,
             microbatches=cfg.microbatches,
+            virtual_stages=cfg.virtual_stages,
+            recompute=cfg.recompute,
             grad_accum=cfg.grad_accum,
             collectives=cfg.collectives,
             bucket_mb=cfg.bucket_mb,
@@ -136,6 +140,8 @@ def check(spec: Spec) -> Spec:
         zero=spec.zero,
         schedule=spec.schedule,
         microbatches=spec.microbatches,
+        virtual_stages=spec.virtual_stages,
+        recompute=spec.recompute,
         stage_layers=spec.stage_layers,
         bucket_mb=spec.bucket_mb,
         collectives=spec.collectives,

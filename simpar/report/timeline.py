@@ -98,7 +98,8 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from ..parallel.schedules import TITLES, ideal_timeline
+    from ..parallel.schedule_check import ideal_timeline
+    from ..parallel.schedules import TITLES
 
     events = load_events(trace_json_path_or_events)
     info = pipeline_info(events)
