@@ -139,6 +139,10 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     validate(cfg, world.size)
+    if cfg.pp > 1:  # every rank executes the schedule symbolically: refuse a deadlock before any traffic
+        from .parallel.schedule_check import refuse_unsound
+
+        refuse_unsound(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
     _check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds

@@ -72,8 +72,7 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
                 worst[key] = (seconds, by_op[key])  # the slowest rank's view of each op
         # matmuls at the FLOP rate, + the memory-bound rest at the reduction's speed (gamma is per byte
         # REDUCED, i.e. 3 bytes moved: read two, write one), both slowed if ranks share cores
-        lo, hi = rp["layers"]
-        calls = (hi - lo) * K * M  # layer forward+backward calls per step
+        calls = rp["layer_count"] * K * M  # layer forward+backward calls per step
         compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate + (
             rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
         ) / hw.compute_share(min(spec.world, hw.devices_per_node))
@@ -97,7 +96,14 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             rp = next((r for r in out if r["coords"]["pp"] == s and r["coords"]["dp"] == d), None)
             if rp is None:
                 rp = predict_rank(spec, s * spec.dp * spec.tp + d * spec.tp, shape)
-            stages[s] = (RankCosts(spec, hw, links, rp, shape.kinds[s], shape.sizes[s]), d, shape.sizes[s])
+            stages[s] = (
+                {
+                    c: RankCosts(spec, hw, links, rp, shape.kinds[c], shape.sizes[c], shape.bounds[c])
+                    for c in shape.chunks[s]
+                },
+                d,
+                {c: shape.sizes[c] for c in shape.chunks[s]},
+            )
         zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
         timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])

@@ -37,16 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import trace
 from ..data import distributed_sampler, micro_steps
-from ..model import softmax_cross_entropy
+from ..model import deferred_weight_grads, softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import SerialStack, Strategy
+from .base import HeldBytes, SerialStack, Strategy
 from .data import GradientBuckets
-from ..model import deferred_weight_grads
-from .base import HeldBytes
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
