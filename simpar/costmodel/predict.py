@@ -25,12 +25,35 @@ from .steptime import RankCosts, op_time, step_time
 
 
 def bubble_fraction(spec: Spec) -> float:
-    """Idle fraction of the pipeline: (S-1)/(M+S-1) for GPipe and 1F1B (GPipe, Huang et al. 2019,
-    sec. 2.2; the same for 1F1B, Narayanan et al. 2021), (S-1)/S when one micro-batch runs at a time."""
-    S, M = spec.pp, spec.microbatches
+    """Idle fraction of the pipeline step (forward 1, backward 2 units; zb-h1's B = W = 1): see
+    bubble_formula."""
+    return _bubble(spec)[1]
+
+
+def bubble_formula(spec: Spec) -> str:
+    """The ideal bubble as a formula with the numbers put in, e.g. "(S-1)/(M+S-1) = 3/11"."""
+    return _bubble(spec)[0]
+
+
+def _bubble(spec: Spec) -> tuple[str, float]:
+    """(S-1)/(M+S-1) for GPipe and 1F1B (GPipe, Huang et al. 2019, sec. 2.2; the same for 1F1B,
+    Narayanan et al. 2021); (S-1)/S one micro-batch at a time; interleaved (S-1)/(VM+S-1), i.e. the
+    bubble over the ideal time (S-1)/(VM) (Narayanan et al. 2021, sec. 2.2); zb-h1 (S-1)/(3M+S-1)
+    when M >= S (Qi et al. 2023, sec. 3.1: (S-1)(F+B-W) idle per stage, F = B = W), else
+    1 - 3M/(2(M+S)-1)."""
+    S, M, V = spec.pp, spec.microbatches, spec.virtual_stages
     if S == 1:
-        return 0.0
-    return (S - 1) / S if spec.schedule == "naive" else (S - 1) / (M + S - 1)
+        return "no pipeline", 0.0
+    if spec.schedule == "naive":
+        return f"(S-1)/S = {S - 1}/{S}", (S - 1) / S
+    if spec.schedule == "interleaved":
+        return f"(S-1)/(V*M+S-1) = {S - 1}/{V * M + S - 1}", (S - 1) / (V * M + S - 1)
+    if spec.schedule == "zb-h1":
+        if M >= S:
+            return f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)
+        span = 2 * (M + S) - 1
+        return f"1 - 3M/(2(M+S)-1) = {span - 3 * M}/{span}", (span - 3 * M) / span
+    return f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}", (S - 1) / (M + S - 1)
 
 
 def representative_ranks(spec: Spec, limit: int = 512) -> list[int]:

@@ -42,7 +42,7 @@ and refuses one that can deadlock or leaves a send unreceived (config.validate c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Union
 
 from .partition import partition_layers  # noqa: F401  (re-exported: where stages come from)
@@ -224,6 +224,16 @@ def zb_h1(S: int, M: int, V: int = 1) -> list[list[Step]]:
     return out
 
 
+def _zb_h1_bubble(S: int, M: int) -> tuple[str, float]:
+    """ZB-H1's ideal bubble with F = B = W = 1: the step takes 3M + S - 1 units when M >= S (only
+    the S-1 units of the first forward's way down stay idle); with fewer micro-batches than stages
+    there is not enough W work to fill the drain: 2(M + S) - 1 units."""
+    if M >= S:
+        return f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)
+    span = 2 * (M + S) - 1
+    return f"1 - 3M/(2(M+S)-1) = {span - 3 * M}/{span} (M < S)", (span - 3 * M) / span
+
+
 # -- the registry ----------------------------------------------------------------------------------
 
 
@@ -269,7 +279,7 @@ SCHEDULES: dict[str, Schedule] = {
             "zb-h1",
             "ZB-H1 (zero bubble, backward split into B and W)",
             zb_h1,
-            formula=lambda S, M, V: (f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)),
+            formula=lambda S, M, V: _zb_h1_bubble(S, M),
             split_backward=True,
         ),
     ]
@@ -284,7 +294,13 @@ def build_schedule(schedule, S: int, M: int, V: int = 1) -> list[list[Step]]:
             raise ValueError(f"unknown schedule {schedule!r} (choose from {', '.join(SCHEDULES)})")
         return SCHEDULES[schedule].build(S, M, V)
     if callable(schedule):
-        return schedule(S, M)
+        schedule = schedule(S, M)
+    if all(getattr(st, "chunk", 0) == 0 for row in schedule for st in row):
+        # Hand-made, one stage per rank, chunks not named: rank r's steps concern chunk (= stage) r.
+        return [
+            [replace(st, chunk=r) if hasattr(st, "chunk") else st for st in row]
+            for r, row in enumerate(schedule)
+        ]
     return schedule
 
 
