@@ -158,6 +158,10 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} data-parallel "
             f"rank(s) x {cfg.grad_accum} accumulation step(s): every micro-batch needs a row (>= {need})",
         )
+    _require(
+        cfg.recompute == "none" or cfg.pp > 1,
+        f"--recompute {cfg.recompute} recomputes pipeline stages' activations: use it with --pp > 1",
+    )
     problem = schedule_problem(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages, cfg.n_layers)
     _require(problem is None, problem or "")
     chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)

@@ -73,16 +73,24 @@ def alive_window(schedule: str, S: int, M: int, s: int) -> int:
     return min(S - s, M)
 
 
-def peak_alive(schedule: str, S: int, M: int, s: int, V: int, size) -> int:
-    """Most activation bytes rank s holds at once in one grad-accum micro-step, `size(m, c)` those of
-    micro-batch m on chunk c. One chunk per rank: the largest `alive_window` consecutive micro-batches
-    (they are freed oldest first). Interleaved: the largest prefix of its order, forwards adding and
-    backwards removing -- the peak is right after a forward."""
-    if schedule != "interleaved" or S == 1:
+def peak_alive(schedule: str, S: int, M: int, s: int, V: int, size, extra=None) -> int:
+    """Most activation bytes rank s holds at once in one grad-accum micro-step, `size(m, c)` those a
+    forward of micro-batch m on chunk c keeps. One chunk per rank, no recomputation: the largest
+    `alive_window` consecutive micro-batches (they are freed oldest first). Otherwise the largest
+    prefix of the order: a forward adds size; with recomputation (`extra(m, c)`: what the backward
+    rebuilds) a backward adds extra at its start; the backward (zb-h1: the W pass) frees both."""
+    if extra is None and (schedule != "interleaved" or S == 1):
         k = alive_window(schedule, S, M, s)
         return max(sum(size(m, s) for m in range(i, i + k)) for i in range(M - k + 1))
+    extra = extra or (lambda m, c: 0)
     alive = peak = 0
+    split = schedule == "zb-h1"
     for kind, m, c in stage_order(schedule, S, M, s, V):
-        alive += size(m, c) if kind == "F" else -size(m, c)
+        if kind == "F":
+            alive += size(m, c)
+        elif kind == "B":
+            alive += extra(m, c)
         peak = max(peak, alive)
+        if kind == "W" or (kind == "B" and not split):
+            alive -= size(m, c) + extra(m, c)
     return peak

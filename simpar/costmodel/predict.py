@@ -96,7 +96,9 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         # matmuls at the FLOP rate, + the memory-bound rest at the reduction's speed (gamma is per byte
         # REDUCED, i.e. 3 bytes moved: read two, write one), both slowed if ranks share cores
         calls = rp["layer_count"] * K * M  # layer forward+backward calls per step
-        compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate + (
+        if spec.recompute == "full":  # the forward's layer calls once more
+            calls += rp["layer_count"] * K * M
+        compute = (rp["flops"]["forward"] + rp["flops"]["backward"] + rp["flops"]["recompute"]) / rate + (
             rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
         ) / hw.compute_share(min(spec.world, hw.devices_per_node))
         rp["by_op"] = by_op

@@ -72,18 +72,22 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     total_rows = sum(map(sum, rows))
     # Per row of a micro-batch: matmul FLOPs, and activation elements kept for backward (a layer's
     # Context holds its input x and pre-activation z; for the raw-logits layer z IS the output).
+    # --recompute: full keeps only the chunk's input, selective the input and every counted z.
     fwd = bwd = 0
-    act_row = {}  # chunk -> activation elements per row
+    act_row, held_row = {}, {}  # chunk -> activation elements per row: all, and kept by recompute
     for c in mine:
         (lo, hi), act_row[c] = shape.bounds[c], 0
+        held_row[c] = W[lo]
         for i, kind in zip(range(lo, hi), shape.kinds[c]):
             f, g = layer_flops(1, W[i], W[i + 1], i == 0)
             share = 1 if kind in ("full", "replicated") else spec.tp
             fwd, bwd = fwd + f // share, bwd + g // share
             z = 0 if i == spec.n_layers - 1 else W[i + 1]
-            act_row[c] += {"column": W[i] + W[i + 1] // spec.tp, "row": W[i] // spec.tp + z}.get(
-                kind, W[i] + z
-            )
+            z_l = W[i + 1] // spec.tp if kind == "column" else z
+            act_row[c] += {"column": W[i], "row": W[i] // spec.tp}.get(kind, W[i]) + z_l
+            held_row[c] += z_l if spec.recompute == "selective" else 0
+    if spec.recompute == "none":
+        held_row = act_row
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
             (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
@@ -91,9 +95,10 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0)
                     cost = allreduce(b * W[i], spec.tp, t)
                     book.add("activation", "tp-f-allreduce", "tp", cost, prec.act, times)
-                elif kind == "row":  # g: forward all-reduce of the partial products
+                elif kind == "row":  # g: forward all-reduce of the partial products (again if recomputed)
                     cost = allreduce(b * W[i + 1], spec.tp, t)
-                    book.add("activation", "tp-g-allreduce", "tp", cost, prec.act, times)
+                    again = 2 if spec.recompute == "full" else 1
+                    book.add("activation", "tp-g-allreduce", "tp", cost, prec.act, times * again)
             if c < C - 1:  # each chunk boundary: rows x width forward, and back
                 book.add(
                     "activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times
@@ -142,7 +147,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 "grads": (S_r + held) * prec.grad,
                 "optimizer": S_r * opt_bpp,
             }
-    memory["activations_peak"] = activations_peak(spec, s, rows, act_row) * prec.act
+    memory["activations_peak"] = activations_peak(spec, s, rows, act_row, held_row) * prec.act
 
     if rank == 0 and spec.data_source == "root":
         _book_root_scatter(spec, book)
@@ -158,10 +163,15 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         "messages": messages,
         "ops": book.ops,
         "memory": memory,
-        "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
+        "flops": {
+            "forward": fwd * total_rows,
+            "backward": bwd * total_rows,
+            "recompute": fwd * total_rows if spec.recompute == "full" else 0,  # the forward again
+        },
         "elementwise_bytes": sum(
             elementwise_bytes(spec, *shape.bounds[c], shape.kinds[c], rows, 0) for c in mine
         )
+        + sum(recompute_elems(spec, *shape.bounds[c], shape.kinds[c]) for c in mine) * total_rows * prec.act
         + optimizer_passes(spec) * updated * prec.param,
         "params_updated": updated,
         "layers": (shape.bounds[mine[0]][0], shape.bounds[mine[-1]][1]),
@@ -180,17 +190,38 @@ def peak_alive_rows(spec: Spec, s: int, rows: list[list[int]]) -> int:
     return max(sum(step[i : i + k]) for step in rows for i in range(len(step) - k + 1))
 
 
-def activations_peak(spec: Spec, s: int, rows: list[list[int]], act_row: dict) -> int:
+def activations_peak(spec: Spec, s: int, rows: list[list[int]], act_row: dict, held_row: dict) -> int:
     """Activation elements stage s holds at its peak: rows x elements per row of each alive
-    (micro-batch, chunk), at the worst point of its order (order.peak_alive)."""
+    (micro-batch, chunk), at the worst point of its order (order.peak_alive). With --recompute a unit
+    holds held_row per row from its forward on, and the rest of act_row while its backward runs."""
     if spec.pp == 1:
         return max(max(step) for step in rows) * act_row[s]
+    extra = (
+        None if spec.recompute == "none" else (lambda step: lambda m, c: step[m] * (act_row[c] - held_row[c]))
+    )
     return max(
         peak_alive(
-            spec.schedule, spec.pp, len(step), s, spec.virtual_stages, lambda m, c: step[m] * act_row[c]
+            spec.schedule,
+            spec.pp,
+            len(step),
+            s,
+            spec.virtual_stages,
+            lambda m, c: step[m] * held_row[c],
+            extra and extra(step),
         )
         for step in rows
     )
+
+
+def recompute_elems(spec: Spec, lo: int, hi: int, kinds: list) -> int:
+    """Elements moved per row by recomputation (rank.layer_work's forward terms): full re-runs the
+    forward's bias and activation, selective only y = act(z) (read z, write y: 2 per element)."""
+    if spec.recompute == "none":
+        return 0
+    works = [layer_work(spec, i, k) for i, k in zip(range(lo, hi), kinds)]
+    if spec.recompute == "full":
+        return sum(w["fwd_elems"] for w in works)
+    return sum(w["act_elems"] for w in works)
 
 
 def _book_root_scatter(spec: Spec, book: Book) -> None:
@@ -228,6 +259,7 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
         "bwd_elems": (3 * act + 1) * b_l,
         "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
         "w_elems": b_l,  # db's row sum: with bwd_call_elems, the W half of a split backward
+        "act_elems": 2 * act * b_l,  # y = act(z) alone: what selective recomputation redoes
     }
 
 

@@ -74,15 +74,24 @@ class RankCosts:
             else 0.0
         )
 
-    def forward(self, r: int) -> float:
+    def forward(self, r: int, loss: bool = True) -> float:
         W, bpe, out = self.spec.widths, self.spec.prec.act, 0.0
         for i, kind, w in zip(range(self.lo, self.hi), self.kinds, self.works):
             out += r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
-        if self.hi == self.spec.n_layers:
+        if loss and self.hi == self.spec.n_layers:
             out += r * LOSS_ELEMS * W[-1] * bpe * self.stream
         return out
+
+    def recompute(self, r: int) -> float:
+        """What the backward redoes first (recompute.py): full, the forward without the loss;
+        selective, y = act(z) of every layer; none, nothing."""
+        if self.spec.recompute == "full":
+            return self.forward(r, loss=False)
+        if self.spec.recompute == "selective":
+            return sum(r * w["act_elems"] for w in self.works) * self.spec.prec.act * self.stream
+        return 0.0
 
     def backward_layers(self, r: int) -> list[tuple[float, float]]:
         """(compute, f all-reduce after it) of each layer in backward order, last layer first."""
@@ -97,7 +106,7 @@ class RankCosts:
         return out
 
     def backward(self, r: int) -> float:
-        return sum(c + f for c, f in self.backward_layers(r))
+        return self.recompute(r) + sum(c + f for c, f in self.backward_layers(r))
 
     def weight_layers(self, r: int) -> list[float]:
         """The W half of each layer, last layer first: dW = x^T dz (2 r a b FLOPs), db's row sum and
@@ -185,8 +194,8 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                     else:
                         work = costs.backward_input(r) if split else costs.backward(r)
                     clock[s], busy[s] = start + work, busy[s] + work
-                    if kind == ("W" if split else "B"):
-                        final_start[s][c] = (start, m)
+                    if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
+                        final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
                     out = None
                     if kind == "F" and c < C - 1:  # send the activations on to chunk c+1
                         out, width, dest = act_at, W[costs.hi], (c + 1, m)

@@ -42,6 +42,7 @@ from .. import trace
 from ..data import distributed_sampler, micro_steps
 from ..model import deferred_weight_grads, softmax_cross_entropy
 from ..optim import make_optimizer
+from . import recompute
 from .base import HeldBytes, SerialStack, Strategy
 from .data import GradientBuckets
 from .schedules import (
@@ -201,8 +202,12 @@ class PipelineParallel(Strategy):
             microbatches=self.M,
             schedule=self.cfg.schedule,
         ):
-            stack = self.stacks[step.chunk]
-            y, flight.contexts[key] = stack.forward(flight.inputs.pop(key), self.meter, self.watch)
+            x, mode = flight.inputs.pop(key), self.cfg.recompute
+            meter = self.meter if mode == "none" else HeldBytes()  # recompute: count what is kept
+            y, flight.contexts[key] = self.stacks[step.chunk].forward(x, meter, self.watch)
+            if mode != "none":
+                flight.contexts[key] = recompute.save(mode, x, flight.contexts[key])
+                self.meter.take(flight.contexts[key].held)
             if step.chunk == self.C - 1:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
                 # the micro-batches' (and dp ranks') gradients add up to the serial gradient.
@@ -218,11 +223,23 @@ class PipelineParallel(Strategy):
         final = flight.communicate and self.last_grad_step[step.chunk] == step.mb
         return self.buckets[step.chunk].grads_ready if final else None
 
+    def _contexts(self, key: tuple, flight: InFlight) -> list:
+        """The forward's Contexts of (mb, chunk); with --recompute rebuilt now (recompute.py), the
+        rebuilt bytes taken on the meter (the backward frees them all)."""
+        kept = flight.contexts.pop(key)
+        if self.cfg.recompute == "none":
+            return kept
+        with trace.span(f"R{key[0]}", "forward", mb=key[0], chunk=key[1], stage=self.s):
+            contexts = recompute.restore(self.cfg.recompute, kept, self.stacks[key[1]])
+        self.meter.take(recompute.context_bytes(contexts) - kept.held)
+        return contexts
+
     def _backward(self, step: Backward, flight: InFlight) -> None:
         key = (step.mb, step.chunk)
+        contexts = self._contexts(key, flight)
         with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
             dx = self.stacks[step.chunk].backward(
-                flight.contexts.pop(key), flight.grads.pop(key), self.meter, self._hook(step, flight)
+                contexts, flight.grads.pop(key), self.meter, self._hook(step, flight)
             )
         if step.chunk > 0:
             flight.input_grads[key] = dx
@@ -230,7 +247,7 @@ class PipelineParallel(Strategy):
     def _backward_input(self, step: BackwardInput, flight: InFlight) -> None:
         """B: dx only; the activations stay held (this rank's meter) until the W pass."""
         key = (step.mb, step.chunk)
-        contexts = flight.contexts.pop(key)
+        contexts = self._contexts(key, flight)
         with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
             with deferred_weight_grads() as weight_passes:
                 dx = self.stacks[step.chunk].backward(contexts, flight.grads.pop(key), HeldBytes(), None)
