@@ -245,7 +245,17 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
     metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps, hw=hw)
     if clock is not None:
-        serial = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, stage_layers=None)
+        serial = dataclasses.replace(
+            cfg,
+            dp=1,
+            tp=1,
+            pp=1,
+            zero=0,
+            stage_layers=None,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute="none",
+        )
         serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
         per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)

@@ -53,7 +53,7 @@ from simpar.comm import Communicator, Ledger
 from simpar.config import RunConfig
 from simpar.train import run_training
 
-LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages")
+LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages", "recompute")
 cases = json.load(open(sys.argv[1]))
 rank = MPI.COMM_WORLD.Get_rank()
 serial, out = {}, {}
@@ -159,6 +159,23 @@ def matrix_cases(S: int) -> list:
                 dict(BASE, pp=2, schedule="interleaved", virtual_stages=2, microbatches=4, dtype="float32"),
             ),
             ("zb-h1-grad-accum-2", dict(BASE, pp=2, schedule="zb-h1", microbatches=3, grad_accum=2)),
+            ("1f1b-recompute-full", dict(BASE, pp=2, schedule="1f1b", microbatches=4, recompute="full")),
+            (
+                "zb-h1-recompute-selective",
+                dict(BASE, pp=2, schedule="zb-h1", microbatches=4, recompute="selective"),
+            ),
+            (
+                "interleaved-recompute-full",
+                dict(
+                    BASE,
+                    pp=2,
+                    schedule="interleaved",
+                    virtual_stages=2,
+                    microbatches=4,
+                    recompute="full",
+                    grad_accum=2,
+                ),
+            ),
             ("stage-layers-3,1", dict(BASE, pp=2, schedule="1f1b", microbatches=4, stage_layers=[3, 1])),
             ("grad-accum-2", dict(BASE, pp=2, schedule="gpipe", microbatches=3, grad_accum=2)),
             ("float32", dict(BASE, pp=2, schedule="1f1b", microbatches=3, dtype="float32")),
@@ -170,6 +187,13 @@ def matrix_cases(S: int) -> list:
             for sched in ("gpipe", "1f1b", "zb-h1")
             for M in (2, 8)
         ]
+        cases += [
+            (
+                f"mem-1f1b-M8-{mode}",
+                dict(BASE, pp=4, schedule="1f1b", microbatches=8, batch=64, steps=1, recompute=mode),
+            )
+            for mode in ("full", "selective")
+        ]
         # dp and tp around the pipeline, on the same 4 ranks
         cases += [
             ("dp2xpp2-zb-h1", dict(BASE, pp=2, dp=2, schedule="zb-h1", microbatches=3)),
@@ -178,6 +202,14 @@ def matrix_cases(S: int) -> list:
                 dict(BASE, pp=2, dp=2, schedule="interleaved", virtual_stages=2, microbatches=2),
             ),
             ("tp2xpp2-zb-h1", dict(BASE, pp=2, tp=2, schedule="zb-h1", microbatches=4)),
+            (
+                "tp2xpp2-zb-h1-recompute-full",
+                dict(BASE, pp=2, tp=2, schedule="zb-h1", microbatches=4, recompute="full"),
+            ),
+            (
+                "dp2xpp2-gpipe-recompute-selective",
+                dict(BASE, pp=2, dp=2, schedule="gpipe", microbatches=3, recompute="selective"),
+            ),
             (
                 "tp2xpp2-interleaved",
                 dict(
@@ -229,6 +261,13 @@ def test_memory_gpipe_grows_1f1b_bounded(matrices):
     assert peak["mem-1f1b-M2"] == 2 * per_mb and peak["mem-1f1b-M8"] == S * per_mb  # stops at S
     # ZB-H1: S micro-batches on EVERY stage (W held back s micro-batches), 1F1B's stage-0 figure
     assert peak["mem-zb-h1-M2"] == 2 * per_mb and peak["mem-zb-h1-M8"] == S * per_mb
+    # Recomputation on stage 0 (one layer 64 -> 32, 8 rows per micro-batch, S = 4 alive under 1F1B):
+    # full keeps only the input (64 per row), plus one micro-batch's rebuilt context during its backward;
+    # selective keeps input and z (64 + 32): for a one-layer stage, everything.
+    assert peak["mem-1f1b-M8-full"] == (S * 8 * 64 + 8 * 32) * 8
+    assert peak["mem-1f1b-M8-selective"] == S * per_mb
+    full = results["mem-1f1b-M8-full"]["memory"]["ranks"]
+    assert full[3]["activations_peak"] == 1 * 8 * 32 * 8  # last stage: the logits layer's input only
     zb = results["mem-zb-h1-M8"]["memory"]["ranks"]
     assert [r["activations_peak"] for r in zb] == [
         S * 8 * (w_in + (w_out if s < 3 else 0)) * 8
