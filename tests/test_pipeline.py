@@ -2,12 +2,14 @@
 
 * Equivalence: every schedule (naive, GPipe, 1F1B, ZB-H1, interleaved) with several M on 2 and
   4 stages, also with dp or tp around the pipeline, trains the serial model (float64: 1e-12
-  relative, float32: 1e-5); the pipeline bytes and every rank's activation peak are the cost model's. To keep this cheap the
-  whole matrix for one stage count runs inside ONE MPI job (MATRIX_SCRIPT calls run_training once
-  per case, the serial reference on rank 0 over COMM_SELF); the hybrid layouts go through the CLI.
+  relative, float32: 1e-5); the pipeline bytes and every rank's activation peak are the cost
+  model's. To keep this cheap the whole matrix for one stage count runs inside ONE MPI job
+  (MATRIX_SCRIPT calls run_training once per case, the serial reference on rank 0 over COMM_SELF);
+  the 4-rank job also runs dp2 x pp2 and tp2 x pp2; the older hybrid tests go through the CLI.
 * Traffic: per rank per step, exactly B_r*h_out forward (unless last stage) + B_r*h_in backward
   (unless first stage) bytes of "activation"; no "model" bytes unless dp > 1.
-* Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S.
+* Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S,
+  ZB-H1 holds S on every stage; recomputation keeps the inputs (full) or inputs and z (selective).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from simpar.comm import Communicator, Ledger
 from simpar.config import RunConfig
 from simpar.train import run_training
 
-LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages", "recompute")
+LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages",
+          "recompute")
 cases = json.load(open(sys.argv[1]))
 rank = MPI.COMM_WORLD.Get_rank()
 serial, out = {}, {}

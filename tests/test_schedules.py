@@ -17,7 +17,6 @@ import pytest
 from simpar import trace
 from simpar.parallel.schedule_check import format_grid, ideal_timeline, show_schedule_main
 from simpar.parallel.schedules import (
-    SCHEDULES,
     AllReduceGrads,
     Backward,
     Forward,
@@ -30,7 +29,7 @@ from simpar.parallel.schedules import (
     partition_layers,
 )
 
-CLASSIC = ["naive", "gpipe", "1f1b"]  # one chunk per rank, fused backward (the new ones: test_schedules_new.py)
+CLASSIC = ["naive", "gpipe", "1f1b"]  # one chunk per rank, fused backward (others: test_schedules_new.py)
 
 SIZES = [(S, M) for S in range(1, 6) for M in range(1, 10)]
 

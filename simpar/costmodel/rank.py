@@ -64,7 +64,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     """Bytes, messages, memory and FLOPs of one rank in one step (see the module docstring)."""
     shape = shape or Shape.of(spec)
     s, d, t = coords_of(rank, spec)
-    S, prec, W = spec.pp, spec.prec, spec.widths
+    prec, W = spec.prec, spec.widths
     mine = shape.chunks[s]  # the model chunks this stage holds (one unless interleaved)
     C = len(shape.bounds)
     book, allreduce = Book(), ALLREDUCE[spec.collectives]

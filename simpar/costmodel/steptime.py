@@ -29,8 +29,8 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
-from .rank import LOSS_ELEMS, layer_work, optimizer_passes
 from .order import stage_order  # noqa: F401  (re-exported: the recurrence's order)
+from .rank import LOSS_ELEMS, layer_work, optimizer_passes
 from .spec import Spec, dp_bucket_layers, micro_rows
 
 

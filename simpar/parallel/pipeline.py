@@ -1,35 +1,30 @@
-"""Pipeline parallelism: the model cut into S stages of consecutive layers, one stage per rank group.
+"""Pipeline parallelism: the model cut into chunks of consecutive layers, run by S rank groups.
 
     stage 0 --activations--> stage 1 --activations--> ... --> stage S-1 (loss)
             <--gradients----         <--gradients----  ...
 
-Which layers a stage gets: schedules.partition_layers -- contiguous runs, balanced by parameter
-count (the split whose largest stage is smallest); --stage-layers 2,1,1 overrides it.
+Usually one chunk per stage; `--schedule interleaved --virtual-stages V` cuts S*V chunks, chunk c on
+stage c mod S. Which layers a chunk gets: partition.partition_layers (contiguous, balanced by
+parameter count; --stage-layers overrides it). Each rank's rows are cut into M micro-batches
+(np.array_split: uneven is fine). In which order a stage does its forwards, backwards (or B and W
+halves, zb-h1), sends and receives is the *schedule* (schedules.py), a plain list of steps that
+`PipelineParallel._run` walks one by one; schedule_check.py has proven before the run that it cannot
+deadlock (sends are isend, receives blocking and matched by tag). The loss divides by the GLOBAL
+batch, so micro-batch gradients simply add up in dW, db (+=): after the last backward (or W pass)
+each stage holds exactly the serial gradient of its layers. --recompute: recompute.py.
 
-Each rank's rows of a step are cut into M micro-batches (np.array_split: uneven is fine) so that
-stages can work on different micro-batches at once. In which order a stage does its forwards,
-backwards, sends and receives is the *schedule* (schedules.py: naive, GPipe, 1F1B), a plain list
-of steps that `PipelineParallel._run` walks one by one. The loss divides by the GLOBAL batch
-(model.softmax_cross_entropy), so micro-batch gradients simply add up in dW, db (+=): after the
-last backward each stage holds exactly the serial gradient of its layers.
+Messages (category "activation", over mesh.pp_comm, between ranks with the same dp and tp
+coordinates): each chunk c sends its output (rows x layers[hi_c]) to chunk c+1 as "pp-send-act" and
+the gradient w.r.t. its input (rows x layers[lo_c]) to chunk c-1 as "pp-send-grad". Per step, with
+B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per element:
 
-Messages (category "activation", over mesh.pp_comm, i.e. between ranks with the same dp and tp
-coordinates): stage s sends its output (rows x layers[hi_s]) forward as "pp-send-act" and the
-gradient w.r.t. its input (rows x layers[lo_s]) backward as "pp-send-grad". Per step, with B_r =
-this rank's rows (the global batch / dp, summed over grad-accum micro-steps) and bpe bytes per element:
+    sent by a rank:  sum over its chunks c of  B_r * layers[hi_c] * bpe  (if c < C-1)
+                                             + B_r * layers[lo_c] * bpe  (if c > 0)
 
-    sent by a rank of stage s:  B_r * layers[hi_s] * bpe  (if s < S-1)
-                              + B_r * layers[lo_s] * bpe  (if s > 0)
-
-i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its own
-(identical, replicated) copy. A pure pipeline (dp = 1) sends no "model" bytes at all; with dp > 1
-each stage all-reduces its own layers' gradients over mesh.dp_comm once per step (GradientBuckets).
-
-Sends are non-blocking (isend) and receives blocking, so no order of steps a schedule may list can
-deadlock as long as its simulation in schedules.ideal_timeline finishes (tests check every schedule).
-
-Combined with tensor parallelism (tp > 1) a stage's layers are a TensorParallelStack: its input and
-output are replicated on the tp ranks, so the pipeline code does not change at all.
+i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
+own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack. A pure pipeline
+(dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
+mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 """
 
 from __future__ import annotations
@@ -200,6 +195,7 @@ class PipelineParallel(Strategy):
             stage=self.s,
             stages=self.S,
             microbatches=self.M,
+            virtual_stages=self.V,
             schedule=self.cfg.schedule,
         ):
             x, mode = flight.inputs.pop(key), self.cfg.recompute
