@@ -141,13 +141,7 @@ def spec_from_args(a) -> cm.Spec:
         optimizer=a.optimizer,
         momentum=a.momentum,
     )
-    if stage_layers is not None and (
-        len(stage_layers) != spec.pp or sum(stage_layers) != spec.n_layers or min(stage_layers) < 1
-    ):
-        raise SimparError(
-            f"--stage-layers {stage_layers} must give {spec.pp} positive counts summing to {spec.n_layers}"
-        )
-    return cm.check(spec)
+    return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 
 
 # -- the main command -------------------------------------------------------------------------------------
