@@ -18,7 +18,8 @@ DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
 ACTIVATIONS = ("relu", "tanh", "gelu")
-SCHEDULES = ("naive", "gpipe", "1f1b")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "full", "selective")
 COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
 KERNELS = ("auto", "numpy", "numba", "cuda")
 DATA_SOURCES = ("local", "root")
@@ -53,6 +54,8 @@ class RunConfig:
     zero: int = 0
     schedule: str = "1f1b"
     microbatches: int = 4
+    virtual_stages: int = 1  # model chunks per rank (--schedule interleaved)
+    recompute: str = "none"  # activation recomputation: none | full | selective
     stage_layers: list[int] | None = None
     bucket_mb: float = 1.0
     overlap: bool = True
@@ -103,6 +106,10 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     _require(cfg.activation in ACTIVATIONS, f"unknown activation {cfg.activation!r}")
     _require(
         cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})"
+    )
+    _require(
+        cfg.recompute in RECOMPUTE,
+        f"unknown recompute {cfg.recompute!r} (choose from {', '.join(RECOMPUTE)})",
     )
     _require(cfg.collectives in COLLECTIVES, f"unknown collectives {cfg.collectives!r}")
     _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
@@ -173,12 +180,19 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"data-parallel rank(s) x {cfg.grad_accum} accumulation step(s): "
             f"every micro-batch needs a row (>= {need})",
         )
+    _require(
+        cfg.recompute == "none" or cfg.pp > 1,
+        f"--recompute {cfg.recompute} recomputes pipeline stages' activations: use it with --pp > 1",
+    )
+    problem = schedule_problem(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages, cfg.n_layers)
+    _require(problem is None, problem or "")
+    chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
     if cfg.stage_layers is not None:
         _require(
-            len(cfg.stage_layers) == cfg.pp
+            len(cfg.stage_layers) == chunks
             and all(n >= 1 for n in cfg.stage_layers)
             and sum(cfg.stage_layers) == cfg.n_layers,
-            f"--stage-layers {cfg.stage_layers} must give {cfg.pp} positive counts summing to {cfg.n_layers}",
+            f"--stage-layers {cfg.stage_layers} must give {chunks} positive counts summing to {cfg.n_layers}",
         )
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
@@ -217,6 +231,30 @@ def parse_inject(text: str) -> dict:
     _require(set(fields) == set(INJECTIONS[kind]), usage)
     _require(fields["step"] >= 1 and fields["rank"] >= 0, usage)
     return {"kind": kind, **fields}
+
+
+def schedule_problem(schedule: str, S: int, M: int, V: int, n_layers: int | None = None) -> str | None:
+    """What is wrong with this schedule's shape, in one line, or None (the rules of schedules.py;
+    whether its steps can deadlock is schedule_check's job, run before training starts)."""
+    if V < 1:
+        return f"--virtual-stages must be at least 1, got {V}"
+    if V > 1 and schedule != "interleaved":
+        return (
+            f"--virtual-stages {V} needs --schedule interleaved (the other schedules hold one chunk per rank)"
+        )
+    if schedule == "interleaved" and S > 1:
+        if V < 2:
+            return "--schedule interleaved needs --virtual-stages V >= 2 model chunks per rank"
+        if M % S:
+            return (
+                f"--schedule interleaved needs --microbatches divisible by --pp: {M} micro-batches go round "
+                f"{S} stages in groups of {S} (try {M + S - M % S})"
+            )
+        if n_layers is not None and S * V > n_layers:
+            return (
+                f"--pp {S} x --virtual-stages {V} = {S * V} model chunks, but the model has {n_layers} layers"
+            )
+    return None
 
 
 def layout_name(layout) -> str:

@@ -107,7 +107,10 @@ def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.n
 def layer_backward(
     layer: Linear, ctx: Context, dy: np.ndarray, need_dx: bool = True, bias: bool = True
 ) -> np.ndarray | None:
-    """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx."""
+    """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx.
+    Inside `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
+    if _DEFERRED:
+        return backward_input(layer, ctx, dy, need_dx, bias)
     dx, dW, db = kernels.active().linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
     layer.dW += dW
     if bias:
@@ -116,6 +119,53 @@ def layer_backward(
     if clock is not None:
         charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize)
     return dx
+
+
+# -- the backward in two halves (zero-bubble schedules, Qi et al. 2023, sec. 2) -------------------------
+#   B: dz = act'(dy), dx = dz W^T   (on the pipeline's critical path: the previous stage waits for dx)
+#   W: dW += x^T dz, db += sum(dz)  (no one waits for it: a schedule may put it into a bubble)
+# Together they compute, and charge the clock, exactly what layer_backward does in one call.
+_DEFERRED: list | None = None
+
+
+class deferred_weight_grads:
+    """`with deferred_weight_grads() as pending:` every layer_backward inside runs its B half only
+    and appends a closure for its W half to `pending` (call them later, in any order)."""
+
+    def __enter__(self) -> list:
+        global _DEFERRED
+        self.saved, _DEFERRED = _DEFERRED, []
+        return _DEFERRED
+
+    def __exit__(self, *exc) -> None:
+        global _DEFERRED
+        _DEFERRED = self.saved
+
+
+def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: bool = True):
+    """The B half: dz through the activation, dx = dz W^T; queues the W half in _DEFERRED."""
+    dz = ACTIVATIONS[layer.act][1](dy, ctx.z, ctx.y)
+    dx = dz @ layer.W.T if need_dx else None
+    r, (a, b) = dy.shape[0], layer.W.shape
+    clock = simclock.active()
+    if clock is not None:
+        if need_dx:
+            clock.matmul(r, b, a)
+        clock.stream((3 * r * b if layer.act != "none" else 0) * dy.itemsize)
+    _DEFERRED.append(lambda: backward_weight(layer, ctx.x, dz, bias))
+    return dx
+
+
+def backward_weight(layer: Linear, x, dz, bias: bool = True) -> None:
+    """The W half: dW += x^T dz, db += sum(dz) (the clock: as charge_backward's remaining terms)."""
+    layer.dW += x.T @ dz
+    if bias:
+        layer.db += dz.sum(axis=0)
+    clock = simclock.active()
+    if clock is not None:
+        r, (a, b) = dz.shape[0], layer.W.shape
+        clock.matmul(a, r, b)
+        clock.stream((r * b + 3 * a * b + (3 * b if bias else 0)) * dz.itemsize)
 
 
 def bias_act_forward(z: np.ndarray, b: np.ndarray, act: str) -> np.ndarray:

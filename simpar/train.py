@@ -111,6 +111,10 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
+    if cfg.pp > 1:  # every rank executes the schedule symbolically: refuse a deadlock before any traffic
+        from .parallel.schedule_check import refuse_unsound
+
+        refuse_unsound(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
     recorder = start_recorder(cfg, world)
     check_outputs(cfg, world)
     data, n_train = load_data_collectively(cfg, world)
@@ -237,7 +241,17 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         "start_step": first,
     }
     if clock is not None:
-        serial = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, stage_layers=None)
+        serial = dataclasses.replace(
+            cfg,
+            dp=1,
+            tp=1,
+            pp=1,
+            zero=0,
+            stage_layers=None,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute="none",
+        )
         serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
         per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)

@@ -1,12 +1,15 @@
 """Pipeline parallelism (simpar/parallel/pipeline.py) against the serial model, its traffic and memory.
 
-* Equivalence: every schedule (naive, GPipe, 1F1B) with M in {1, 3, 4, 8} micro-batches on 2 and
-  4 stages trains the serial model (float64: 1e-12 relative, float32: 1e-5). To keep this cheap the
-  whole matrix for one stage count runs inside ONE MPI job (MATRIX_SCRIPT calls run_training once
-  per case, the serial reference on rank 0 over COMM_SELF); the hybrid layouts go through the CLI.
+* Equivalence: every schedule (naive, GPipe, 1F1B, ZB-H1, interleaved) with several M on 2 and
+  4 stages, also with dp or tp around the pipeline, trains the serial model (float64: 1e-12
+  relative, float32: 1e-5); the pipeline bytes and every rank's activation peak are the cost
+  model's. To keep this cheap the whole matrix for one stage count runs inside ONE MPI job
+  (MATRIX_SCRIPT calls run_training once per case, the serial reference on rank 0 over COMM_SELF);
+  the 4-rank job also runs dp2 x pp2 and tp2 x pp2; the older hybrid tests go through the CLI.
 * Traffic: per rank per step, exactly B_r*h_out forward (unless last stage) + B_r*h_in backward
   (unless first stage) bytes of "activation"; no "model" bytes unless dp > 1.
-* Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S.
+* Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S,
+  ZB-H1 holds S on every stage; recomputation keeps the inputs (full) or inputs and z (selective).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from simpar.comm import Communicator, Ledger
 from simpar.config import RunConfig
 from simpar.train import run_training
 
-LAYOUT = ("pp", "dp", "schedule", "microbatches", "stage_layers", "grad_accum")
+LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages",
+          "recompute")
 cases = json.load(open(sys.argv[1]))
 rank = MPI.COMM_WORLD.Get_rank()
 serial, out = {}, {}
@@ -79,7 +83,7 @@ def run_matrix(S: int, cases: list, tmp_path) -> dict:
     spec.write_text(json.dumps(cases))
     script = tmp_path / "matrix.py"
     script.write_text(MATRIX_SCRIPT)
-    res = run_script(S, script, [str(spec), str(result)], timeout=120)
+    res = run_script(S, script, [str(spec), str(result)], timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return json.loads(result.read_text())
 
@@ -89,40 +93,88 @@ def rows_per_rank(batch: int, dp: int, grad_accum: int = 1) -> list[int]:
     return [sum(split_sizes(rows, dp)[d] for rows in split_sizes(batch, grad_accum)) for d in range(dp)]
 
 
-def check_activation_bytes(m: dict, layers=LAYERS, stage_layers=None) -> None:
-    """Exactly B_r*h_out*bpe forward + B_r*h_in*bpe backward per step per rank; received likewise."""
+def check_activation_bytes(m: dict, layers=None, stage_layers=None) -> None:
+    """Exactly B_r*h_out*bpe forward + B_r*h_in*bpe backward per step per rank and per model chunk it
+    holds (interleaved: chunks s, s+S, ...); received likewise."""
     cfg = m["config"]
+    layers = layers or cfg["layers"]
     S, dp = cfg["pp"], cfg["dp"]
-    bounds = stage_split(layers, S, stage_layers)
+    V = cfg.get("virtual_stages", 1) if cfg["schedule"] == "interleaved" else 1
+    C = S * V
+    bounds = stage_split(layers, C, stage_layers)
     bpe = np.dtype(cfg["dtype"]).itemsize
     rows = rows_per_rank(cfg["batch"], dp, cfg["grad_accum"])
     for r in m["comm"]["ranks"]:
         s, d = r["coords"]["pp"], r["coords"]["dp"]
-        (lo, hi), B = bounds[s], rows[d]
-        fwd = B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0
-        bwd = B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0
+        B, n = rows[d], cfg["steps"] * bpe
+        mine = [bounds[c] + (c,) for c in range(s, C, S)]
+        fwd = sum(B * layers[hi] * n for lo, hi, c in mine if c < C - 1)
+        bwd = sum(B * layers[lo] * n for lo, hi, c in mine if c > 0)
         ops = r["by_op"]
         assert ops.get("activation/pp-send-act", {}).get("sent", 0) == fwd, (r["rank"], ops)
         assert ops.get("activation/pp-send-grad", {}).get("sent", 0) == bwd, (r["rank"], ops)
-        # What stage s receives is what its neighbours send: the same two boundaries.
-        assert ops.get("activation/pp-send-act", {}).get("received", 0) == (
-            B * layers[lo] * bpe * cfg["steps"] if s > 0 else 0
-        )
-        assert ops.get("activation/pp-send-grad", {}).get("received", 0) == (
-            B * layers[hi] * bpe * cfg["steps"] if s < S - 1 else 0
-        )
+        # What a chunk receives is what its neighbours send: the same two boundaries.
+        got_act = sum(B * layers[lo] * n for lo, hi, c in mine if c > 0)
+        got_grad = sum(B * layers[hi] * n for lo, hi, c in mine if c < C - 1)
+        assert ops.get("activation/pp-send-act", {}).get("received", 0) == got_act
+        assert ops.get("activation/pp-send-grad", {}).get("received", 0) == got_grad
         if dp == 1:
             assert r["sent"]["model"] == 0 and r["received"]["model"] == 0
+
+
+DEEP = [64, 32, 32, 32, 32, 32, 32, 32, 10]  # 8 layers: 4 stages x 2 chunks
 
 
 def matrix_cases(S: int) -> list:
     cases = [
         (f"{sched}-M{M}", dict(BASE, pp=S, schedule=sched, microbatches=M))
-        for sched in ("naive", "gpipe", "1f1b")
+        for sched in ("naive", "gpipe", "1f1b", "zb-h1")
         for M in (1, 3, 4, 8)
+    ]
+    # interleaved: M divisible by S, S*V chunks of layers
+    cases += [
+        (
+            f"interleaved-V2-M{M}",
+            dict(
+                BASE,
+                pp=S,
+                schedule="interleaved",
+                virtual_stages=2,
+                microbatches=M,
+                layers=LAYERS if S == 2 else DEEP,
+            ),
+        )
+        for M in (S, 2 * S)
     ]
     if S == 2:
         cases += [
+            (
+                "interleaved-V4-M4",
+                dict(BASE, pp=2, schedule="interleaved", virtual_stages=4, microbatches=4, layers=DEEP),
+            ),
+            ("zb-h1-float32", dict(BASE, pp=2, schedule="zb-h1", microbatches=3, dtype="float32")),
+            (
+                "interleaved-float32",
+                dict(BASE, pp=2, schedule="interleaved", virtual_stages=2, microbatches=4, dtype="float32"),
+            ),
+            ("zb-h1-grad-accum-2", dict(BASE, pp=2, schedule="zb-h1", microbatches=3, grad_accum=2)),
+            ("1f1b-recompute-full", dict(BASE, pp=2, schedule="1f1b", microbatches=4, recompute="full")),
+            (
+                "zb-h1-recompute-selective",
+                dict(BASE, pp=2, schedule="zb-h1", microbatches=4, recompute="selective"),
+            ),
+            (
+                "interleaved-recompute-full",
+                dict(
+                    BASE,
+                    pp=2,
+                    schedule="interleaved",
+                    virtual_stages=2,
+                    microbatches=4,
+                    recompute="full",
+                    grad_accum=2,
+                ),
+            ),
             ("stage-layers-3,1", dict(BASE, pp=2, schedule="1f1b", microbatches=4, stage_layers=[3, 1])),
             ("grad-accum-2", dict(BASE, pp=2, schedule="gpipe", microbatches=3, grad_accum=2)),
             ("float32", dict(BASE, pp=2, schedule="1f1b", microbatches=3, dtype="float32")),
@@ -131,8 +183,44 @@ def matrix_cases(S: int) -> list:
         # Memory: fixed micro-batch of 8 rows, so M micro-batches in flight = M * 8 rows of activations.
         cases += [
             (f"mem-{sched}-M{M}", dict(BASE, pp=4, schedule=sched, microbatches=M, batch=8 * M, steps=1))
-            for sched in ("gpipe", "1f1b")
+            for sched in ("gpipe", "1f1b", "zb-h1")
             for M in (2, 8)
+        ]
+        cases += [
+            (
+                f"mem-1f1b-M8-{mode}",
+                dict(BASE, pp=4, schedule="1f1b", microbatches=8, batch=64, steps=1, recompute=mode),
+            )
+            for mode in ("full", "selective")
+        ]
+        # dp and tp around the pipeline, on the same 4 ranks
+        cases += [
+            ("dp2xpp2-zb-h1", dict(BASE, pp=2, dp=2, schedule="zb-h1", microbatches=3)),
+            (
+                "dp2xpp2-interleaved",
+                dict(BASE, pp=2, dp=2, schedule="interleaved", virtual_stages=2, microbatches=2),
+            ),
+            ("tp2xpp2-zb-h1", dict(BASE, pp=2, tp=2, schedule="zb-h1", microbatches=4)),
+            (
+                "tp2xpp2-zb-h1-recompute-full",
+                dict(BASE, pp=2, tp=2, schedule="zb-h1", microbatches=4, recompute="full"),
+            ),
+            (
+                "dp2xpp2-gpipe-recompute-selective",
+                dict(BASE, pp=2, dp=2, schedule="gpipe", microbatches=3, recompute="selective"),
+            ),
+            (
+                "tp2xpp2-interleaved",
+                dict(
+                    BASE,
+                    pp=2,
+                    tp=2,
+                    schedule="interleaved",
+                    virtual_stages=2,
+                    microbatches=4,
+                    dtype="float32",
+                ),
+            ),
         ]
     return cases
 
@@ -158,6 +246,9 @@ def test_schedules_match_serial_and_traffic_formula(S, matrices):
         tol = 1e-5 if m["config"]["dtype"] == "float32" else 1e-12
         assert m["loss_err"] < tol and m["weight_err"] < tol, (S, name, m["loss_err"], m["weight_err"])
         check_activation_bytes(m, stage_layers=m["config"]["stage_layers"])
+        assert m["prediction_mismatches"] == [], (name, m["prediction_mismatches"])
+        measured = [r["activations_peak"] for r in m["memory"]["ranks"]]
+        assert measured == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]], name
 
 
 def test_memory_gpipe_grows_1f1b_bounded(matrices):
@@ -167,6 +258,20 @@ def test_memory_gpipe_grows_1f1b_bounded(matrices):
     peak = {name: m["memory"]["ranks"][0]["activations_peak"] for name, m in results.items()}
     assert peak["mem-gpipe-M2"] == 2 * per_mb and peak["mem-gpipe-M8"] == 8 * per_mb  # grows with M
     assert peak["mem-1f1b-M2"] == 2 * per_mb and peak["mem-1f1b-M8"] == S * per_mb  # stops at S
+    # ZB-H1: S micro-batches on EVERY stage (W held back s micro-batches), 1F1B's stage-0 figure
+    assert peak["mem-zb-h1-M2"] == 2 * per_mb and peak["mem-zb-h1-M8"] == S * per_mb
+    # Recomputation on stage 0 (one layer 64 -> 32, 8 rows per micro-batch, S = 4 alive under 1F1B):
+    # full keeps only the input (64 per row), plus one micro-batch's rebuilt context during its backward;
+    # selective keeps input and z (64 + 32): for a one-layer stage, everything.
+    assert peak["mem-1f1b-M8-full"] == (S * 8 * 64 + 8 * 32) * 8
+    assert peak["mem-1f1b-M8-selective"] == S * per_mb
+    full = results["mem-1f1b-M8-full"]["memory"]["ranks"]
+    assert full[3]["activations_peak"] == 1 * 8 * 32 * 8  # last stage: the logits layer's input only
+    zb = results["mem-zb-h1-M8"]["memory"]["ranks"]
+    assert [r["activations_peak"] for r in zb] == [
+        S * 8 * (w_in + (w_out if s < 3 else 0)) * 8
+        for s, (w_in, w_out) in enumerate([(64, 32), (32, 32), (32, 32), (32, 10)])
+    ]
     # Every stage s: 1F1B keeps at most S - s micro-batches.
     last = results["mem-1f1b-M8"]["memory"]["ranks"]
     widths = [(64, 32), (32, 32), (32, 32), (32, 10)]

@@ -146,3 +146,21 @@ def test_bad_clock_options_are_one_line():
 def test_readme_quotes_the_sim_command():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "--clock sim --hardware dgx-h100" in readme
+
+
+@pytest.mark.parametrize(
+    "n, layout",
+    [
+        (4, dict(pp=4, schedule="zb-h1", microbatches=8)),
+        (4, dict(dp=2, pp=2, schedule="interleaved", virtual_stages=2, microbatches=4, recompute="full")),
+        (4, dict(tp=2, pp=2, schedule="zb-h1", microbatches=4, recompute="selective")),
+    ],
+)
+def test_predict_equals_simulate_on_the_new_schedules(n, layout):
+    """ZB-H1's W passes, interleaved chunks and recomputation: the cost model's recurrence (its own
+    orders, costmodel/order.py) against the simulated clock, which charges what actually runs."""
+    m = launch(n, clock="sim", hardware="dgx-h100", layers="64,128,128,128,10", steps=2, batch=64, **layout)
+    assert m["prediction_mismatches"] == []
+    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=0.05)
+    measured = [r["activations_peak"] for r in m["memory"]["ranks"]]
+    assert measured == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]]

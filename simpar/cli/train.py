@@ -18,6 +18,7 @@ from ..config import (
     DTYPES,
     KERNELS,
     OPTIMIZERS,
+    RECOMPUTE,
     SCHEDULES,
     RunConfig,
     SimparError,
@@ -69,6 +70,10 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         )
     g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--microbatches", type=int, default=d.microbatches)
+    g.add_argument(
+        "--virtual-stages", type=int, default=d.virtual_stages, help="model chunks per rank (interleaved)"
+    )
+    g.add_argument("--recompute", default=d.recompute, choices=RECOMPUTE, help="activation recomputation")
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MiB")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients only after backward")
     g.add_argument("--collectives", default=d.collectives, choices=COLLECTIVES, help="all-reduce algorithm")
@@ -161,6 +166,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         stage_layers=getattr(args, "stage_layers", None),
         schedule=args.schedule,
         microbatches=args.microbatches,
+        virtual_stages=args.virtual_stages,
+        recompute=args.recompute,
         bucket_mb=args.bucket_mb,
         overlap=not args.no_overlap,
         collectives=args.collectives,

@@ -30,7 +30,7 @@ from .collectives import (  # noqa: F401
     to_bytes,
     tree_allreduce,
 )
-from .predict import bubble_fraction, mismatches, op_time, predict, predict_from_config  # noqa: F401
+from .predict import bubble_formula, bubble_fraction, mismatches, op_time, predict, predict_from_config  # noqa: F401
 from .rank import CATS, MEMORY_KINDS, Book, alive_window, peak_alive_rows, predict_rank  # noqa: F401
 from .spec import (  # noqa: F401
     DTYPE_PRECISION,

@@ -25,12 +25,35 @@ from .steptime import RankCosts, op_time, step_time
 
 
 def bubble_fraction(spec: Spec) -> float:
-    """Idle fraction of the pipeline: (S-1)/(M+S-1) for GPipe and 1F1B (GPipe, Huang et al. 2019,
-    sec. 2.2; the same for 1F1B, Narayanan et al. 2021), (S-1)/S when one micro-batch runs at a time."""
-    S, M = spec.pp, spec.microbatches
+    """Idle fraction of the pipeline step (forward 1, backward 2 units; zb-h1's B = W = 1): see
+    bubble_formula."""
+    return _bubble(spec)[1]
+
+
+def bubble_formula(spec: Spec) -> str:
+    """The ideal bubble as a formula with the numbers put in, e.g. "(S-1)/(M+S-1) = 3/11"."""
+    return _bubble(spec)[0]
+
+
+def _bubble(spec: Spec) -> tuple[str, float]:
+    """(S-1)/(M+S-1) for GPipe and 1F1B (GPipe, Huang et al. 2019, sec. 2.2; the same for 1F1B,
+    Narayanan et al. 2021); (S-1)/S one micro-batch at a time; interleaved (S-1)/(VM+S-1), i.e. the
+    bubble over the ideal time (S-1)/(VM) (Narayanan et al. 2021, sec. 2.2); zb-h1 (S-1)/(3M+S-1)
+    when M >= S (Qi et al. 2023, sec. 3.1: (S-1)(F+B-W) idle per stage, F = B = W), else
+    1 - 3M/(2(M+S)-1)."""
+    S, M, V = spec.pp, spec.microbatches, spec.virtual_stages
     if S == 1:
-        return 0.0
-    return (S - 1) / S if spec.schedule == "naive" else (S - 1) / (M + S - 1)
+        return "no pipeline", 0.0
+    if spec.schedule == "naive":
+        return f"(S-1)/S = {S - 1}/{S}", (S - 1) / S
+    if spec.schedule == "interleaved":
+        return f"(S-1)/(V*M+S-1) = {S - 1}/{V * M + S - 1}", (S - 1) / (V * M + S - 1)
+    if spec.schedule == "zb-h1":
+        if M >= S:
+            return f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)
+        span = 2 * (M + S) - 1
+        return f"1 - 3M/(2(M+S)-1) = {span - 3 * M}/{span}", (span - 3 * M) / span
+    return f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}", (S - 1) / (M + S - 1)
 
 
 def representative_ranks(spec: Spec, limit: int = 512) -> list[int]:
@@ -72,9 +95,10 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
                 worst[key] = (seconds, by_op[key])  # the slowest rank's view of each op
         # matmuls at the FLOP rate, + the memory-bound rest at the reduction's speed (gamma is per byte
         # REDUCED, i.e. 3 bytes moved: read two, write one), both slowed if ranks share cores
-        lo, hi = rp["layers"]
-        calls = (hi - lo) * K * M  # layer forward+backward calls per step
-        compute = (rp["flops"]["forward"] + rp["flops"]["backward"]) / rate + (
+        calls = rp["layer_count"] * K * M  # layer forward+backward calls per step
+        if spec.recompute == "full":  # the forward's layer calls once more
+            calls += rp["layer_count"] * K * M
+        compute = (rp["flops"]["forward"] + rp["flops"]["backward"] + rp["flops"]["recompute"]) / rate + (
             rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
         ) / hw.compute_share(min(spec.world, hw.devices_per_node))
         rp["by_op"] = by_op
@@ -97,7 +121,14 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             rp = next((r for r in out if r["coords"]["pp"] == s and r["coords"]["dp"] == d), None)
             if rp is None:
                 rp = predict_rank(spec, s * spec.dp * spec.tp + d * spec.tp, shape)
-            stages[s] = (RankCosts(spec, hw, links, rp, shape.kinds[s], shape.sizes[s]), d, shape.sizes[s])
+            stages[s] = (
+                {
+                    c: RankCosts(spec, hw, links, rp, shape.kinds[c], shape.sizes[c], shape.bounds[c])
+                    for c in shape.chunks[s]
+                },
+                d,
+                {c: shape.sizes[c] for c in shape.chunks[s]},
+            )
         zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
         timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])

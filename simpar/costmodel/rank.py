@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .order import alive_window, peak_alive
 from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
 
 CATS = ("data", "model", "activation")
@@ -63,43 +64,57 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     """Bytes, messages, memory and FLOPs of one rank in one step (see the module docstring)."""
     shape = shape or Shape.of(spec)
     s, d, t = coords_of(rank, spec)
-    S, prec, W = spec.pp, spec.prec, spec.widths
-    lo, hi = shape.bounds[s]
-    kinds, sizes = shape.kinds[s], shape.sizes[s]
+    prec, W = spec.prec, spec.widths
+    mine = shape.chunks[s]  # the model chunks this stage holds (one unless interleaved)
+    C = len(shape.bounds)
     book, allreduce = Book(), ALLREDUCE[spec.collectives]
     rows = micro_rows(spec, d)
     total_rows = sum(map(sum, rows))
     # Per row of a micro-batch: matmul FLOPs, and activation elements kept for backward (a layer's
     # Context holds its input x and pre-activation z; for the raw-logits layer z IS the output).
-    fwd = bwd = act_row = 0
-    for i, kind in zip(range(lo, hi), kinds):
-        f, g = layer_flops(1, W[i], W[i + 1], i == 0)
-        share = 1 if kind in ("full", "replicated") else spec.tp
-        fwd, bwd = fwd + f // share, bwd + g // share
-        z = 0 if i == spec.n_layers - 1 else W[i + 1]
-        act_row += {"column": W[i] + W[i + 1] // spec.tp, "row": W[i] // spec.tp + z}.get(kind, W[i] + z)
+    # --recompute: full keeps only the chunk's input, selective the input and every counted z.
+    fwd = bwd = 0
+    act_row, held_row = {}, {}  # chunk -> activation elements per row: all, and kept by recompute
+    for c in mine:
+        (lo, hi), act_row[c] = shape.bounds[c], 0
+        held_row[c] = W[lo]
+        for i, kind in zip(range(lo, hi), shape.kinds[c]):
+            f, g = layer_flops(1, W[i], W[i + 1], i == 0)
+            share = 1 if kind in ("full", "replicated") else spec.tp
+            fwd, bwd = fwd + f // share, bwd + g // share
+            z = 0 if i == spec.n_layers - 1 else W[i + 1]
+            z_l = W[i + 1] // spec.tp if kind == "column" else z
+            act_row[c] += {"column": W[i], "row": W[i] // spec.tp}.get(kind, W[i]) + z_l
+            held_row[c] += z_l if spec.recompute == "selective" else 0
+    if spec.recompute == "none":
+        held_row = act_row
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
-        for i, kind in zip(range(lo, hi), kinds):
-            if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0: no upstream)
+        for c in mine:
+            (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
+            for i, kind in zip(range(lo, hi), kinds):
+                if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0)
+                    cost = allreduce(b * W[i], spec.tp, t)
+                    book.add("activation", "tp-f-allreduce", "tp", cost, prec.act, times)
+                elif kind == "row":  # g: forward all-reduce of the partial products (again if recomputed)
+                    cost = allreduce(b * W[i + 1], spec.tp, t)
+                    again = 2 if spec.recompute == "full" else 1
+                    book.add("activation", "tp-g-allreduce", "tp", cost, prec.act, times * again)
+            if c < C - 1:  # each chunk boundary: rows x width forward, and back
                 book.add(
-                    "activation", "tp-f-allreduce", "tp", allreduce(b * W[i], spec.tp, t), prec.act, times
+                    "activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times
                 )
-            elif kind == "row":  # g: forward all-reduce of the partial products
+            if c > 0:
                 book.add(
-                    "activation", "tp-g-allreduce", "tp", allreduce(b * W[i + 1], spec.tp, t), prec.act, times
+                    "activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times
                 )
-        if s < S - 1:
-            book.add("activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times)
-        if s > 0:
-            book.add("activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times)
 
     # Gradients / parameters over the data-parallel group.
     p = spec.dp
-    layer_n = sizes  # ZeRO runs with tp = pp = 1: the full layers
-    P = sum(sizes)
+    layer_n = [n for c in mine for n in shape.sizes[c]]  # ZeRO runs with tp = pp = 1: the full layers
+    P = sum(layer_n)
     opt_bpp = prec.optimizer[(spec.optimizer, bool(spec.momentum))]
     if spec.zero == 0:
-        for n in shape.buckets[s]:
+        for n in (n for c in mine for n in shape.buckets[c]):
             book.add("model", "grad-allreduce", "dp", allreduce(n, p, d), prec.grad)
         memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
         updated = P  # parameters this rank's optimizer sweeps
@@ -132,7 +147,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 "grads": (S_r + held) * prec.grad,
                 "optimizer": S_r * opt_bpp,
             }
-    memory["activations_peak"] = act_row * peak_alive_rows(spec, s, rows) * prec.act
+    memory["activations_peak"] = activations_peak(spec, s, rows, act_row, held_row) * prec.act
 
     if rank == 0 and spec.data_source == "root":
         _book_root_scatter(spec, book)
@@ -148,32 +163,65 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         "messages": messages,
         "ops": book.ops,
         "memory": memory,
-        "flops": {"forward": fwd * total_rows, "backward": bwd * total_rows},
-        "elementwise_bytes": elementwise_bytes(spec, lo, hi, kinds, rows, updated),
+        "flops": {
+            "forward": fwd * total_rows,
+            "backward": bwd * total_rows,
+            "recompute": fwd * total_rows if spec.recompute == "full" else 0,  # the forward again
+        },
+        "elementwise_bytes": sum(
+            elementwise_bytes(spec, *shape.bounds[c], shape.kinds[c], rows, 0) for c in mine
+        )
+        + sum(recompute_elems(spec, *shape.bounds[c], shape.kinds[c]) for c in mine) * total_rows * prec.act
+        + optimizer_passes(spec) * updated * prec.param,
         "params_updated": updated,
-        "layers": (lo, hi),
+        "layers": (shape.bounds[mine[0]][0], shape.bounds[mine[-1]][1]),
+        "chunks": mine,
+        "layer_count": sum(shape.bounds[c][1] - shape.bounds[c][0] for c in mine),
         "params_local": P,
     }
 
 
-def alive_window(schedule: str, S: int, M: int, s: int) -> int:
-    """How many consecutive micro-batches stage s holds activations for at its peak, in closed form:
-    naive 1; GPipe all M (every forward before any backward); 1F1B min(S - s, M): S - s - 1 warm-up
-    forwards, then each new forward is followed by the backward of the oldest (Narayanan et al. 2021)."""
-    if S == 1 or schedule == "naive":
-        return 1
-    if schedule == "gpipe":
-        return M
-    return min(S - s, M)
-
-
 def peak_alive_rows(spec: Spec, s: int, rows: list[list[int]]) -> int:
-    """Most rows whose activations stage s holds at once: the largest sum of `alive_window`
-    consecutive micro-batches (they are freed oldest first). Each grad-accum micro-step starts empty."""
+    """Most rows whose activations stage s holds at once (one chunk per stage): the largest sum of
+    `alive_window` consecutive micro-batches (order.py). Each grad-accum micro-step starts empty."""
     if spec.pp == 1:
         return max(max(step) for step in rows)
     k = alive_window(spec.schedule, spec.pp, spec.microbatches, s)
     return max(sum(step[i : i + k]) for step in rows for i in range(len(step) - k + 1))
+
+
+def activations_peak(spec: Spec, s: int, rows: list[list[int]], act_row: dict, held_row: dict) -> int:
+    """Activation elements stage s holds at its peak: rows x elements per row of each alive
+    (micro-batch, chunk), at the worst point of its order (order.peak_alive). With --recompute a unit
+    holds held_row per row from its forward on, and the rest of act_row while its backward runs."""
+    if spec.pp == 1:
+        return max(max(step) for step in rows) * act_row[s]
+    extra = (
+        None if spec.recompute == "none" else (lambda step: lambda m, c: step[m] * (act_row[c] - held_row[c]))
+    )
+    return max(
+        peak_alive(
+            spec.schedule,
+            spec.pp,
+            len(step),
+            s,
+            spec.virtual_stages,
+            lambda m, c: step[m] * held_row[c],
+            extra and extra(step),
+        )
+        for step in rows
+    )
+
+
+def recompute_elems(spec: Spec, lo: int, hi: int, kinds: list) -> int:
+    """Elements moved per row by recomputation (rank.layer_work's forward terms): full re-runs the
+    forward's bias and activation, selective only y = act(z) (read z, write y: 2 per element)."""
+    if spec.recompute == "none":
+        return 0
+    works = [layer_work(spec, i, k) for i, k in zip(range(lo, hi), kinds)]
+    if spec.recompute == "full":
+        return sum(w["fwd_elems"] for w in works)
+    return sum(w["act_elems"] for w in works)
 
 
 def _book_root_scatter(spec: Spec, book: Book) -> None:
@@ -210,6 +258,8 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
         "fwd_elems": (2 + 2 * act) * b_l,
         "bwd_elems": (3 * act + 1) * b_l,
         "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
+        "w_elems": b_l,  # db's row sum: with bwd_call_elems, the W half of a split backward
+        "act_elems": 2 * act * b_l,  # y = act(z) alone: what selective recomputation redoes
     }
 
 

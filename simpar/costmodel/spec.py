@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..config import SimparError
 from .collectives import chunk
+from .order import n_chunks, stage_chunks
 
 # -- precisions ---------------------------------------------------------------------------------------
 
@@ -64,6 +65,8 @@ class Spec:
     zero: int = 0
     schedule: str = "1f1b"
     microbatches: int = 4
+    virtual_stages: int = 1
+    recompute: str = "none"
     grad_accum: int = 1
     collectives: str = "ring"
     bucket_mb: float = 1.0
@@ -103,6 +106,8 @@ class Spec:
             zero=cfg.zero,
             schedule=cfg.schedule,
             microbatches=cfg.microbatches,
+            virtual_stages=cfg.virtual_stages,
+            recompute=cfg.recompute,
             grad_accum=cfg.grad_accum,
             collectives=cfg.collectives,
             bucket_mb=cfg.bucket_mb,
@@ -136,6 +141,8 @@ def check(spec: Spec) -> Spec:
         zero=spec.zero,
         schedule=spec.schedule,
         microbatches=spec.microbatches,
+        virtual_stages=spec.virtual_stages,
+        recompute=spec.recompute,
         stage_layers=spec.stage_layers,
         bucket_mb=spec.bucket_mb,
         collectives=spec.collectives,
@@ -164,7 +171,8 @@ def micro_rows(spec: Spec, dp_index: int) -> list[list[int]]:
 
 
 def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
-    """[(first layer, one past last)] per pipeline stage.
+    """[(first layer, one past last)] per pipeline stage -- per model chunk for the interleaved
+    schedule, whose S*V chunks are cut by the same rule (chunk c then runs on stage c mod S).
 
     The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
     stage holds the fewest parameters; among equally good splits, later stages take as many layers as
@@ -172,7 +180,8 @@ def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
     back; `--stage-layers` overrides it.
     """
     counts = spec.stage_layers or balanced_counts(
-        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])], spec.pp
+        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])],
+        n_chunks(spec.schedule, spec.pp, spec.virtual_stages),
     )
     bounds, lo = [], 0
     for c in counts:
@@ -271,12 +280,14 @@ def coords_of(rank: int, spec: Spec) -> tuple[int, int, int]:
 
 @dataclass
 class Shape:
-    """Per-spec facts every rank shares: stages, tp kinds, local layer sizes, buckets."""
+    """Per-spec facts every rank shares: model chunks (one per stage unless interleaved), their tp
+    kinds, local layer sizes and gradient buckets, and which chunks each stage holds."""
 
-    bounds: list
-    kinds: list  # per stage
-    sizes: list  # per stage: parameters of each layer on one (tp) rank
-    buckets: list  # per stage: elements per gradient bucket
+    bounds: list  # per chunk
+    kinds: list  # per chunk
+    sizes: list  # per chunk: parameters of each layer on one (tp) rank
+    buckets: list  # per chunk: elements per gradient bucket
+    chunks: list  # per stage: its chunks
 
     @classmethod
     def of(cls, spec: Spec) -> "Shape":
@@ -290,4 +301,5 @@ class Shape:
             for (lo, hi), ks in zip(bounds, kinds)
         ]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
-        return cls(bounds, kinds, sizes, buckets)
+        chunks = [stage_chunks(spec.schedule, spec.pp, spec.virtual_stages, s) for s in range(spec.pp)]
+        return cls(bounds, kinds, sizes, buckets, chunks)

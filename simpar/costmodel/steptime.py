@@ -8,9 +8,11 @@ per-layer call overhead (rank.layer_work says which bytes). Ranks that share cor
 How they add up -- the rules simpar's execution follows, written down as max-plus recurrences
 (the cost model never runs the code it predicts):
 
-* A stage does its micro-batches in its schedule's order (`stage_order`: naive, GPipe, 1F1B).
-  A forward of micro-batch m starts when the stage is free and m's activations have arrived; a
-  backward when the stage is free and m's output gradient has arrived. Tensor-parallel f and g
+* A stage does its (micro-batch, chunk) steps in its schedule's order (order.stage_order: naive,
+  GPipe, 1F1B, interleaved, zb-h1). A forward of micro-batch m on chunk c starts when the stage is
+  free and its activations from chunk c-1 have arrived; a backward (zb-h1: its B pass) when the
+  stage is free and the output gradient from chunk c+1 has arrived; a zb-h1 W pass when the stage is
+  free (its B pass came earlier on the same stage). Tensor-parallel f and g
   all-reduces block inside the layer that needs them.
 * A message of n bytes leaves when the stage's outgoing link is free (its activations forward and
   gradients back go out one after another), stays n x beta on the wire and arrives alpha later:
@@ -27,6 +29,7 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
+from .order import stage_order  # noqa: F401  (re-exported: the recurrence's order)
 from .rank import LOSS_ELEMS, layer_work, optimizer_passes
 from .spec import Spec, dp_bucket_layers, micro_rows
 
@@ -44,32 +47,18 @@ def seconds(cost: Cost, link, gamma: float) -> float:
     return sum(op_time(cost, link, gamma).values())
 
 
-def stage_order(schedule: str, S: int, M: int, s: int) -> list[tuple[str, int]]:
-    """The order of forwards ("F", m) and backwards ("B", m) on stage s.
-
-    naive: F0 B0 F1 B1 ...; GPipe (Huang et al. 2019): all forwards, then all backwards;
-    1F1B (PipeDream-Flush, Narayanan et al. 2021): min(S-s-1, M) warm-up forwards, then one forward
-    and one backward (of the oldest micro-batch) in turn, then the remaining backwards."""
-    if S == 1 or schedule == "naive":
-        return [op for m in range(M) for op in (("F", m), ("B", m))]
-    if schedule == "gpipe":
-        return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
-    w = min(S - s - 1, M)
-    steady = [op for i in range(M - w) for op in (("F", w + i), ("B", i))]
-    return [("F", m) for m in range(w)] + steady + [("B", m) for m in range(M - w, M)]
-
-
 class RankCosts:
-    """Seconds of one rank's work: per micro-batch forward and backward (compute + blocking tensor-
-    parallel all-reduces), the backward split by layer (for the gradient buckets), the optimizer."""
+    """Seconds of one rank's work on one model chunk (layers lo..hi-1): per micro-batch forward and
+    backward (compute + blocking tensor-parallel all-reduces), the backward split by layer (for the
+    gradient buckets) and into its B and W halves (zb-h1), the optimizer (of the whole rank)."""
 
-    def __init__(self, spec: Spec, hw, links: dict, rank_pred: dict, kinds: list, sizes: list):
+    def __init__(self, spec: Spec, hw, links: dict, rank_pred: dict, kinds: list, sizes: list, bounds=None):
         self.spec, self.hw, self.links = spec, hw, links
         share = hw.compute_share(min(spec.world, hw.devices_per_node))
         self.rate = hw.flop_rate(spec.precision) * share
         self.stream = hw.gamma / 3 / share  # seconds per byte of memory-bound work
         self.overhead = hw.layer_overhead / share
-        self.lo, self.hi = rank_pred["layers"]
+        self.lo, self.hi = bounds or rank_pred["layers"]
         self.t = rank_pred["coords"]["tp"]
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
@@ -92,18 +81,27 @@ class RankCosts:
             else 0.0
         )
 
-    def forward(self, r: int) -> float:
-        return self._cached("F", r, self._forward)
+    def forward(self, r: int, loss: bool = True) -> float:
+        return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
 
-    def _forward(self, r: int) -> float:
+    def _forward(self, r: int, loss: bool = True) -> float:
         W, bpe, out = self.spec.widths, self.spec.prec.act, 0.0
         for i, kind, w in zip(range(self.lo, self.hi), self.kinds, self.works):
             out += r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
-        if self.hi == self.spec.n_layers:
+        if loss and self.hi == self.spec.n_layers:
             out += r * LOSS_ELEMS * W[-1] * bpe * self.stream
         return out
+
+    def recompute(self, r: int) -> float:
+        """What the backward redoes first (recompute.py): full, the forward without the loss;
+        selective, y = act(z) of every layer; none, nothing."""
+        if self.spec.recompute == "full":
+            return self.forward(r, loss=False)
+        if self.spec.recompute == "selective":
+            return sum(r * w["act_elems"] for w in self.works) * self.spec.prec.act * self.stream
+        return 0.0
 
     def backward_layers(self, r: int) -> list[tuple[float, float]]:
         """(compute, f all-reduce after it) of each layer in backward order, last layer first."""
@@ -121,7 +119,26 @@ class RankCosts:
         return out
 
     def backward(self, r: int) -> float:
-        return self._cached("B", r, lambda r: sum(c + f for c, f in self.backward_layers(r)))
+        return self._cached(
+            "B", r, lambda r: self.recompute(r) + sum(c + f for c, f in self.backward_layers(r))
+        )
+
+    def weight_layers(self, r: int) -> list[float]:
+        """The W half of each layer, last layer first: dW = x^T dz (2 r a b FLOPs), db's row sum and
+        the accumulation of dW, db (model.backward_weight)."""
+        bpe, out = self.spec.prec.act, []
+        for w in reversed(self.works):
+            out.append(
+                r * w["fwd_flops"] / self.rate + (r * w["w_elems"] + w["bwd_call_elems"]) * bpe * self.stream
+            )
+        return out
+
+    def weight(self, r: int) -> float:
+        return sum(self.weight_layers(r))
+
+    def backward_input(self, r: int) -> float:
+        """The B half: the backward less its W half (dx = dz W^T, the activation's derivative, f)."""
+        return self.backward(r) - self.weight(r)
 
     def bucket_seconds(self, s_sizes: list, d: int) -> list[tuple[list[int], float]]:
         """DDP buckets (layer positions, all-reduce seconds) over the dp group; none without dp."""
@@ -135,81 +152,90 @@ class RankCosts:
         return out
 
 
-def dp_end(costs: RankCosts, buckets: list, backward_start: float, r: int) -> float:
-    """When the last gradient bucket's all-reduce ends, buckets starting as backward (of r rows,
-    starting at backward_start) finishes their layers, one after another on the dp stream."""
+def dp_end(costs: RankCosts, buckets: list, backward_start: float, r: int, stream: float = 0.0, split=False):
+    """When the last gradient bucket's all-reduce ends, buckets starting as the final backward (of r
+    rows, starting at backward_start; with `split` the W pass) finishes their layers, one after another
+    on the dp stream (free from `stream` on)."""
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
-    for pos, (compute, f) in zip(reversed(range(n_local)), costs.backward_layers(r)):
+    layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r)
+    for pos, (compute, f) in zip(reversed(range(n_local)), layers):
         t += compute
         ready_at[pos] = t  # the hook fires before the layer's f all-reduce
         t += f
     if not costs.spec.overlap:  # --no-overlap: every bucket starts once backward is done
         ready_at = dict.fromkeys(ready_at, t)
-    end = backward_start
+    end = max(backward_start, stream)
     for layers, secs in buckets:
         end = max(end, max(ready_at[i] for i in layers)) + secs
     return end
 
 
 def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, starts: list) -> dict:
-    """Run the recurrences for one step. `stage_costs[s]` = (RankCosts, dp index, layer sizes) of the
-    slowest rank of stage s; `zero_dp_s` the blocking ZeRO collectives of a rank (0 without ZeRO);
-    `starts[s]` when stage s has its data (predict.data_ready)."""
-    S, K, M = spec.pp, spec.grad_accum, spec.microbatches_used
+    """Run the recurrences for one step. `stage_costs[s]` = ({chunk: RankCosts}, dp index, {chunk: layer
+    sizes}) of the slowest rank of stage s; `zero_dp_s` the blocking ZeRO collectives of a rank (0
+    without ZeRO); `starts[s]` when stage s has its data (predict.data_ready)."""
+    S, K, M, V = spec.pp, spec.grad_accum, spec.microbatches_used, spec.virtual_stages
     W, bpe, pp = spec.widths, spec.prec.act, links["pp"]
+    C = sum(len(stage_costs[s][0]) for s in range(S))
+    split = spec.schedule == "zb-h1" and S > 1
     clock = list(starts)
     busy = [0.0] * S
     dp_exposed = 0.0
     for k in range(K):
         last_k = k == K - 1
         rows = [micro_rows(spec, stage_costs[s][1])[k] for s in range(S)]
-        order = [stage_order(spec.schedule, S, M, s) for s in range(S)]
+        order = [stage_order(spec.schedule, S, M, s, V) for s in range(S)]
         pos = [0] * S
-        act_at, grad_at = {}, {}  # (stage, m) -> arrival of its input / output gradient
+        act_at, grad_at = {}, {}  # (chunk, m) -> arrival of its input / output gradient
         link, left = [0.0] * S, [0.0] * S  # each stage's outgoing link, and when its last send left
-        last_b_start = [0.0] * S
+        final_start = [{} for _ in range(S)]  # chunk -> start of its last backward (or W pass)
         progress = True
         while progress:
             progress = False
             for s in range(S):
-                costs = stage_costs[s][0]
-                lo, hi = costs.lo, costs.hi
                 while pos[s] < len(order[s]):
-                    kind, m = order[s][pos[s]]
-                    r = rows[s][m]
+                    kind, m, c = order[s][pos[s]]
+                    costs, r = stage_costs[s][0][c], rows[s][m]
                     need = act_at if kind == "F" else grad_at
-                    waits = (kind == "F" and s > 0) or (kind == "B" and s < S - 1)
-                    if waits and (s, m) not in need:
+                    waits = (kind == "F" and c > 0) or (kind == "B" and c < C - 1)
+                    if waits and (c, m) not in need:
                         break  # its input has not been sent yet: let the other stages move
-                    start = max(clock[s], need[(s, m)]) if waits else clock[s]
-                    work = costs.forward(r) if kind == "F" else costs.backward(r)
+                    start = max(clock[s], need[(c, m)]) if waits else clock[s]
+                    if kind == "F":
+                        work = costs.forward(r)
+                    elif kind == "W":
+                        work = costs.weight(r)
+                    else:
+                        work = costs.backward_input(r) if split else costs.backward(r)
                     clock[s], busy[s] = start + work, busy[s] + work
-                    if kind == "B":
-                        last_b_start[s] = start
-                    if kind == "F" and s < S - 1:  # send the activations on to stage s+1
-                        wire = r * W[hi] * bpe * pp.beta
+                    if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
+                        final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
+                    out = None
+                    if kind == "F" and c < C - 1:  # send the activations on to chunk c+1
+                        out, width, dest = act_at, W[costs.hi], (c + 1, m)
+                    if kind == "B" and c > 0:  # send the input gradient back to chunk c-1
+                        out, width, dest = grad_at, W[costs.lo], (c - 1, m)
+                    if out is not None:
                         depart = max(clock[s], link[s])
-                        link[s] = left_s = depart + wire
-                        act_at[(s + 1, m)] = left_s + pp.alpha
-                        left[s] = max(left[s], left_s)
-                    if kind == "B" and s > 0:  # send the input gradient back to stage s-1
-                        wire = r * W[lo] * bpe * pp.beta
-                        depart = max(clock[s], link[s])
-                        link[s] = left_s = depart + wire
-                        grad_at[(s - 1, m)] = left_s + pp.alpha
+                        link[s] = left_s = depart + r * width * bpe * pp.beta
+                        out[dest] = left_s + pp.alpha
                         left[s] = max(left[s], left_s)
                     pos[s] += 1
                     progress = True
         for s in range(S):
-            costs, d, sizes = stage_costs[s]
-            if last_k:  # the buckets of the last backward of the last accumulation step
-                buckets = costs.bucket_seconds(sizes, d)
-                if buckets:
-                    last_m = [m for kind, m in order[s] if kind == "B"][-1]
-                    end = dp_end(costs, buckets, last_b_start[s], rows[s][last_m])
-                    dp_exposed = max(dp_exposed, end - clock[s])
-                    clock[s] = max(clock[s], end)
+            chunk_costs, d, sizes = stage_costs[s]
+            if last_k:  # the buckets of each chunk's last backward of the last accumulation step
+                stream = 0.0
+                for c in sorted(final_start[s], key=lambda c: final_start[s][c][0]):
+                    buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
+                    if buckets:
+                        start, m = final_start[s][c]
+                        stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split)
+                if stream:
+                    dp_exposed = max(dp_exposed, stream - clock[s])
+                    clock[s] = max(clock[s], stream)
             clock[s] = max(clock[s], left[s])
-    ends = [clock[s] + zero_dp_s + stage_costs[s][0].optimizer_s for s in range(S)]
+    optimizer = [next(iter(stage_costs[s][0].values())).optimizer_s for s in range(S)]
+    ends = [clock[s] + zero_dp_s + optimizer[s] for s in range(S)]
     return {"makespan": max(ends), "busiest": max(busy), "dp_exposed": max(0.0, dp_exposed) + zero_dp_s}

@@ -3,7 +3,7 @@
   data.py      data parallelism (DDP): gradient buckets all-reduced while backward still runs
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
-  pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B)
+  pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1)
 
 `build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
 """

@@ -1,35 +1,30 @@
-"""Pipeline parallelism: the model cut into S stages of consecutive layers, one stage per rank group.
+"""Pipeline parallelism: the model cut into chunks of consecutive layers, run by S rank groups.
 
     stage 0 --activations--> stage 1 --activations--> ... --> stage S-1 (loss)
             <--gradients----         <--gradients----  ...
 
-Which layers a stage gets: schedules.partition_layers -- contiguous runs, balanced by parameter
-count (the split whose largest stage is smallest); --stage-layers 2,1,1 overrides it.
+Usually one chunk per stage; `--schedule interleaved --virtual-stages V` cuts S*V chunks, chunk c on
+stage c mod S. Which layers a chunk gets: partition.partition_layers (contiguous, balanced by
+parameter count; --stage-layers overrides it). Each rank's rows are cut into M micro-batches
+(np.array_split: uneven is fine). In which order a stage does its forwards, backwards (or B and W
+halves, zb-h1), sends and receives is the *schedule* (schedules.py), a plain list of steps that
+`PipelineParallel._run` walks one by one; schedule_check.py has proven before the run that it cannot
+deadlock (sends are isend, receives blocking and matched by tag). The loss divides by the GLOBAL
+batch, so micro-batch gradients simply add up in dW, db (+=): after the last backward (or W pass)
+each stage holds exactly the serial gradient of its layers. --recompute: recompute.py.
 
-Each rank's rows of a step are cut into M micro-batches (np.array_split: uneven is fine) so that
-stages can work on different micro-batches at once. In which order a stage does its forwards,
-backwards, sends and receives is the *schedule* (schedules.py: naive, GPipe, 1F1B), a plain list
-of steps that `PipelineParallel._run` walks one by one. The loss divides by the GLOBAL batch
-(model.softmax_cross_entropy), so micro-batch gradients simply add up in dW, db (+=): after the
-last backward each stage holds exactly the serial gradient of its layers.
+Messages (category "activation", over mesh.pp_comm, between ranks with the same dp and tp
+coordinates): each chunk c sends its output (rows x layers[hi_c]) to chunk c+1 as "pp-send-act" and
+the gradient w.r.t. its input (rows x layers[lo_c]) to chunk c-1 as "pp-send-grad". Per step, with
+B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per element:
 
-Messages (category "activation", over mesh.pp_comm, i.e. between ranks with the same dp and tp
-coordinates): stage s sends its output (rows x layers[hi_s]) forward as "pp-send-act" and the
-gradient w.r.t. its input (rows x layers[lo_s]) backward as "pp-send-grad". Per step, with B_r =
-this rank's rows (the global batch / dp, summed over grad-accum micro-steps) and bpe bytes per element:
+    sent by a rank:  sum over its chunks c of  B_r * layers[hi_c] * bpe  (if c < C-1)
+                                             + B_r * layers[lo_c] * bpe  (if c > 0)
 
-    sent by a rank of stage s:  B_r * layers[hi_s] * bpe  (if s < S-1)
-                              + B_r * layers[lo_s] * bpe  (if s > 0)
-
-i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its own
-(identical, replicated) copy. A pure pipeline (dp = 1) sends no "model" bytes at all; with dp > 1
-each stage all-reduces its own layers' gradients over mesh.dp_comm once per step (GradientBuckets).
-
-Sends are non-blocking (isend) and receives blocking, so no order of steps a schedule may list can
-deadlock as long as its simulation in schedules.ideal_timeline finishes (tests check every schedule).
-
-Combined with tensor parallelism (tp > 1) a stage's layers are a TensorParallelStack: its input and
-output are replicated on the tp ranks, so the pipeline code does not change at all.
+i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
+own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack. A pure pipeline
+(dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
+mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 """
 
 from __future__ import annotations
@@ -40,75 +35,83 @@ import numpy as np
 
 from .. import trace
 from ..data import distributed_sampler, micro_steps
-from ..model import softmax_cross_entropy
+from ..model import deferred_weight_grads, softmax_cross_entropy
 from ..optim import make_optimizer
-from .base import SerialStack, Strategy
+from . import recompute
+from .base import HeldBytes, SerialStack, Strategy
 from .data import GradientBuckets
 from .schedules import (
+    SCHEDULES,
     AllReduceGrads,
     Backward,
+    BackwardInput,
+    BackwardWeight,
     Forward,
     RecvAct,
     RecvGrad,
     SendAct,
     SendGrad,
     build_schedule,
+    chunks_of,
     in_flight_peaks,
     partition_layers,
 )
 
-ACT, GRAD = 0, 1  # message tags: 2*mb + ACT / GRAD (receives match sends by micro-batch)
+ACT, GRAD = 0, 1  # message tags: 2*(mb*C + chunk) + ACT / GRAD (receives match sends by both)
 
 
-def _tag(mb: int, direction: int) -> int:
-    return (2 * mb + direction) % 32_000  # MPI guarantees tags up to at least 32767
+def _tag(mb: int, chunk: int, chunks: int, direction: int) -> int:
+    return (2 * (mb * chunks + chunk) + direction) % 32_000  # MPI guarantees tags up to at least 32767
 
 
 @dataclass
 class InFlight:
-    """What one pass of the schedule keeps between its steps, keyed by micro-batch."""
+    """What one pass of the schedule keeps between its steps, keyed by (micro-batch, chunk)."""
 
     rows: list[int]  # rows of each micro-batch on this rank
     global_batch: int
     communicate: bool  # last grad-accum micro-step: all-reduce grads
-    inputs: dict = field(default_factory=dict)  # mb -> this stage's input
-    labels: dict = field(default_factory=dict)  # mb -> labels (last stage only)
-    contexts: dict = field(default_factory=dict)  # mb -> what forward kept for backward
-    outputs: dict = field(default_factory=dict)  # mb -> output waiting to be sent on
-    grads: dict = field(default_factory=dict)  # mb -> dL/d(output): received, or from the loss
-    input_grads: dict = field(default_factory=dict)  # mb -> dL/d(input) waiting to be sent back
+    inputs: dict = field(default_factory=dict)  # (mb, c) -> the chunk's input
+    labels: dict = field(default_factory=dict)  # mb -> labels (last chunk only)
+    contexts: dict = field(default_factory=dict)  # (mb, c) -> what forward kept for backward
+    outputs: dict = field(default_factory=dict)  # (mb, c) -> output waiting to be sent on
+    grads: dict = field(default_factory=dict)  # (mb, c) -> dL/d(output): received, or from the loss
+    input_grads: dict = field(default_factory=dict)  # (mb, c) -> dL/d(input) waiting to be sent back
+    weight_passes: dict = field(default_factory=dict)  # (mb, c) -> (W closures, activation bytes held)
     sends: list = field(default_factory=list)  # (request, buffer): buffer alive until sent
     loss: float = 0.0
 
 
 class PipelineParallel(Strategy):
-    """This rank's stage of the pipeline; the Strategy interface (see base.py)."""
+    """This rank's stage of the pipeline (one model chunk, or V of them); the Strategy interface."""
 
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.S, self.s, self.M = mesh.pp, mesh.pp_index, cfg.microbatches
-        self.bounds = partition_layers(cfg.layers, self.S, cfg.stage_layers)
-        lo, hi = self.bounds[self.s]
-        self.width_in, self.width_out = cfg.layers[lo], cfg.layers[hi]
-        if mesh.tp > 1:
-            from .tensor import TensorParallelStack
-
-            self.stack = TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        else:
-            self.stack = SerialStack(cfg, list(range(lo, hi)))
-        self.store = self.stack.store
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)  # this stage's layers only
-        self.buckets = GradientBuckets(
-            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
-        )
+        self.kind = SCHEDULES[cfg.schedule]
+        self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+        self.C = self.S * self.V  # model chunks; chunk c runs on rank kind.rank_of(c)
+        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers)
+        self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
+        self.chunks = chunks_of(self.steps)
+        self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
+        self.stores = [self.stacks[c].store for c in self.chunks]
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)  # this rank's layers only
+        self.buckets = {
+            c: GradientBuckets(st.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
+            for c, st in self.stacks.items()
+        }
         self.dtype = np.dtype(cfg.dtype)
-        self.steps = build_schedule(cfg.schedule, self.S, self.M)[self.s]
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
-        # The stage's gradients are final during its last backward: that one feeds the DP buckets.
-        self.last_backward_mb = [st.mb for st in self.steps if isinstance(st, Backward)][-1]
+        # A chunk's gradients are final in its last backward (or W pass): that one feeds the DP buckets.
+        self.last_grad_step = {
+            st.chunk: st.mb for st in self.steps if isinstance(st, (Backward, BackwardWeight))
+        }
         self._handlers = {
             Forward: self._forward,
             Backward: self._backward,
+            BackwardInput: self._backward_input,
+            BackwardWeight: self._backward_weight,
             RecvAct: self._recv_act,
             SendAct: self._send_act,
             RecvGrad: self._recv_grad,
@@ -116,6 +119,14 @@ class PipelineParallel(Strategy):
             AllReduceGrads: self._allreduce,
         }
         self._rows_cache: dict[int, list[list[int]]] = {}
+
+    @staticmethod
+    def _stack(cfg, mesh, lo: int, hi: int):
+        if mesh.tp > 1:
+            from .tensor import TensorParallelStack
+
+            return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
+        return SerialStack(cfg, list(range(lo, hi)))
 
     @property
     def is_first(self) -> bool:
@@ -127,7 +138,8 @@ class PipelineParallel(Strategy):
 
     # -- one training step -------------------------------------------------------------------------
     def train_step(self, micro_steps_data, global_batch: int) -> float:
-        self.store.zero_grad()
+        for store in self.stores:
+            store.zero_grad()
         self.watch.reset()
         trace.next_step()
         rows = self._micro_batch_rows(global_batch)
@@ -136,12 +148,12 @@ class PipelineParallel(Strategy):
             flight = InFlight(rows[k], global_batch, communicate=k == len(micro_steps_data) - 1)
             if self.is_first:
                 assert len(x) == sum(flight.rows), "BatchFeeder and pipeline disagree on the rows"
-                flight.inputs = dict(enumerate(np.array_split(x, self.M)))
+                flight.inputs = {(mb, 0): part for mb, part in enumerate(np.array_split(x, self.M))}
             if self.is_last:
                 flight.labels = dict(enumerate(np.array_split(y, self.M)))
             self._run(flight)
             loss += flight.loss
-        self.optimizer.step([self.store.params], [self.store.grads])
+        self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
         # Only the last stage computes the loss; its tp ranks all hold the same value: count it once.
         return loss if self.is_last and self.mesh.tp_index == 0 else 0.0
 
@@ -174,32 +186,81 @@ class PipelineParallel(Strategy):
 
     # -- the step handlers ---------------------------------------------------------------------------
     def _forward(self, step: Forward, flight: InFlight) -> None:
-        mb = step.mb
+        key = (step.mb, step.chunk)
         with trace.span(
-            f"F{mb}",
+            f"F{step.mb}",
             "forward",
-            mb=mb,
+            mb=step.mb,
+            chunk=step.chunk,
             stage=self.s,
             stages=self.S,
             microbatches=self.M,
+            virtual_stages=self.V,
             schedule=self.cfg.schedule,
         ):
-            y, flight.contexts[mb] = self.stack.forward(flight.inputs.pop(mb), self.meter, self.watch)
-            if self.is_last:
+            x, mode = flight.inputs.pop(key), self.cfg.recompute
+            meter = self.meter if mode == "none" else HeldBytes()  # recompute: count what is kept
+            y, flight.contexts[key] = self.stacks[step.chunk].forward(x, meter, self.watch)
+            if mode != "none":
+                flight.contexts[key] = recompute.save(mode, x, flight.contexts[key])
+                self.meter.take(flight.contexts[key].held)
+            if step.chunk == self.C - 1:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
                 # the micro-batches' (and dp ranks') gradients add up to the serial gradient.
-                share, flight.grads[mb] = softmax_cross_entropy(y, flight.labels.pop(mb), flight.global_batch)
+                share, flight.grads[key] = softmax_cross_entropy(
+                    y, flight.labels.pop(step.mb), flight.global_batch
+                )
                 flight.loss += share
             else:
-                flight.outputs[mb] = y
+                flight.outputs[key] = y
+
+    def _hook(self, step, flight: InFlight):
+        """The DP bucket hook, during the chunk's last backward of the step's last micro-step."""
+        final = flight.communicate and self.last_grad_step[step.chunk] == step.mb
+        return self.buckets[step.chunk].grads_ready if final else None
+
+    def _contexts(self, key: tuple, flight: InFlight) -> list:
+        """The forward's Contexts of (mb, chunk); with --recompute rebuilt now (recompute.py), the
+        rebuilt bytes taken on the meter (the backward frees them all)."""
+        kept = flight.contexts.pop(key)
+        if self.cfg.recompute == "none":
+            return kept
+        with trace.span(f"R{key[0]}", "forward", mb=key[0], chunk=key[1], stage=self.s):
+            contexts = recompute.restore(self.cfg.recompute, kept, self.stacks[key[1]])
+        self.meter.take(recompute.context_bytes(contexts) - kept.held)
+        return contexts
 
     def _backward(self, step: Backward, flight: InFlight) -> None:
-        mb = step.mb
-        hook = self.buckets.grads_ready if flight.communicate and mb == self.last_backward_mb else None
-        with trace.span(f"B{mb}", "backward", mb=mb, stage=self.s):
-            dx = self.stack.backward(flight.contexts.pop(mb), flight.grads.pop(mb), self.meter, hook)
-        if not self.is_first:
-            flight.input_grads[mb] = dx
+        key = (step.mb, step.chunk)
+        contexts = self._contexts(key, flight)
+        with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+            dx = self.stacks[step.chunk].backward(
+                contexts, flight.grads.pop(key), self.meter, self._hook(step, flight)
+            )
+        if step.chunk > 0:
+            flight.input_grads[key] = dx
+
+    def _backward_input(self, step: BackwardInput, flight: InFlight) -> None:
+        """B: dx only; the activations stay held (this rank's meter) until the W pass."""
+        key = (step.mb, step.chunk)
+        contexts = self._contexts(key, flight)
+        with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+            with deferred_weight_grads() as weight_passes:
+                dx = self.stacks[step.chunk].backward(contexts, flight.grads.pop(key), HeldBytes(), None)
+        flight.weight_passes[key] = (weight_passes, sum(ctx.nbytes for ctx in contexts))
+        if step.chunk > 0:
+            flight.input_grads[key] = dx
+
+    def _backward_weight(self, step: BackwardWeight, flight: InFlight) -> None:
+        """W: dW += x^T dz, db += sum(dz) of every layer of the chunk; then its activations go."""
+        weight_passes, nbytes = flight.weight_passes.pop((step.mb, step.chunk))
+        hook = self._hook(step, flight)
+        with trace.span(f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+            for layer, weight_pass in zip(reversed(self.stacks[step.chunk].store.layers), weight_passes):
+                weight_pass()
+                if hook is not None:
+                    hook(layer.index)
+        self.meter.free(nbytes)
 
     def _send(self, flight: InFlight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
@@ -217,37 +278,36 @@ class PipelineParallel(Strategy):
             return self.mesh.pp_comm.recv(buf, source, "activation", op, tag)
 
     def _send_act(self, step: SendAct, flight: InFlight) -> None:
-        self._send(
-            flight, flight.outputs.pop(step.mb), self.s + 1, "pp-send-act", _tag(step.mb, ACT), "send act"
-        )
+        mb, c = step.mb, step.chunk
+        dest = self.kind.rank_of(c + 1, self.S)
+        tag = _tag(mb, c + 1, self.C, ACT)
+        self._send(flight, flight.outputs.pop((mb, c)), dest, "pp-send-act", tag, "send act")
 
     def _recv_act(self, step: RecvAct, flight: InFlight) -> None:
-        flight.inputs[step.mb] = self._recv(
-            (flight.rows[step.mb], self.width_in), self.s - 1, "pp-send-act", _tag(step.mb, ACT), "recv act"
+        mb, c = step.mb, step.chunk
+        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][0]])
+        source = self.kind.rank_of(c - 1, self.S)
+        flight.inputs[(mb, c)] = self._recv(
+            shape, source, "pp-send-act", _tag(mb, c, self.C, ACT), "recv act"
         )
 
     def _send_grad(self, step: SendGrad, flight: InFlight) -> None:
-        self._send(
-            flight,
-            flight.input_grads.pop(step.mb),
-            self.s - 1,
-            "pp-send-grad",
-            _tag(step.mb, GRAD),
-            "send grad",
-        )
+        mb, c = step.mb, step.chunk
+        dest = self.kind.rank_of(c - 1, self.S)
+        tag = _tag(mb, c - 1, self.C, GRAD)
+        self._send(flight, flight.input_grads.pop((mb, c)), dest, "pp-send-grad", tag, "send grad")
 
     def _recv_grad(self, step: RecvGrad, flight: InFlight) -> None:
-        flight.grads[step.mb] = self._recv(
-            (flight.rows[step.mb], self.width_out),
-            self.s + 1,
-            "pp-send-grad",
-            _tag(step.mb, GRAD),
-            "recv grad",
-        )
+        mb, c = step.mb, step.chunk
+        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][1]])
+        source = self.kind.rank_of(c + 1, self.S)
+        tag = _tag(mb, c, self.C, GRAD)
+        flight.grads[(mb, c)] = self._recv(shape, source, "pp-send-grad", tag, "recv grad")
 
     def _allreduce(self, step: AllReduceGrads, flight: InFlight) -> None:
         if flight.communicate:  # gradient accumulation: only after the last micro-step
-            self.buckets.finish()
+            for c in self.chunks:
+                self.buckets[c].finish()
 
     # -- the rest of the strategy interface ----------------------------------------------------------
     def full_weights(self):
@@ -256,7 +316,10 @@ class PipelineParallel(Strategy):
         dp replicas hold identical weights, so only dp index 0 contributes; inside it, each
         stage's tp group first assembles its shards on tp rank 0 (stack.full_pieces).
         """
-        pieces = self.stack.full_pieces() if self.mesh.dp_index == 0 else None
+        pieces = None
+        if self.mesh.dp_index == 0:  # one call per chunk (collective over tp); None off tp rank 0
+            parts = [self.stacks[c].full_pieces() for c in self.chunks]
+            pieces = None if None in parts else [p for part in parts for p in part]
         gathered = self.mesh.world.gather_object(pieces, root=0)
         if self.mesh.world.rank != 0:
             return None
@@ -265,7 +328,9 @@ class PipelineParallel(Strategy):
 
     def memory(self) -> dict:
         return self.memory_of(
-            self.store.params.nbytes, self.store.grads.nbytes, self.optimizer.state_nbytes()
+            sum(st.params.nbytes for st in self.stores),
+            sum(st.grads.nbytes for st in self.stores),
+            self.optimizer.state_nbytes(),
         )
 
     # -- checkpoints: one position, this stage's flat store (train_step's optimizer.step list) -------

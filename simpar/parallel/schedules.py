@@ -1,327 +1,322 @@
-"""Pipeline schedules as plain data, and the ideal (unit-time) timeline they produce.
+"""Pipeline schedules as plain data: what each rank does, step by step, in which order.
 
-A pipeline cuts the model into S stages (one per group of ranks) and each rank's batch into M
-micro-batches. A *schedule* says, for every stage, in which order to do its work. Here a schedule
-is nothing but data: for each stage a list of small steps,
+A pipeline cuts the model into C *model chunks* of consecutive layers (partition.py) and each rank's
+batch into M micro-batches. Usually C = S, one chunk per rank; the interleaved schedule gives each of
+the S ranks V chunks (C = S*V). A schedule is, for every rank, a list of small steps, each naming a
+micro-batch `mb` and the model chunk it concerns:
 
-    RecvAct(mb)  Forward(mb)  SendAct(mb)      -- the forward of micro-batch mb
-    RecvGrad(mb) Backward(mb) SendGrad(mb)     -- its backward
-    AllReduceGrads()                           -- once per step, after the last backward
+    RecvAct  Forward  SendAct                 -- the forward of (mb, chunk)
+    RecvGrad Backward SendGrad                -- its backward (dx, dW and db at once)
+    RecvGrad BackwardInput SendGrad, later BackwardWeight  -- the same backward in two halves
+    AllReduceGrads()                          -- once per step, after the last backward
 
-so the schedule can be printed, simulated, tested, and executed by the same small loop
-(pipeline.PipelineParallel). The first stage has no RecvAct/SendGrad (its input is the data, and
-nothing upstream wants a gradient); the last has no SendAct/RecvGrad (it computes the loss, whose
-gradient starts the backward right there).
+Chunk c sends its output to chunk c+1 and its input gradient to chunk c-1, on whichever rank holds
+them (`Schedule.rank_of`). Chunk 0 has no RecvAct/SendGrad (its input is the data), chunk C-1 no
+SendAct/RecvGrad (it computes the loss, whose gradient starts the backward right there).
 
-Three schedules:
-  naive  one micro-batch at a time through all stages, forward then backward: only one stage is
-         ever busy, the bubble is (S-1)/S.
-  gpipe  GPipe (Huang et al. 2019): all M forwards, then all M backwards. Stages overlap on
-         different micro-batches; bubble (S-1)/(M+S-1); but every stage holds the activations of
-         all M micro-batches at the turn.
-  1f1b   PipeDream-Flush (Narayanan et al. 2021, "Memory-efficient pipeline-parallel DNN
-         training"): stage s does S-s-1 warm-up forwards, then alternates one forward and one
-         backward, then cools down with the remaining backwards. Same bubble as GPipe, but a stage
-         never holds more than S-s micro-batches' activations, whatever M is.
+The schedules (each a small `Schedule` record in SCHEDULES; `simpar plan --show-schedule` draws them):
+  naive        one micro-batch at a time through all stages: bubble (S-1)/S.
+  gpipe        GPipe (Huang et al. 2019): all M forwards, then all M backwards; bubble (S-1)/(M+S-1),
+               every stage holds all M micro-batches' activations at the turn.
+  1f1b         PipeDream-Flush (Narayanan et al. 2021, sec. 2.1): S-s-1 warm-up forwards, then one
+               forward and one backward in turn; same bubble, at most S-s micro-batches alive on stage s.
+  interleaved  interleaved 1F1B (Narayanan et al. 2021, sec. 2.2, Fig. 4): rank s holds chunks
+               s, s+S, ..., s+(V-1)S; the bubble shrinks V-fold: (S-1)/(V*M) of the ideal time, i.e.
+               (S-1)/(V*M+S-1) of the step. Needs M divisible by S (micro-batches go round in groups of S).
+  zb-h1        ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", sec. 3.1, Fig. 3): the
+               backward split into B (dL/dx = dz W^T, on the critical path) and W (dW = x^T dz, db),
+               and stage s holds back its W passes by s micro-batches so that they fill the drain.
+               Peak memory: S micro-batches on every stage, stage 0's figure under 1F1B (the paper's
+               "same peak memory as 1F1B"). With F = B = W the bubble is (S-1)/(3M+S-1): a third of 1F1B's.
 
-Why the executor cannot deadlock: sends are non-blocking (isend) and receives block. A blocked
-receive only waits for a send that comes earlier in the sender's list, so if `ideal_timeline`
-(which simulates exactly these semantics, and raises on a deadlock) finishes, so does the real run.
+The paper then tunes real schedules with an ILP/heuristic on measured costs and, to drop the step's
+synchronisation, runs the optimizer before all-reduced norms are known and rolls back on a NaN or a
+clipping event ("optimizer post-validation", sec. 4). simpar does neither: its schedules are the
+fixed, hand-written ones above, and the optimizer step waits for every backward and the gradient
+all-reduce as in the other schedules, so every layout stays equal to the serial run.
 
-Stage partition (`partition_layers`): contiguous layers, balanced by parameter count (a layer's
-matmul work is proportional to its weights): the split that minimises the largest stage's
-parameter count; among equally good splits, later stages take as many layers as they can (so the
-early stages, which hold the most activations under 1F1B, get fewer). `--stage-layers` overrides it.
+Why the executor cannot deadlock: sends are non-blocking (isend) and receives block (matched by tag).
+schedule_check.check executes every schedule symbolically with exactly these semantics before a run
+and refuses one that can deadlock or leaves a send unreceived (config.validate calls it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from fractions import Fraction
+from dataclasses import dataclass, replace
 from typing import Callable, Union
+
+from .partition import partition_layers  # noqa: F401  (re-exported: where stages come from)
 
 # -- the steps ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Forward:
-    """Run this stage's layers on micro-batch `mb`; keep what backward needs. Last stage: + loss."""
+    """Run chunk `chunk`'s layers on micro-batch `mb`; keep what backward needs. Last chunk: + loss."""
 
     mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class Backward:
-    """Differentiate this stage's layers for micro-batch `mb`; gradients add into dW, db (+=)."""
+    """Differentiate the chunk's layers for micro-batch `mb`: dx, and dW, db added in (+=)."""
 
     mb: int
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class BackwardInput:
+    """B: only dL/dx of the chunk's layers (dz W^T); the weight gradients wait for BackwardWeight."""
+
+    mb: int
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class BackwardWeight:
+    """W: dW += x^T dz, db += sum(dz) of the chunk's layers; frees the micro-batch's activations."""
+
+    mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class RecvAct:
-    """Receive micro-batch `mb`'s activations from the previous stage (blocking)."""
+    """Receive (mb, chunk)'s input from chunk-1's rank (blocking)."""
 
     mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class SendAct:
-    """Send micro-batch `mb`'s output to the next stage (non-blocking)."""
+    """Send (mb, chunk)'s output to chunk+1's rank (non-blocking)."""
 
     mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class RecvGrad:
-    """Receive the gradient w.r.t. this stage's output for micro-batch `mb` (blocking)."""
+    """Receive the gradient w.r.t. (mb, chunk)'s output from chunk+1's rank (blocking)."""
 
     mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class SendGrad:
-    """Send the gradient w.r.t. this stage's input for micro-batch `mb` to the previous stage."""
+    """Send the gradient w.r.t. (mb, chunk)'s input to chunk-1's rank (non-blocking)."""
 
     mb: int
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
 class AllReduceGrads:
-    """Sum this stage's gradients over its data-parallel group (no-op when dp = 1)."""
+    """Sum this rank's gradients over its data-parallel group (no-op when dp = 1)."""
 
 
-Step = Union[Forward, Backward, RecvAct, SendAct, RecvGrad, SendGrad, AllReduceGrads]
+Step = Union[
+    Forward, Backward, BackwardInput, BackwardWeight, RecvAct, SendAct, RecvGrad, SendGrad, AllReduceGrads
+]
+COMPUTE = (Forward, Backward, BackwardInput, BackwardWeight)
+LETTER = {Forward: "F", Backward: "B", BackwardInput: "B", BackwardWeight: "W"}
 
 
-def forward_steps(s: int, S: int, mb: int) -> list[Step]:
-    """Receive (unless first stage), compute, send (unless last stage)."""
-    return ([RecvAct(mb)] if s > 0 else []) + [Forward(mb)] + ([SendAct(mb)] if s < S - 1 else [])
+def forward_steps(c: int, C: int, mb: int) -> list[Step]:
+    """Receive (unless chunk 0), compute, send (unless the last chunk)."""
+    return ([RecvAct(mb, c)] if c > 0 else []) + [Forward(mb, c)] + ([SendAct(mb, c)] if c < C - 1 else [])
 
 
-def backward_steps(s: int, S: int, mb: int) -> list[Step]:
-    """Receive the output gradient (unless last stage), compute, send the input gradient (unless first)."""
-    return ([RecvGrad(mb)] if s < S - 1 else []) + [Backward(mb)] + ([SendGrad(mb)] if s > 0 else [])
+def backward_steps(c: int, C: int, mb: int, kind=Backward) -> list[Step]:
+    """Receive the output gradient (unless the last chunk), compute (Backward or BackwardInput),
+    send the input gradient (unless chunk 0)."""
+    return ([RecvGrad(mb, c)] if c < C - 1 else []) + [kind(mb, c)] + ([SendGrad(mb, c)] if c > 0 else [])
 
 
-# -- the schedules -----------------------------------------------------------------------------------
+# -- the schedules (one chunk per rank unless said otherwise) ------------------------------------------
 
 
-def naive(S: int, M: int) -> list[list[Step]]:
+def naive(S: int, M: int, V: int = 1) -> list[list[Step]]:
     """Micro-batch after micro-batch, each all the way forward and back before the next starts."""
     return [
-        [step for mb in range(M) for step in forward_steps(s, S, mb) + backward_steps(s, S, mb)]
+        [st for mb in range(M) for st in forward_steps(s, S, mb) + backward_steps(s, S, mb)]
         + [AllReduceGrads()]
         for s in range(S)
     ]
 
 
-def gpipe(S: int, M: int) -> list[list[Step]]:
+def gpipe(S: int, M: int, V: int = 1) -> list[list[Step]]:
     """GPipe: fill the pipeline with all M forwards, then drain it with all M backwards."""
-    out = []
-    for s in range(S):
-        steps = [step for mb in range(M) for step in forward_steps(s, S, mb)]  # all forwards
-        steps += [step for mb in range(M) for step in backward_steps(s, S, mb)]  # all backwards
-        out.append(steps + [AllReduceGrads()])
-    return out
+    return [
+        [st for mb in range(M) for st in forward_steps(s, S, mb)]
+        + [st for mb in range(M) for st in backward_steps(s, S, mb)]
+        + [AllReduceGrads()]
+        for s in range(S)
+    ]
 
 
-def one_f_one_b(S: int, M: int) -> list[list[Step]]:
+def one_f_one_b(S: int, M: int, V: int = 1) -> list[list[Step]]:
     """1F1B (PipeDream-Flush): warm-up forwards, steady one-forward-one-backward, cool-down backwards."""
     out = []
     for s in range(S):
-        # Warm-up: enough forwards that, by the time the first gradient comes back from the last
-        # stage, this stage has had work all along. Stage s is S-s-1 hops from the end.
-        warmup = min(S - s - 1, M)
-        steps = [step for mb in range(warmup) for step in forward_steps(s, S, mb)]
-        # Steady state: each new forward is paired with the backward of the oldest micro-batch,
-        # so at most warmup + 1 = S - s micro-batches are alive on this stage at any time.
-        for i in range(M - warmup):
-            steps += forward_steps(s, S, warmup + i) + backward_steps(s, S, i)
-        # Cool-down: the backwards of the micro-batches still in flight.
-        for mb in range(M - warmup, M):
+        # Warm-up: stage s is S-s-1 hops from the end; that many forwards keep it busy until the
+        # first gradient is back. Steady state: each new forward paired with the oldest backward.
+        w = min(S - s - 1, M)
+        steps = [st for mb in range(w) for st in forward_steps(s, S, mb)]
+        for i in range(M - w):
+            steps += forward_steps(s, S, w + i) + backward_steps(s, S, i)
+        for mb in range(M - w, M):  # cool-down: the backwards still in flight
             steps += backward_steps(s, S, mb)
         out.append(steps + [AllReduceGrads()])
     return out
 
 
-SCHEDULES: dict[str, Callable[[int, int], list[list[Step]]]] = {
-    "naive": naive,
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
+def interleaved(S: int, M: int, V: int = 2) -> list[list[Step]]:
+    """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2; Megatron-LM's order): rank s's k-th forward
+    is micro-batch (k // SV) S + k % S of its local chunk (k // S) % V, i.e. S micro-batches through
+    one chunk, then the same S through the next; backwards likewise with the chunks reversed.
+    Warm-up 2(S-s-1) + (V-1)S forwards, then one forward and one backward in turn."""
+    C, MV = S * V, M * V
+    out = []
+    for s in range(S):
+
+        def unit(k: int, backward: bool) -> tuple[int, int]:
+            local = (k // S) % V
+            mb = (k // (S * V)) * S + k % S
+            return mb, (V - 1 - local if backward else local) * S + s
+
+        w = min((S - s - 1) * 2 + (V - 1) * S, MV)
+        fwd = lambda k: forward_steps(unit(k, False)[1], C, unit(k, False)[0])
+        bwd = lambda k: backward_steps(unit(k, True)[1], C, unit(k, True)[0])
+        steps = [st for k in range(w) for st in fwd(k)]
+        for i in range(MV - w):
+            steps += fwd(w + i) + bwd(i)
+        for k in range(MV - w, MV):
+            steps += bwd(k)
+        out.append(steps + [AllReduceGrads()])
+    return out
+
+
+def zb_h1(S: int, M: int, V: int = 1) -> list[list[Step]]:
+    """ZB-H1 (Qi et al. 2023, sec. 3.1, Fig. 3): 1F1B's forwards and B passes, with stage s's W pass
+    of micro-batch i done s micro-batches late: after the steady-state pair (F(i+w), B(i+s)), and in
+    the cool-down one W after each B; the rest at the end. At most S micro-batches alive per stage."""
+    out = []
+    for s in range(S):
+        w = min(S - s - 1, M)
+        steps = [st for mb in range(w) for st in forward_steps(s, S, mb)]
+        done_w = 0
+        for i in range(M - w):
+            steps += forward_steps(s, S, w + i) + backward_steps(s, S, i, BackwardInput)
+            if i >= s:  # hold back the W passes by s micro-batches
+                steps.append(BackwardWeight(done_w, s))
+                done_w += 1
+        for mb in range(M - w, M):
+            steps += backward_steps(s, S, mb, BackwardInput)
+            steps.append(BackwardWeight(done_w, s))
+            done_w += 1
+        steps += [BackwardWeight(mb, s) for mb in range(done_w, M)]
+        out.append(steps + [AllReduceGrads()])
+    return out
+
+
+def _zb_h1_bubble(S: int, M: int) -> tuple[str, float]:
+    """ZB-H1's ideal bubble with F = B = W = 1: the step takes 3M + S - 1 units when M >= S (only
+    the S-1 units of the first forward's way down stay idle); with fewer micro-batches than stages
+    there is not enough W work to fill the drain: 2(M + S) - 1 units."""
+    if M >= S:
+        return f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)
+    span = 2 * (M + S) - 1
+    return f"1 - 3M/(2(M+S)-1) = {span - 3 * M}/{span} (M < S)", (span - 3 * M) / span
+
+
+# -- the registry ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A named schedule: how to build it, how many model chunks it has, where each chunk runs, and its
+    ideal bubble in closed form (F = 1, B = 2 time units; W = 1 of the 2 when the backward is split)."""
+
+    name: str
+    title: str
+    build: Callable[..., list[list[Step]]]
+    chunks_per_rank: Callable[[int], int] = lambda V: 1
+    formula: Callable[[int, int, int], tuple[str, float]] = lambda S, M, V: (
+        f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}",
+        (S - 1) / (M + S - 1),
+    )
+    split_backward: bool = False
+
+    def rank_of(self, chunk: int, S: int) -> int:
+        """The rank that holds model chunk `chunk`: c mod S (chunk c = stage c when V = 1)."""
+        return chunk % S
+
+
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in [
+        Schedule(
+            "naive",
+            "naive (one micro-batch at a time)",
+            naive,
+            formula=lambda S, M, V: (f"(S-1)/S = {S - 1}/{S}", (S - 1) / S),
+        ),
+        Schedule("gpipe", "GPipe (all forwards, then all backwards)", gpipe),
+        Schedule("1f1b", "1F1B (PipeDream-Flush)", one_f_one_b),
+        Schedule(
+            "interleaved",
+            "interleaved 1F1B (V model chunks per rank)",
+            interleaved,
+            chunks_per_rank=lambda V: V,
+            formula=lambda S, M, V: (f"(S-1)/(V*M+S-1) = {S - 1}/{V * M + S - 1}", (S - 1) / (V * M + S - 1)),
+        ),
+        Schedule(
+            "zb-h1",
+            "ZB-H1 (zero bubble, backward split into B and W)",
+            zb_h1,
+            formula=lambda S, M, V: _zb_h1_bubble(S, M),
+            split_backward=True,
+        ),
+    ]
 }
-
-TITLES = {
-    "naive": "naive (one micro-batch at a time)",
-    "gpipe": "GPipe (all forwards, then all backwards)",
-    "1f1b": "1F1B (PipeDream-Flush)",
-}
+TITLES = {name: s.title for name, s in SCHEDULES.items()}
 
 
-def build_schedule(schedule, S: int, M: int) -> list[list[Step]]:
-    """`schedule` may be a name from SCHEDULES, a schedule function, or already the per-stage lists."""
+def build_schedule(schedule, S: int, M: int, V: int = 1) -> list[list[Step]]:
+    """`schedule` may be a name from SCHEDULES, a schedule function, or already the per-rank lists."""
     if isinstance(schedule, str):
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r} (choose from {', '.join(SCHEDULES)})")
-        return SCHEDULES[schedule](S, M)
+        return SCHEDULES[schedule].build(S, M, V)
     if callable(schedule):
-        return schedule(S, M)
+        schedule = schedule(S, M)
+    if all(getattr(st, "chunk", 0) == 0 for row in schedule for st in row):
+        # Hand-made, one stage per rank, chunks not named: rank r's steps concern chunk (= stage) r.
+        return [
+            [replace(st, chunk=r) if hasattr(st, "chunk") else st for st in row]
+            for r, row in enumerate(schedule)
+        ]
     return schedule
 
 
+def chunks_of(steps: list[Step]) -> list[int]:
+    """The model chunks a rank's step list computes, in increasing order."""
+    return sorted({st.chunk for st in steps if isinstance(st, COMPUTE)})
+
+
 def in_flight_peaks(stages: list[list[Step]]) -> list[int]:
-    """Per stage: the most micro-batches forwarded but not yet backwarded (activations held)."""
+    """Per rank: the most (micro-batch, chunk) units forwarded whose activations are still held
+    (freed by Backward, or by BackwardWeight when the backward is split)."""
     peaks = []
     for steps in stages:
         alive = peak = 0
         for step in steps:
-            alive += isinstance(step, Forward) - isinstance(step, Backward)
+            alive += isinstance(step, Forward) - isinstance(step, (Backward, BackwardWeight))
             peak = max(peak, alive)
         peaks.append(peak)
     return peaks
-
-
-# -- the ideal timeline --------------------------------------------------------------------------------
-
-
-@dataclass
-class Timeline:
-    """Per stage, the (start, end, kind 'F' | 'B', micro-batch) of every compute step."""
-
-    rows: list[list[tuple[float, float, str, int]]]
-    makespan: float
-    bubble: float  # 1 - busy / (S * makespan): the fraction of stage-time spent idle
-    forward: float
-    backward: float
-
-
-def ideal_timeline(schedule, S: int, M: int, forward: float = 1.0, backward: float = 2.0) -> Timeline:
-    """Play the schedule with forward = `forward` and backward = `backward` time units, messages free.
-
-    Semantics are the executor's: a send never waits, a receive waits for its send. Each stage
-    walks its list in order; a stage stuck at a receive resumes once the sender got there.
-    Raises ValueError if the schedule deadlocks (some stage can never proceed).
-    """
-    stages = build_schedule(schedule, S, M)
-    clock, pos = [0.0] * S, [0] * S
-    rows: list[list] = [[] for _ in range(S)]
-    posted: dict[tuple, float] = {}  # ("act"|"grad", mb, receiving stage) -> time sent
-    progress = True
-    while progress:
-        progress = False
-        for s in range(S):
-            while pos[s] < len(stages[s]):
-                step = stages[s][pos[s]]
-                if isinstance(step, (RecvAct, RecvGrad)):
-                    key = ("act" if isinstance(step, RecvAct) else "grad", step.mb, s)
-                    if key not in posted:
-                        break  # blocked: the sender has not got there yet
-                    clock[s] = max(clock[s], posted.pop(key))
-                elif isinstance(step, SendAct):
-                    posted[("act", step.mb, s + 1)] = clock[s]
-                elif isinstance(step, SendGrad):
-                    posted[("grad", step.mb, s - 1)] = clock[s]
-                elif isinstance(step, (Forward, Backward)):
-                    cost, kind = (forward, "F") if isinstance(step, Forward) else (backward, "B")
-                    rows[s].append((clock[s], clock[s] + cost, kind, step.mb))
-                    clock[s] += cost
-                pos[s] += 1
-                progress = True
-    stuck = [s for s in range(S) if pos[s] < len(stages[s])]
-    if stuck:
-        raise ValueError(f"schedule deadlocks: stages {stuck} wait at {[stages[s][pos[s]] for s in stuck]}")
-    makespan = max(clock)
-    busy = sum(end - start for row in rows for start, end, _, _ in row)
-    bubble = 1 - busy / (S * makespan) if makespan else 0.0
-    return Timeline(rows, makespan, bubble, forward, backward)
-
-
-def format_grid(timeline: Timeline) -> str:
-    """The stage x time grid, one column per time unit: 'F3' forward of micro-batch 3, 'B3' its
-    backward (one cell per unit it takes), '.' idle. Costs must be whole time units."""
-    if any(float(c) != int(c) for c in (timeline.forward, timeline.backward)):
-        raise ValueError("format_grid needs whole-unit costs")
-    width = max((len(f"F{mb}") for row in timeline.rows for *_, mb in row), default=2)
-    lines = []
-    for s, row in enumerate(timeline.rows):
-        cells = ["."] * int(timeline.makespan)
-        for start, end, kind, mb in row:
-            for t in range(int(start), int(end)):
-                cells[t] = f"{kind}{mb}"
-        lines.append(f"stage {s} | " + " ".join(c.ljust(width) for c in cells).rstrip())
-    return "\n".join(lines)
-
-
-def show_schedule_main(schedule: str, S: int, M: int, forward: int = 1, backward: int = 2) -> str:
-    """What `simpar plan --pp S --microbatches M --schedule NAME --show-schedule` prints."""
-    stages = build_schedule(schedule, S, M)
-    tl = ideal_timeline(stages, S, M, forward, backward)
-    peaks = in_flight_peaks(stages)
-    name = schedule if isinstance(schedule, str) else getattr(schedule, "__name__", "custom")
-    if name == "naive":
-        formula = f"(S-1)/S = {S - 1}/{S}"
-    else:
-        formula = f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}"
-    bound = {
-        "gpipe": "GPipe keeps all M alive",
-        "1f1b": "1F1B: at most S - s on stage s",
-        "naive": "one at a time",
-    }.get(name, "")
-    frac = Fraction(tl.bubble).limit_denominator(10_000)
-    return "\n".join(
-        [
-            f"{TITLES.get(name, name)}: {S} stages x {M} micro-batches, "
-            f"forward = {forward} time unit, backward = {backward}",
-            "Fk = forward of micro-batch k, Bk = its backward (one cell per time unit), "
-            ". = idle (the bubble)",
-            "",
-            format_grid(tl),
-            "",
-            f"ideal bubble: {tl.bubble:.1%} of the step ({frac}); formula {formula}",
-            f"peak micro-batches in flight per stage: {', '.join(map(str, peaks))}"
-            + (f"   ({bound})" if bound else ""),
-        ]
-    )
-
-
-# -- which layers go on which stage -----------------------------------------------------------------
-
-
-def partition_layers(
-    widths: list[int], S: int, stage_layers: list[int] | None = None
-) -> list[tuple[int, int]]:
-    """[(first layer, one past the last layer)] for each of the S stages (see the module docstring)."""
-    n = len(widths) - 1
-    if not 1 <= S <= n:
-        raise ValueError(f"cannot cut {n} layers into {S} stages")
-    if stage_layers is None:
-        stage_layers = _balanced_counts([widths[i] * widths[i + 1] + widths[i + 1] for i in range(n)], S)
-    if len(stage_layers) != S or sum(stage_layers) != n or min(stage_layers) < 1:
-        raise ValueError(f"stage layer counts {stage_layers} must be {S} positive numbers summing to {n}")
-    bounds, lo = [], 0
-    for count in stage_layers:
-        bounds.append((lo, lo + count))
-        lo += count
-    return bounds
-
-
-def _balanced_counts(costs: list[int], S: int) -> list[int]:
-    """Contiguous split of `costs` into S non-empty parts minimising the largest part's sum."""
-    n = len(costs)
-    prefix = [0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    part = lambda j, i: prefix[i] - prefix[j]  # sum of costs[j:i]
-    INF = float("inf")
-    # best[k][i]: the smallest possible largest part when the first i layers form k stages.
-    best = [[INF] * (n + 1) for _ in range(S + 1)]
-    best[0][0] = 0
-    for k in range(1, S + 1):
-        for i in range(k, n + 1):
-            best[k][i] = min(max(best[k - 1][j], part(j, i)) for j in range(k - 1, i))
-    target, counts, i = best[S][n], [], n
-    for k in range(S, 0, -1):
-        # The last remaining stage starts as early as the target allows (takes the most layers).
-        j = min(j for j in range(k - 1, i) if best[k - 1][j] <= target and part(j, i) <= target)
-        counts.append(i - j)
-        i = j
-    return counts[::-1]

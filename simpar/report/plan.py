@@ -124,10 +124,8 @@ def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None)
     if breakdown:
         lines.append("  " + breakdown)
     if sp["pp"] > 1:
-        S, M = sp["pp"], sp["microbatches"]
-        formula = (
-            f"(S-1)/S = {S - 1}/{S}" if sp["schedule"] == "naive" else f"(S-1)/(M+S-1) = {S - 1}/{M + S - 1}"
-        )
+        keys = ("batch", "pp", "schedule", "microbatches", "virtual_stages")
+        formula = cm.bubble_formula(cm.Spec(widths=[1, 1], **{k: sp[k] for k in keys}))
         lines.append(f"pipeline bubble ({sp['schedule']}): {formula} = {pred['bubble']:.1%} of the step")
     lines += [
         "",

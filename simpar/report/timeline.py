@@ -53,12 +53,12 @@ def _step(e: dict) -> int:
 
 def pipeline_info(events: list[dict]) -> dict:
     """schedule, stages, microbatches and each rank's stage, as recorded on the forward events."""
-    info = {"schedule": None, "stages": None, "microbatches": None, "stage_of": {}}
+    info = {"schedule": None, "stages": None, "microbatches": None, "virtual_stages": 1, "stage_of": {}}
     for e in events:
         a = e.get("args", {})
         if _kind(e) == "forward" and "stage" in a:
             info["stage_of"][e["pid"]] = a["stage"]
-            for key in ("schedule", "stages", "microbatches"):
+            for key in ("schedule", "stages", "microbatches", "virtual_stages"):
                 info[key] = a.get(key, info[key])
     return info
 
@@ -98,7 +98,8 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from ..parallel.schedules import TITLES, ideal_timeline
+    from ..parallel.schedule_check import ideal_timeline
+    from ..parallel.schedules import TITLES
 
     events = load_events(trace_json_path_or_events)
     info = pipeline_info(events)
@@ -158,11 +159,11 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
 
     ideal = None
     if has_ideal:
-        tl = ideal_timeline(schedule, S, M)
+        tl = ideal_timeline(schedule, S, M, V=info["virtual_stages"])
         ideal = tl.bubble
         for s, row in enumerate(tl.rows):
             for start, end, kind, mb in row:
-                k = "forward" if kind == "F" else "backward"
+                k = "forward" if kind == "F" else "backward"  # W passes (zb-h1) drawn as backward
                 bottom.broken_barh(
                     [(start, end - start)], (s - 0.4, 0.8), facecolors=COLOURS[k], edgecolor="white", lw=0.5
                 )
@@ -174,7 +175,9 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         bottom.set_xlabel("time units (forward = 1, backward = 2)")
         bottom.set_title(
             f"ideal {TITLES.get(schedule, schedule)}, S={S}, M={M}: bubble {tl.bubble:.1%}"
-            + (" = (S-1)/(M+S-1)" if schedule != "naive" else " = (S-1)/S")
+            + {"naive": " = (S-1)/S", "interleaved": " = (S-1)/(VM+S-1)", "zb-h1": " (B = W = 1)"}.get(
+                schedule, " = (S-1)/(M+S-1)"
+            )
         )
     fig.tight_layout()
     # Atomic, like every other output: a full disk leaves one error line and no half a PNG.
