@@ -25,6 +25,9 @@ i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every
 own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack. A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
+
+(Over 300 lines: one handler per kind of schedule step, each a few lines, read best side by side
+with the steps in schedules.py; the message handlers are the pipeline's whole communication.)
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ all-reduce as in the other schedules, so every layout stays equal to the serial 
 Why the executor cannot deadlock: sends are non-blocking (isend) and receives block (matched by tag).
 schedule_check.check executes every schedule symbolically with exactly these semantics before a run
 and refuses one that can deadlock or leaves a send unreceived (config.validate calls it).
+
+(Over 300 lines: every schedule is a few lines of plain data, and they read best next to each
+other and to the step types they use.)
 """
 
 from __future__ import annotations
