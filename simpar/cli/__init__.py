@@ -1,4 +1,4 @@
-"""Command line: tour (default) | train | plan | bench | plot. One file per subcommand.
+"""Command line: tour (default) | train | plan | bench | plot | debug. One file per subcommand.
 
     mpiexec -n 4 python -m mpi4py -m simpar                       # the tour          (tour.py)
     mpiexec -n 4 python -m mpi4py -m simpar train --dp 2 --tp 2 --metrics-out run.json   (train.py)
