@@ -47,7 +47,7 @@ def select_kernels(cfg: RunConfig) -> str:
         splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
         rows = -(-cfg.batch // splits)
         widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
-        name = kernels.choose_auto(widths, rows, cfg.dtype)
+        name = kernels.choose_auto(widths, rows, cfg.dtype)  # mixed: the float32 compute under HalfKernels
     if name == "cuda":
         from numba import cuda
 
@@ -57,6 +57,10 @@ def select_kernels(cfg: RunConfig) -> str:
                 "to run the same kernels in Numba's CPU simulator, slowly)"
             )
     backend = kernels.use(name)
+    if cfg.mixed:  # half tensors, each layer computed in float32 and rounded back (precision.py)
+        from .precision import HalfKernels
+
+        backend = kernels.install(HalfKernels(backend, cfg.compute_dtype()))
     collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
@@ -89,7 +93,11 @@ def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset
 
 
 def evaluate(weights, data: Dataset, activation: str) -> float:
-    logits = predict(weights, data.x_val, activation)
+    x = data.x_val
+    if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
+        x = x.astype(np.float32)
+        weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
+    logits = predict(weights, x, activation)
     return float(np.mean(np.argmax(logits, axis=1) == data.y_val))
 
 
@@ -147,7 +155,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     from .parallel import build_strategy
 
     strategy = build_strategy(cfg, mesh)
-    feeder = BatchFeeder(data, cfg, mesh, cfg.dtype)
+    feeder = BatchFeeder(data, cfg, mesh, cfg.compute_dtype())
 
     steps = total_steps(cfg, n_train)
     per_epoch = steps_per_epoch(n_train, cfg.batch)
@@ -203,6 +211,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     # Everything below is bookkeeping: snapshot the training traffic before control traffic adds up.
     ledger = world.ledger.snapshot()
     weights = strategy.full_weights()
+    if weights is not None and cfg.mixed:  # float32 holds every half value exactly; npz can't hold bf16
+        weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
     gathered = world.gather_object(
         {
             "rank": world.rank,
@@ -235,6 +245,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     )
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation)
+    if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
+        metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
 
@@ -297,7 +309,9 @@ def start_clock(cfg: RunConfig, world: Communicator):
     if cfg.clock != "sim":
         return None
     hw = hardware.load(cfg.hardware)
-    precision = {"float64": "fp64", "float32": "fp32"}[cfg.dtype]
+    from .costmodel.spec import precision_of
+
+    precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
     share = hw.compute_share(min(world.size, hw.devices_per_node))
     links = {}

@@ -18,6 +18,7 @@ from ..config import (
     DTYPES,
     KERNELS,
     OPTIMIZERS,
+    PRECISIONS,
     SCHEDULES,
     RunConfig,
     SimparError,
@@ -38,6 +39,19 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     )
     g.add_argument("--activation", default=d.activation, choices=ACTIVATIONS)
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help="fp32: all in --dtype; mixed-fp16|mixed-bf16: half weights, activations, gradients and "
+        "messages, float32 master weights and optimizer state, dynamic loss scaling (dp and --zero)",
+    )
+    g.add_argument(
+        "--loss-scale",
+        type=float,
+        default=None,
+        help="mixed precision: the initial loss scale (default 65536 for fp16, 1 for bf16)",
+    )
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
@@ -106,6 +120,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         layers=layers or [],
         activation=args.activation,
         dtype=args.dtype,
+        precision=args.precision,
+        loss_scale=args.loss_scale,
         seed=args.seed,
         dataset=args.dataset,
         samples=args.samples,

@@ -220,6 +220,7 @@ def optimizer_passes(spec: Spec) -> int:
 
 
 LOSS_ELEMS = 6  # softmax cross-entropy sweeps rows x classes about 6 times
+MIXED_CAST_BYTES = 14  # mixed precision, per updated parameter: check 2, unscale 2+4, round back 4+2
 
 
 def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list[int]], updated: int) -> int:
@@ -234,6 +235,16 @@ def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list
     if hi == spec.n_layers:
         per_row += LOSS_ELEMS * spec.widths[-1]
     micro_batches = sum(len(step) for step in rows)
-    return (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act + (
-        optimizer_passes(spec) * updated * spec.prec.param
-    )
+    if spec.precision == "mixed":
+        # The optimizer sweeps float32 masters and state (4 bytes), plus the overflow check, the
+        # unscaled float32 gradient and the rounding back to half (MIXED_CAST_BYTES, precision.py).
+        # The loss is computed in float32 (4 bytes) from the half logits.
+        loss = (
+            LOSS_ELEMS * spec.widths[-1] * sum(map(sum, rows)) * (4 - spec.prec.act)
+            if hi == spec.n_layers
+            else 0
+        )
+        opt = (optimizer_passes(spec) * 4 + MIXED_CAST_BYTES) * updated + loss
+    else:
+        opt = optimizer_passes(spec) * updated * spec.prec.param
+    return (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act + opt

@@ -49,6 +49,14 @@ PRECISIONS = {
 DTYPE_PRECISION = {"float64": "fp64", "float32": "fp32"}
 
 
+def precision_of(cfg) -> str:
+    """The Precision of a RunConfig: --precision mixed-fp16 and mixed-bf16 are both `mixed` (2-byte
+    halves, float32 master and state); otherwise the --dtype's."""
+    if getattr(cfg, "precision", "fp32") != "fp32":
+        return "mixed"
+    return DTYPE_PRECISION[cfg.dtype]
+
+
 # -- the question ---------------------------------------------------------------------------------------
 
 
@@ -109,7 +117,7 @@ class Spec:
             overlap=cfg.overlap,
             data_source=cfg.data_source,
             stage_layers=cfg.stage_layers,
-            precision=DTYPE_PRECISION[cfg.dtype],
+            precision=precision_of(cfg),
             optimizer=cfg.optimizer,
             momentum=cfg.momentum,
             activation=cfg.activation,

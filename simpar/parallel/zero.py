@@ -49,8 +49,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward, softmax_cross_entropy
-from ..optim import make_optimizer
+from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward
+from ..precision import build_optimizer, loss_grad, wire
 from .base import HeldBytes, SerialStack, Strategy
 
 
@@ -60,9 +60,9 @@ class ZeroDataParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.stage = cfg.zero
-        self.comm = mesh.dp_comm
+        self.comm = wire(mesh.dp_comm, cfg)
         self.p, self.r = self.comm.size, self.comm.rank
-        self.dtype = np.dtype(cfg.dtype)
+        self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize
         n_layers = cfg.n_layers
         self.shapes = [(cfg.layers[i], cfg.layers[i + 1]) for i in range(n_layers)]
@@ -70,7 +70,8 @@ class ZeroDataParallel(Strategy):
         self.sizes = [fi * fo + fo for fi, fo in self.shapes]  # n_l: W then b, flat
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
+        # Mixed precision: ranks hold different gradient shards, so they vote on skipping a step.
+        self.optimizer = build_optimizer(cfg, self.comm)
         # Besides the activations (self.meter): gradient buffers, and stage 3's gathered layers.
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         if self.stage == 1:
@@ -166,7 +167,7 @@ class ZeroDataParallel(Strategy):
         if self.stage == 1:
             # No traffic during the micro-steps: the full gradient accumulates locally, as in DDP.
             logits, contexts = self.stack.forward(x, self.meter, self.watch)
-            loss, grad = softmax_cross_entropy(logits, y, global_batch)
+            loss, grad = loss_grad(self.optimizer, logits, y, global_batch)
             self.stack.backward(contexts, grad, self.meter)
             return loss
         contexts = []
@@ -179,7 +180,7 @@ class ZeroDataParallel(Strategy):
             self.watch.check(i, x)
             self.meter.take(ctx.nbytes)
             contexts.append(ctx)
-        loss, grad = softmax_cross_entropy(x, y, global_batch)
+        loss, grad = loss_grad(self.optimizer, x, y, global_batch)
         for i in reversed(range(len(self.sizes))):
             grad = self._layer_backward(i, contexts.pop(), grad, last)
         return loss
