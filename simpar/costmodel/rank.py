@@ -232,19 +232,25 @@ def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list
         w = layer_work(spec, i, kind)
         per_row += w["fwd_elems"] + w["bwd_elems"]
         per_call += w["bwd_call_elems"]
-    if hi == spec.n_layers:
-        per_row += LOSS_ELEMS * spec.widths[-1]
     micro_batches = sum(len(step) for step in rows)
+    loss = loss_bytes(spec) * sum(map(sum, rows)) if hi == spec.n_layers else 0
+    return (
+        (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act
+        + loss
+        + (optimizer_bytes(spec, updated))
+    )
+
+
+def loss_bytes(spec: Spec) -> int:
+    """Bytes the loss moves per row of the last stage: LOSS_ELEMS sweeps over the classes, in the
+    activations' type -- float32 under mixed precision (the half logits are upcast first)."""
+    return LOSS_ELEMS * spec.widths[-1] * (4 if spec.precision == "mixed" else spec.prec.act)
+
+
+def optimizer_bytes(spec: Spec, updated: int) -> int:
+    """Bytes the optimizer step moves over the `updated` parameters a rank owns: its sweeps over
+    parameters and state in their type -- float32 masters under mixed precision, plus the overflow
+    check, the unscaled float32 gradient and the rounding back to half (MIXED_CAST_BYTES)."""
     if spec.precision == "mixed":
-        # The optimizer sweeps float32 masters and state (4 bytes), plus the overflow check, the
-        # unscaled float32 gradient and the rounding back to half (MIXED_CAST_BYTES, precision.py).
-        # The loss is computed in float32 (4 bytes) from the half logits.
-        loss = (
-            LOSS_ELEMS * spec.widths[-1] * sum(map(sum, rows)) * (4 - spec.prec.act)
-            if hi == spec.n_layers
-            else 0
-        )
-        opt = (optimizer_passes(spec) * 4 + MIXED_CAST_BYTES) * updated + loss
-    else:
-        opt = optimizer_passes(spec) * updated * spec.prec.param
-    return (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act + opt
+        return (optimizer_passes(spec) * 4 + MIXED_CAST_BYTES) * updated
+    return optimizer_passes(spec) * updated * spec.prec.param

@@ -27,7 +27,7 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
-from .rank import LOSS_ELEMS, layer_work, optimizer_passes
+from .rank import layer_work, loss_bytes, optimizer_bytes
 from .spec import Spec, dp_bucket_layers, micro_rows
 
 
@@ -73,9 +73,7 @@ class RankCosts:
         self.t = rank_pred["coords"]["tp"]
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
-        self.optimizer_s = (
-            optimizer_passes(spec) * rank_pred["params_updated"] * spec.prec.param * self.stream
-        )
+        self.optimizer_s = optimizer_bytes(spec, rank_pred["params_updated"]) * self.stream
 
     def _tp(self, n: int) -> float:
         cost = ALLREDUCE[self.spec.collectives](n, self.spec.tp, self.t)
@@ -92,7 +90,7 @@ class RankCosts:
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
         if self.hi == self.spec.n_layers:
-            out += r * LOSS_ELEMS * W[-1] * bpe * self.stream
+            out += r * loss_bytes(self.spec) * self.stream
         return out
 
     def backward_layers(self, r: int) -> list[tuple[float, float]]:
