@@ -17,6 +17,7 @@ class SimparError(Exception):
 DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
+ARCHS = ("mlp", "resmlp")
 PRECISIONS = ("fp32", "mixed-fp16", "mixed-bf16")  # fp32: everything in --dtype (simpar/precision.py)
 ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b")
@@ -32,6 +33,7 @@ class RunConfig:
     # model
     layers: list[int] = field(default_factory=lambda: [64, 128, 128, 128, 10])
     activation: str = "relu"
+    arch: str = "mlp"  # resmlp: pre-LayerNorm residual blocks between two projections (resmlp.py)
     dtype: str = "float32"
     precision: str = "fp32"  # mixed-fp16 | mixed-bf16: half weights/activations/grads, fp32 master
     loss_scale: float | None = None  # mixed: the initial dynamic loss scale (None: the format's default)
@@ -114,6 +116,19 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         cfg.precision in PRECISIONS,
         f"unknown precision {cfg.precision!r} (choose from {', '.join(PRECISIONS)})",
     )
+    _require(cfg.arch in ARCHS, f"unknown arch {cfg.arch!r} (choose from {', '.join(ARCHS)})")
+    if cfg.arch == "resmlp":
+        hidden = cfg.layers[1:-1]
+        _require(
+            len(hidden) >= 1 and len(set(hidden)) == 1,
+            f"--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got "
+            f"{cfg.layers}",
+        )
+        _require(
+            cfg.tp == 1 and cfg.pp == 1 and not cfg.mixed,
+            "--arch resmlp runs serial, --dp and --zero layouts in float32/float64 "
+            "(not --tp, --pp, --precision)",
+        )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1); layouts whose
         # activations cross ranks would need the loss scale and overflow vote on every stage too.

@@ -92,12 +92,18 @@ def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset
     return data, outcome
 
 
-def evaluate(weights, data: Dataset, activation: str) -> float:
+def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = None) -> float:
+    """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
     x = data.x_val
     if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
         x = x.astype(np.float32)
         weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
-    logits = predict(weights, x, activation)
+    if cfg is not None and cfg.arch == "resmlp":
+        from .resmlp import build_units, predict_logits
+
+        logits = predict_logits(build_units(cfg), weights, x)
+    else:
+        logits = predict(weights, x, activation)
     return float(np.mean(np.argmax(logits, axis=1) == data.y_val))
 
 
@@ -194,7 +200,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
                 eval_start = time.perf_counter()
                 weights = strategy.full_weights()
                 if is_root and data is not None:
-                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation)
+                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation, cfg)
                 eval_s += time.perf_counter() - eval_start
             if show:
                 acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
@@ -233,7 +239,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         cfg,
         world.size,
         mesh,
-        parameter_count(cfg.layers),
+        parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg)),
         losses,
         epoch_log,
         gathered,
@@ -244,7 +250,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         eval_s,
     )
     if data is not None:
-        metrics["accuracy"] = evaluate(weights, data, cfg.activation)
+        metrics["accuracy"] = evaluate(weights, data, cfg.activation, cfg)
     if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
         metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
@@ -259,6 +265,12 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
+
+
+def _units(cfg):
+    from .resmlp import build_units
+
+    return build_units(cfg)
 
 
 def _check_outputs(cfg: RunConfig, world: Communicator) -> None:

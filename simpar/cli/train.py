@@ -10,6 +10,7 @@ import argparse
 
 from ..config import (
     ACTIVATIONS,
+    ARCHS,
     CLOCKS,
     COLLECTIVES,
     COMPUTE_MODELS,
@@ -38,6 +39,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         help="widths, input first (default 64,128,128,128,10 for digits, 784,256,256,10 for mnist)",
     )
     g.add_argument("--activation", default=d.activation, choices=ACTIVATIONS)
+    g.add_argument(
+        "--arch",
+        default=d.arch,
+        choices=ARCHS,
+        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp and --zero)",
+    )
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     g.add_argument(
         "--precision",
@@ -119,6 +126,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig(
         layers=layers or [],
         activation=args.activation,
+        arch=args.arch,
         dtype=args.dtype,
         precision=args.precision,
         loss_scale=args.loss_scale,

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from .. import collectives, trace
 from ..precision import build_optimizer, loss_grad, wire
-from .base import SerialStack, Strategy
+from .base import Strategy
+from .resstack import make_stack
 
 
 class GradientBuckets:
@@ -97,7 +98,7 @@ class DataParallel(Strategy):
 
     def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = stack if stack is not None else SerialStack(cfg, list(range(cfg.n_layers)))
+        self.stack = stack if stack is not None else make_stack(cfg)  # mlp or resmlp
         self.store = self.stack.store
         self.optimizer = build_optimizer(cfg)  # every rank holds the same summed gradients: no vote
         self.buckets = GradientBuckets(

@@ -49,9 +49,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward
 from ..precision import build_optimizer, loss_grad, wire
-from .base import HeldBytes, SerialStack, Strategy
+from ..resmlp import build_units
+from .base import HeldBytes, Strategy
+from .resstack import make_stack
 
 
 class ZeroDataParallel(Strategy):
@@ -64,10 +65,9 @@ class ZeroDataParallel(Strategy):
         self.p, self.r = self.comm.size, self.comm.rank
         self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize
-        n_layers = cfg.n_layers
-        self.shapes = [(cfg.layers[i], cfg.layers[i + 1]) for i in range(n_layers)]
-        self.acts = [activation_of(i, n_layers, cfg.activation) for i in range(n_layers)]
-        self.sizes = [fi * fo + fo for fi, fo in self.shapes]  # n_l: W then b, flat
+        # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
+        self.units = build_units(cfg)
+        self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
         # Mixed precision: ranks hold different gradient shards, so they vote on skipping a step.
@@ -82,7 +82,7 @@ class ZeroDataParallel(Strategy):
     # -- construction ------------------------------------------------------------------------------
     def _init_stage1(self) -> None:
         # The whole model and its whole gradient on every rank (as DDP); only the optimizer shrinks.
-        self.stack = SerialStack(self.cfg, list(range(self.cfg.n_layers)))
+        self.stack = make_stack(self.cfg)
         self.store = self.stack.store
         bounds = collectives.chunk_bounds(self.P, self.p)
         self.chunk = slice(int(bounds[self.r]), int(bounds[self.r + 1]))
@@ -107,21 +107,15 @@ class ZeroDataParallel(Strategy):
         else:
             self.param_shard = np.empty(self.S, dtype=self.dtype)
             target = self.param_shard
-        for i, (fi, fo) in enumerate(self.shapes):
+        for i, unit in enumerate(self.units):
             # Initialise on the full shape (identical to serial), keep what this stage stores.
-            W, b = init_layer(self.cfg.seed, i, fi, fo, self.dtype)
-            full = np.concatenate((W.reshape(-1), b))
+            full = unit.init(self.cfg.seed, self.dtype)
             if self.stage == 2:
                 target[self.offsets[i] : self.offsets[i + 1]] = full
             else:
                 lo, hi = self.mine[i]
                 target[self.segments[i]] = full[lo:hi]
         self.params_bytes = target.nbytes
-
-    def _views(self, i: int, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(W, b) of layer i as views of its flat n_l-element vector."""
-        fi, fo = self.shapes[i]
-        return flat[: fi * fo].reshape(fi, fo), flat[fi * fo :]
 
     # -- parameters of one layer, for compute ---------------------------------------------------
     def _layer_params(self, i: int) -> np.ndarray:
@@ -173,10 +167,9 @@ class ZeroDataParallel(Strategy):
         contexts = []
         for i in range(len(self.sizes)):
             full = self._layer_params(i)
-            W, b = self._views(i, full)
-            x, ctx = layer_forward(Linear(i, W, b, None, None, self.acts[i]), x)
+            x, ctx = self.units[i].forward(full, x)
             self._done_with(full)
-            del full, W, b
+            del full
             self.watch.check(i, x)
             self.meter.take(ctx.nbytes)
             contexts.append(ctx)
@@ -187,7 +180,6 @@ class ZeroDataParallel(Strategy):
 
     def _layer_backward(self, i: int, ctx, grad, last: bool):
         full = self._layer_params(i)  # stage 3: the second gather of this layer in this micro-step
-        W, b = self._views(i, full)
         lo_l, hi_l = self.offsets[i], self.offsets[i + 1]
         if self.accum is not None:
             buf = self.accum[lo_l:hi_l]  # stage 2, K > 1: accumulate in the full-size buffer
@@ -195,11 +187,10 @@ class ZeroDataParallel(Strategy):
             # A gradient buffer for this one layer: alive only until its reduce-scatter is done.
             buf = np.zeros(self.sizes[i], dtype=self.dtype)
             self.grads_held.take(buf.nbytes)
-        dW, db = self._views(i, buf)
-        grad = layer_backward(Linear(i, W, b, dW, db, self.acts[i]), ctx, grad, need_dx=i > 0)
+        grad = self.units[i].backward(full, buf, ctx, grad, need_dx=i > 0)
         self.meter.free(ctx.nbytes)
         self._done_with(full)
-        del full, W, b  # stage 3: the gathered layer is gone before we communicate
+        del full  # stage 3: the gathered layer is gone before we communicate
         if last or self.stage == 3:
             # Sum over the group; this rank keeps only the sum of its own chunk of the layer.
             mine = collectives.reduce_scatter(self.comm, buf, "model", "grad-reduce-scatter")
@@ -242,7 +233,7 @@ class ZeroDataParallel(Strategy):
                 return None
             flat = self.store.params if self.stage == 1 else self.flat
             return [
-                tuple(v.copy() for v in self._views(i, flat[self.offsets[i] : self.offsets[i + 1]]))
+                self.units[i].weights(flat[self.offsets[i] : self.offsets[i + 1]])
                 for i in range(len(self.sizes))
             ]
         out = []
@@ -256,7 +247,7 @@ class ZeroDataParallel(Strategy):
                         part[...] = self.param_shard[self.segments[i]]
                     else:
                         self.comm.recv(part, q, "control", "gather-weights")
-                out.append(self._views(i, full))
+                out.append(self.units[i].weights(full))
             else:
                 self.comm.send(self.param_shard[self.segments[i]], 0, "control", "gather-weights")
         return out if self.mesh.world.rank == 0 else None
