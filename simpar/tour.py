@@ -34,7 +34,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     n = world_size
     hidden_ok = lambda t: all(w % t == 0 for w in cfg.layers[1:-1])
     candidates = [("serial", dict(dp=1))]
-    if n > 1 and cfg.mixed:  # mixed precision runs data parallelism and ZeRO only (config.validate)
+    if n > 1 and (cfg.mixed or cfg.arch == "resmlp"):  # these run dp and ZeRO only (config.validate)
         return (
             candidates
             + [(f"dp{n}", dict(dp=n))]
