@@ -14,6 +14,11 @@ chunk), update that chunk, all-gather the updated parameters: 2(p-1)/p * P eleme
 step (sec. 7.2.1). ZeRO-3 must gather the parameters twice, once for forward and again for
 backward, because it threw them away in between: 3(p-1)/p * P, i.e. 1.5x DDP (sec. 7.2.2).
 
+A "layer" below is a unit of resmlp.py: one MLP layer's flat (W, b), or with --arch resmlp a projection
+or a whole residual block (LayerNorm, W1, W2 and biases) -- gathered, computed and reduce-scattered
+as one. Under --precision mixed-* every buffer here is half precision and the optimizer keeps the
+float32 masters of this rank's chunk (precision.py), so the ZeRO paper's Table 1 holds as measured.
+
 Which elements a rank owns (its "chunk"; sizes follow collectives.chunk_bounds = np.array_split):
   stage 1   chunk r of the whole flat parameter vector (P elements), one reduce-scatter per step;
   stage 2/3 chunk r of EACH LAYER's flat (W, b) vector (n_l elements): gradients are
