@@ -78,6 +78,10 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         fwd, bwd = fwd + f // share, bwd + g // share
         z = 0 if i == spec.n_layers - 1 else W[i + 1]
         act_row += {"column": W[i] + W[i + 1] // spec.tp, "row": W[i] // spec.tp + z}.get(kind, W[i] + z)
+    if spec.arch == "resmlp":  # units, not layers (tp = pp = 1): their own FLOPs and kept arrays
+        works = [layer_work(spec, i, "full") for i in range(lo, hi)]
+        fwd, bwd = sum(w["fwd_flops"] for w in works), sum(w["bwd_flops"] for w in works)
+        act_row = sum(w["act_row"] for w in works)
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for i, kind in zip(range(lo, hi), kinds):
             if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0: no upstream)
@@ -200,6 +204,8 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
     activation. (The same accounting the simulated clock charges: simpar/model.py.)
     """
+    if spec.arch == "resmlp":
+        return resmlp_unit_work(spec, i)
     W, t = spec.widths, spec.tp
     a_l = W[i] // t if kind == "row" else W[i]
     b_l = W[i + 1] // t if kind == "column" else W[i + 1]
@@ -210,6 +216,35 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
         "fwd_elems": (2 + 2 * act) * b_l,
         "bwd_elems": (3 * act + 1) * b_l,
         "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
+    }
+
+
+def resmlp_unit_work(spec: Spec, i: int) -> dict:
+    """layer_work for unit i of --arch resmlp (simpar/resmlp.py), plus `act_row`: elements kept for
+    backward per row. Projections have no activation (a bias only; the input projection keeps x, the
+    output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
+    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
+    LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
+    and s (1). The same accounting simclock is charged with (resmlp.BlockUnit)."""
+    W, n = spec.widths, spec.n_layers
+    if 0 < i < n - 1:
+        d = W[i]
+        return {
+            "fwd_flops": 4 * d * d,
+            "bwd_flops": 8 * d * d,
+            "fwd_elems": 17 * d,
+            "bwd_elems": 17 * d,
+            "bwd_call_elems": 3 * (2 * d * d + 4 * d),
+            "act_row": 5 * d + 1,
+        }
+    a, b = W[i], W[i + 1]
+    return {
+        "fwd_flops": 2 * a * b,
+        "bwd_flops": 2 * a * b * (1 if i == 0 else 2),
+        "fwd_elems": 2 * b,
+        "bwd_elems": b,
+        "bwd_call_elems": 3 * a * b + 3 * b,
+        "act_row": a,
     }
 
 
