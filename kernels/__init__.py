@@ -100,5 +100,13 @@ def use(name: str):
     return _active
 
 
+def install(backend):
+    """Make any object with the backend interface the active one -- e.g. simpar's half-precision
+    wrapper around a backend (simpar/precision.py). Returns it."""
+    global _active
+    _active = backend
+    return _active
+
+
 def active():
     return _active

@@ -17,6 +17,8 @@ class SimparError(Exception):
 DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
+ARCHS = ("mlp", "resmlp")
+PRECISIONS = ("fp32", "mixed-fp16", "mixed-bf16")  # fp32: everything in --dtype (simpar/precision.py)
 ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "full", "selective")
@@ -32,7 +34,10 @@ class RunConfig:
     # model
     layers: list[int] = field(default_factory=lambda: [64, 128, 128, 128, 10])
     activation: str = "relu"
+    arch: str = "mlp"  # resmlp: pre-LayerNorm residual blocks between two projections (resmlp.py)
     dtype: str = "float32"
+    precision: str = "fp32"  # mixed-fp16 | mixed-bf16: half weights/activations/grads, fp32 master
+    loss_scale: float | None = None  # mixed: the initial dynamic loss scale (None: the format's default)
     seed: int = 0
     # data
     dataset: str = "digits"
@@ -87,6 +92,21 @@ class RunConfig:
     def n_layers(self) -> int:
         return len(self.layers) - 1
 
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"
+
+    def compute_dtype(self):
+        """The dtype of weights, activations, gradients and messages: --dtype, or with mixed precision
+        float16 / bfloat16 (ml_dtypes; imported only when asked for)."""
+        import numpy as np
+
+        if self.precision == "mixed-bf16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(np.float16 if self.precision == "mixed-fp16" else self.dtype)
+
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
@@ -103,6 +123,41 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         f"unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})",
     )
     _require(cfg.dtype in DTYPES, f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    _require(
+        cfg.precision in PRECISIONS,
+        f"unknown precision {cfg.precision!r} (choose from {', '.join(PRECISIONS)})",
+    )
+    _require(cfg.arch in ARCHS, f"unknown arch {cfg.arch!r} (choose from {', '.join(ARCHS)})")
+    if cfg.arch == "resmlp":
+        hidden = cfg.layers[1:-1]
+        _require(
+            len(hidden) >= 1 and len(set(hidden)) == 1,
+            f"--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got "
+            f"{cfg.layers}",
+        )
+        _require(
+            cfg.tp == 1 and cfg.pp == 1 and not cfg.mixed,
+            "--arch resmlp runs serial, --dp and --zero layouts in float32/float64 "
+            "(not --tp, --pp, --precision)",
+        )
+    if cfg.mixed:
+        # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1); layouts whose
+        # activations cross ranks would need the loss scale and overflow vote on every stage too.
+        _require(
+            cfg.dtype == "float32", f"--precision {cfg.precision} keeps float32 master weights; drop --dtype"
+        )
+        _require(
+            cfg.tp == 1 and cfg.pp == 1,
+            f"--precision {cfg.precision} runs serial, --dp and --zero layouts only (not --tp/--pp)",
+        )
+        _require(
+            not (cfg.precision == "mixed-bf16" and cfg.collectives == "mpi"),
+            "--collectives mpi cannot sum bfloat16 (MPI has no such type); use ring, tree, ...",
+        )
+        _require(
+            cfg.loss_scale is None or (cfg.loss_scale > 0 and math.isfinite(cfg.loss_scale)),
+            f"--loss-scale must be a positive number, got {cfg.loss_scale}",
+        )
     _require(cfg.activation in ACTIVATIONS, f"unknown activation {cfg.activation!r}")
     _require(
         cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})"

@@ -28,6 +28,7 @@ from importlib import resources
 import numpy as np
 
 from .config import RunConfig, SimparError
+from .precision import as_wire
 
 
 @dataclass
@@ -122,7 +123,7 @@ def load_mnist(data_dir: str, dtype) -> Dataset:
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
-    dtype = np.dtype(cfg.dtype)
+    dtype = cfg.compute_dtype()  # half under --precision mixed-*: the model's input is half too
     if cfg.dataset == "digits":
         data = load_digits(dtype)
     elif cfg.dataset == "synthetic":
@@ -225,8 +226,9 @@ class BatchFeeder:
             for dest in range(1, world.size):
                 _, dx, dy = self._needs(dest)
                 for r in self.rows_of(dest, rows):
-                    if dx:
-                        world.send(np.ascontiguousarray(self.data.x_train[r]), dest, "data", "scatter-batch")
+                    if dx:  # bfloat16 rows travel as their uint16 bits (precision.as_wire)
+                        x = np.ascontiguousarray(self.data.x_train[r])
+                        world.send(as_wire(x), dest, "data", "scatter-batch")
                     if dy:
                         world.send(np.ascontiguousarray(self.data.y_train[r]), dest, "data", "scatter-batch")
             return [
@@ -235,11 +237,9 @@ class BatchFeeder:
             ]
         out = []
         for r in self.rows_of(world.rank, rows):
-            x = (
-                world.recv(np.empty((len(r), self.width), self.dtype), 0, "data", "scatter-batch")
-                if need_x
-                else None
-            )
+            x = np.empty((len(r), self.width), self.dtype) if need_x else None
+            if need_x:
+                world.recv(as_wire(x), 0, "data", "scatter-batch")
             y = world.recv(np.empty(len(r), np.int64), 0, "data", "scatter-batch") if need_y else None
             out.append((x, y))
         return out

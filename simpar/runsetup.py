@@ -39,7 +39,7 @@ def select_kernels(cfg: RunConfig) -> str:
         splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
         rows = -(-cfg.batch // splits)
         widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
-        name = kernels.choose_auto(widths, rows, cfg.dtype)
+        name = kernels.choose_auto(widths, rows, cfg.dtype)  # mixed: the float32 compute under HalfKernels
     if name == "cuda":
         from numba import cuda
 
@@ -49,6 +49,10 @@ def select_kernels(cfg: RunConfig) -> str:
                 "to run the same kernels in Numba's CPU simulator, slowly)"
             )
     backend = kernels.use(name)
+    if cfg.mixed:  # half tensors, each layer computed in float32 and rounded back (precision.py)
+        from .precision import HalfKernels
+
+        backend = kernels.install(HalfKernels(backend, cfg.compute_dtype()))
     collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
@@ -149,7 +153,9 @@ def start_clock(cfg: RunConfig, world: Communicator):
     if cfg.clock != "sim":
         return None
     hw = hardware.load(cfg.hardware)
-    precision = {"float64": "fp64", "float32": "fp32"}[cfg.dtype]
+    from .costmodel.spec import precision_of
+
+    precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
     share = hw.compute_share(min(world.size, hw.devices_per_node))
     links = {}

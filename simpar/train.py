@@ -57,8 +57,18 @@ from .runsetup import (
 )
 
 
-def evaluate(weights, data: Dataset, activation: str) -> float:
-    logits = predict(weights, data.x_val, activation)
+def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = None) -> float:
+    """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
+    x = data.x_val
+    if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
+        x = x.astype(np.float32)
+        weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
+    if cfg is not None and cfg.arch == "resmlp":
+        from .resmlp import build_units, predict_logits
+
+        logits = predict_logits(build_units(cfg), weights, x)
+    else:
+        logits = predict(weights, x, activation)
     return float(np.mean(np.argmax(logits, axis=1) == data.y_val))
 
 
@@ -130,7 +140,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     if resumed is not None:
         strategy.load_full_state(resumed[1])  # every rank slices its shard: no traffic
         first = resumed[2]
-    feeder = BatchFeeder(data, cfg, mesh, cfg.dtype)
+    feeder = BatchFeeder(data, cfg, mesh, cfg.compute_dtype())
 
     per_epoch = steps_per_epoch(n_train, cfg.batch)
     is_root = world.rank == 0
@@ -172,7 +182,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
                 eval_start = time.perf_counter()
                 weights = strategy.full_weights()
                 if is_root and data is not None:
-                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation)
+                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation, cfg)
                 eval_s += time.perf_counter() - eval_start
             if show:
                 acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
@@ -195,6 +205,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     # Everything below is bookkeeping: snapshot the training traffic before control traffic adds up.
     ledger = world.ledger.snapshot()
     weights = strategy.full_weights()
+    if weights is not None and cfg.mixed:  # float32 holds every half value exactly; npz can't hold bf16
+        weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
     gathered = world.gather_object(
         {
             "rank": world.rank,
@@ -215,7 +227,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         cfg,
         world.size,
         mesh,
-        parameter_count(cfg.layers),
+        parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg)),
         losses,
         epoch_log,
         gathered,
@@ -226,7 +238,9 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         eval_s,
     )
     if data is not None:
-        metrics["accuracy"] = evaluate(weights, data, cfg.activation)
+        metrics["accuracy"] = evaluate(weights, data, cfg.activation, cfg)
+    if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
+        metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
 
@@ -257,6 +271,12 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
+
+
+def _units(cfg):
+    from .resmlp import build_units
+
+    return build_units(cfg)
 
 
 def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-source", default="local", help="local | root")
     g.add_argument("--precision", default="fp32", help="fp32 | fp64 | mixed (2-byte params/grads, K=12 Adam)")
     g.add_argument("--optimizer", default="sgd", help="sgd | adam")
+    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks; dp and --zero)")
     g.add_argument("--momentum", type=float, default=0.9)
     g = p.add_argument_group("hardware and output")
     g.add_argument(
@@ -123,9 +124,9 @@ def spec_from_args(a) -> cm.Spec:
             raise SimparError(
                 f"--stage-layers {a.stage_layers!r}: expected comma-separated integers"
             ) from None
-    precision = {"float32": "fp32", "float64": "fp64", "bf16": "mixed", "fp16": "mixed"}.get(
-        a.precision, a.precision
-    )
+    names = {"float32": "fp32", "float64": "fp64", "bf16": "mixed", "fp16": "mixed"}
+    names.update({"mixed-fp16": "mixed", "mixed-bf16": "mixed"})  # train's --precision names
+    precision = names.get(a.precision, a.precision)
     if a.data_source not in ("local", "root"):
         raise SimparError(f"unknown data source {a.data_source!r} (choose from local, root)")
     spec = cm.Spec(
@@ -148,6 +149,7 @@ def spec_from_args(a) -> cm.Spec:
         precision=precision,
         optimizer=a.optimizer,
         momentum=a.momentum,
+        arch=a.arch,
     )
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 

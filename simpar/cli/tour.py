@@ -32,6 +32,8 @@ def tour_command(args: argparse.Namespace) -> int:
     from ..tour import tour_main
 
     cfg = config_from_args(args)
+    if cfg.mixed:  # the tour's float64 default is for fp32 runs; mixed precision's master is float32
+        cfg.dtype = "float32"
     if cfg.clock == "sim" and args.layers is None and args.dataset == "digits":
         for key, value in CLUSTER_MODEL.items():
             setattr(cfg, key, value)

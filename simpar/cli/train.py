@@ -10,6 +10,7 @@ import argparse
 
 from ..config import (
     ACTIVATIONS,
+    ARCHS,
     CLOCKS,
     COLLECTIVES,
     COMPUTE_MODELS,
@@ -18,6 +19,7 @@ from ..config import (
     DTYPES,
     KERNELS,
     OPTIMIZERS,
+    PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
     RunConfig,
@@ -38,7 +40,26 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         help="widths, input first (default 64,128,128,128,10 for digits, 784,256,256,10 for mnist)",
     )
     g.add_argument("--activation", default=d.activation, choices=ACTIVATIONS)
+    g.add_argument(
+        "--arch",
+        default=d.arch,
+        choices=ARCHS,
+        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp and --zero)",
+    )
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help="fp32: all in --dtype; mixed-fp16|mixed-bf16: half weights, activations, gradients and "
+        "messages, float32 master weights and optimizer state, dynamic loss scaling (dp and --zero)",
+    )
+    g.add_argument(
+        "--loss-scale",
+        type=float,
+        default=None,
+        help="mixed precision: the initial loss scale (default 65536 for fp16, 1 for bf16)",
+    )
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
@@ -146,7 +167,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig(
         layers=layers or [],
         activation=args.activation,
+        arch=args.arch,
         dtype=args.dtype,
+        precision=args.precision,
+        loss_scale=args.loss_scale,
         seed=args.seed,
         dataset=args.dataset,
         samples=args.samples,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..config import layout_name
 from . import hardware
 from .rank import CATS, MEMORY_KINDS, predict_rank
-from .spec import Shape, Spec, check, coords_of, micro_rows
+from .spec import Shape, Spec, check, coords_of, micro_rows, unit_sizes
 from .steptime import RankCosts, op_time, step_time
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
@@ -141,7 +141,7 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     return {
         "layout": layout_name(spec),
         "world": spec.world,
-        "params": sum(a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])),
+        "params": sum(unit_sizes(spec)),  # an MLP's layers, or resmlp's projections and blocks
         "spec": {k: v for k, v in spec.__dict__.items() if k != "widths"},
         "widths": _short(spec.widths),
         "n_layers": spec.n_layers,

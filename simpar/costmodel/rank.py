@@ -88,6 +88,11 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             held_row[c] += z_l if spec.recompute == "selective" else 0
     if spec.recompute == "none":
         held_row = act_row
+    if spec.arch == "resmlp":  # units, not layers (tp = pp = 1): their own FLOPs and kept arrays
+        works = [layer_work(spec, i, "full") for i in range(*shape.bounds[mine[0]])]
+        fwd, bwd = sum(w["fwd_flops"] for w in works), sum(w["bwd_flops"] for w in works)
+        act_row = {c: sum(w["act_row"] for w in works) for c in mine}
+        held_row = act_row
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
             (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
@@ -248,6 +253,8 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
     activation. (The same accounting the simulated clock charges: simpar/model.py.)
     """
+    if spec.arch == "resmlp":
+        return resmlp_unit_work(spec, i)
     W, t = spec.widths, spec.tp
     a_l = W[i] // t if kind == "row" else W[i]
     b_l = W[i + 1] // t if kind == "column" else W[i + 1]
@@ -263,6 +270,35 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     }
 
 
+def resmlp_unit_work(spec: Spec, i: int) -> dict:
+    """layer_work for unit i of --arch resmlp (simpar/resmlp.py), plus `act_row`: elements kept for
+    backward per row. Projections have no activation (a bias only; the input projection keeps x, the
+    output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
+    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
+    LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
+    and s (1). The same accounting simclock is charged with (resmlp.BlockUnit)."""
+    W, n = spec.widths, spec.n_layers
+    if 0 < i < n - 1:
+        d = W[i]
+        return {
+            "fwd_flops": 4 * d * d,
+            "bwd_flops": 8 * d * d,
+            "fwd_elems": 17 * d,
+            "bwd_elems": 17 * d,
+            "bwd_call_elems": 3 * (2 * d * d + 4 * d),
+            "act_row": 5 * d + 1,
+        }
+    a, b = W[i], W[i + 1]
+    return {
+        "fwd_flops": 2 * a * b,
+        "bwd_flops": 2 * a * b * (1 if i == 0 else 2),
+        "fwd_elems": 2 * b,
+        "bwd_elems": b,
+        "bwd_call_elems": 3 * a * b + 3 * b,
+        "act_row": a,
+    }
+
+
 def optimizer_passes(spec: Spec) -> int:
     """Sweeps over the updated parameters per step: SGD 6 (10 with momentum), Adam 20 (reads and
     writes of w, g, state and temporaries; zeroing the gradients included) -- simpar/optim.py."""
@@ -270,6 +306,7 @@ def optimizer_passes(spec: Spec) -> int:
 
 
 LOSS_ELEMS = 6  # softmax cross-entropy sweeps rows x classes about 6 times
+MIXED_CAST_BYTES = 14  # mixed precision, per updated parameter: check 2, unscale 2+4, round back 4+2
 
 
 def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list[int]], updated: int) -> int:
@@ -281,9 +318,25 @@ def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list
         w = layer_work(spec, i, kind)
         per_row += w["fwd_elems"] + w["bwd_elems"]
         per_call += w["bwd_call_elems"]
-    if hi == spec.n_layers:
-        per_row += LOSS_ELEMS * spec.widths[-1]
     micro_batches = sum(len(step) for step in rows)
-    return (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act + (
-        optimizer_passes(spec) * updated * spec.prec.param
+    loss = loss_bytes(spec) * sum(map(sum, rows)) if hi == spec.n_layers else 0
+    return (
+        (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act
+        + loss
+        + (optimizer_bytes(spec, updated))
     )
+
+
+def loss_bytes(spec: Spec) -> int:
+    """Bytes the loss moves per row of the last stage: LOSS_ELEMS sweeps over the classes, in the
+    activations' type -- float32 under mixed precision (the half logits are upcast first)."""
+    return LOSS_ELEMS * spec.widths[-1] * (4 if spec.precision == "mixed" else spec.prec.act)
+
+
+def optimizer_bytes(spec: Spec, updated: int) -> int:
+    """Bytes the optimizer step moves over the `updated` parameters a rank owns: its sweeps over
+    parameters and state in their type -- float32 masters under mixed precision, plus the overflow
+    check, the unscaled float32 gradient and the rounding back to half (MIXED_CAST_BYTES)."""
+    if spec.precision == "mixed":
+        return (optimizer_passes(spec) * 4 + MIXED_CAST_BYTES) * updated
+    return optimizer_passes(spec) * updated * spec.prec.param

@@ -50,6 +50,14 @@ PRECISIONS = {
 DTYPE_PRECISION = {"float64": "fp64", "float32": "fp32"}
 
 
+def precision_of(cfg) -> str:
+    """The Precision of a RunConfig: --precision mixed-fp16 and mixed-bf16 are both `mixed` (2-byte
+    halves, float32 master and state); otherwise the --dtype's."""
+    if getattr(cfg, "precision", "fp32") != "fp32":
+        return "mixed"
+    return DTYPE_PRECISION[cfg.dtype]
+
+
 # -- the question ---------------------------------------------------------------------------------------
 
 
@@ -77,6 +85,7 @@ class Spec:
     optimizer: str = "sgd"
     momentum: float = 0.9
     activation: str = "relu"
+    arch: str = "mlp"
 
     @property
     def world(self) -> int:
@@ -114,10 +123,11 @@ class Spec:
             overlap=cfg.overlap,
             data_source=cfg.data_source,
             stage_layers=cfg.stage_layers,
-            precision=DTYPE_PRECISION[cfg.dtype],
+            precision=precision_of(cfg),
             optimizer=cfg.optimizer,
             momentum=cfg.momentum,
             activation=cfg.activation,
+            arch=getattr(cfg, "arch", "mlp"),
         )
 
 
@@ -148,6 +158,7 @@ def check(spec: Spec) -> Spec:
         collectives=spec.collectives,
         data_source=spec.data_source,
         activation=spec.activation,
+        arch=spec.arch,
     )
     validate(cfg, spec.world)
     return spec
@@ -236,6 +247,17 @@ def tp_kinds(n_stage_layers: int, tp: int) -> list[str]:
     return kinds
 
 
+def unit_sizes(spec: Spec) -> list[int]:
+    """Parameters per unit. MLP: each layer's fi*fo + fo. resmlp (simpar/resmlp.py): the input and
+    output projections like layers, each residual block of width d 2d^2 + 4d (LayerNorm's gamma and
+    beta, W1 and b1, W2 and b2)."""
+    W = spec.widths
+    sizes = [a * b + b for a, b in zip(W[:-1], W[1:])]
+    if spec.arch == "resmlp":
+        sizes[1:-1] = [2 * d * d + 4 * d for d in W[1:-2]]
+    return sizes
+
+
 def local_layer_size(fan_in: int, fan_out: int, kind: str, tp: int) -> int:
     """Parameters of one layer on one tp rank: column W[:, cols] + b[cols]; row W[rows, :] + whole b."""
     if kind == "column":
@@ -300,6 +322,8 @@ class Shape:
             ]
             for (lo, hi), ks in zip(bounds, kinds)
         ]
+        if spec.arch == "resmlp":  # tp = pp = 1: one stage of whole units
+            sizes = [unit_sizes(spec)]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
         chunks = [stage_chunks(spec.schedule, spec.pp, spec.virtual_stages, s) for s in range(spec.pp)]
         return cls(bounds, kinds, sizes, buckets, chunks)

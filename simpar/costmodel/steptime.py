@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .order import stage_order  # noqa: F401  (re-exported: the recurrence's order)
-from .rank import LOSS_ELEMS, layer_work, optimizer_passes
+from .rank import layer_work, loss_bytes, optimizer_bytes
 from .spec import Spec, dp_bucket_layers, micro_rows
 
 
@@ -62,9 +62,7 @@ class RankCosts:
         self.t = rank_pred["coords"]["tp"]
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
-        self.optimizer_s = (
-            optimizer_passes(spec) * rank_pred["params_updated"] * spec.prec.param * self.stream
-        )
+        self.optimizer_s = optimizer_bytes(spec, rank_pred["params_updated"]) * self.stream
         self._memo: dict = {}  # (what, rows) -> seconds: micro-batches come in a few sizes only
 
     def _cached(self, what: str, r: int, fn):
@@ -91,7 +89,7 @@ class RankCosts:
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
         if loss and self.hi == self.spec.n_layers:
-            out += r * LOSS_ELEMS * W[-1] * bpe * self.stream
+            out += r * loss_bytes(self.spec) * self.stream
         return out
 
     def recompute(self, r: int) -> float:

@@ -162,12 +162,12 @@ class SerialStack:
             [
                 (
                     i,
-                    *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype),
+                    *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.compute_dtype()),
                     activation_of(i, n, cfg.activation),
                 )
                 for i in layer_indices
             ],
-            cfg.dtype,
+            cfg.compute_dtype(),
         )
 
     def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):

@@ -18,9 +18,9 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 from __future__ import annotations
 
 from .. import collectives, trace
-from ..model import softmax_cross_entropy
-from ..optim import make_optimizer
-from .base import SerialStack, Strategy
+from ..precision import build_optimizer, loss_grad, wire
+from .base import Strategy
+from .resstack import make_stack
 
 
 class GradientBuckets:
@@ -98,11 +98,11 @@ class DataParallel(Strategy):
 
     def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = stack if stack is not None else SerialStack(cfg, list(range(cfg.n_layers)))
+        self.stack = stack if stack is not None else make_stack(cfg)  # mlp or resmlp
         self.store = self.stack.store
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
+        self.optimizer = build_optimizer(cfg)  # every rank holds the same summed gradients: no vote
         self.buckets = GradientBuckets(
-            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+            self.store, wire(mesh.dp_comm, cfg), cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
 
     def train_step(self, micro_steps, global_batch: int) -> float:
@@ -118,7 +118,7 @@ class DataParallel(Strategy):
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
         logits, contexts = self.stack.forward(x, self.meter, self.watch)
-        loss, grad = softmax_cross_entropy(logits, y, global_batch)
+        loss, grad = loss_grad(self.optimizer, logits, y, global_batch)
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
 

@@ -14,6 +14,11 @@ chunk), update that chunk, all-gather the updated parameters: 2(p-1)/p * P eleme
 step (sec. 7.2.1). ZeRO-3 must gather the parameters twice, once for forward and again for
 backward, because it threw them away in between: 3(p-1)/p * P, i.e. 1.5x DDP (sec. 7.2.2).
 
+A "layer" below is a unit of resmlp.py: one MLP layer's flat (W, b), or with --arch resmlp a projection
+or a whole residual block (LayerNorm, W1, W2 and biases) -- gathered, computed and reduce-scattered
+as one. Under --precision mixed-* every buffer here is half precision and the optimizer keeps the
+float32 masters of this rank's chunk (precision.py), so the ZeRO paper's Table 1 holds as measured.
+
 Which elements a rank owns (its "chunk"; sizes follow collectives.chunk_bounds = np.array_split):
   stage 1   chunk r of the whole flat parameter vector (P elements), one reduce-scatter per step;
   stage 2/3 chunk r of EACH LAYER's flat (W, b) vector (n_l elements): gradients are
@@ -49,9 +54,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward, softmax_cross_entropy
-from ..optim import make_optimizer
-from .base import HeldBytes, SerialStack, Strategy
+from ..precision import build_optimizer, loss_grad, wire
+from ..resmlp import build_units
+from .base import HeldBytes, Strategy
+from .resstack import make_stack
 
 
 class ZeroDataParallel(Strategy):
@@ -60,17 +66,17 @@ class ZeroDataParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.stage = cfg.zero
-        self.comm = mesh.dp_comm
+        self.comm = wire(mesh.dp_comm, cfg)
         self.p, self.r = self.comm.size, self.comm.rank
-        self.dtype = np.dtype(cfg.dtype)
+        self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize
-        n_layers = cfg.n_layers
-        self.shapes = [(cfg.layers[i], cfg.layers[i + 1]) for i in range(n_layers)]
-        self.acts = [activation_of(i, n_layers, cfg.activation) for i in range(n_layers)]
-        self.sizes = [fi * fo + fo for fi, fo in self.shapes]  # n_l: W then b, flat
+        # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
+        self.units = build_units(cfg)
+        self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
+        # Mixed precision: ranks hold different gradient shards, so they vote on skipping a step.
+        self.optimizer = build_optimizer(cfg, self.comm)
         # Besides the activations (self.meter): gradient buffers, and stage 3's gathered layers.
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         if self.stage == 1:
@@ -81,7 +87,7 @@ class ZeroDataParallel(Strategy):
     # -- construction ------------------------------------------------------------------------------
     def _init_stage1(self) -> None:
         # The whole model and its whole gradient on every rank (as DDP); only the optimizer shrinks.
-        self.stack = SerialStack(self.cfg, list(range(self.cfg.n_layers)))
+        self.stack = make_stack(self.cfg)
         self.store = self.stack.store
         bounds = collectives.chunk_bounds(self.P, self.p)
         self.chunk = slice(int(bounds[self.r]), int(bounds[self.r + 1]))
@@ -106,21 +112,15 @@ class ZeroDataParallel(Strategy):
         else:
             self.param_shard = np.empty(self.S, dtype=self.dtype)
             target = self.param_shard
-        for i, (fi, fo) in enumerate(self.shapes):
+        for i, unit in enumerate(self.units):
             # Initialise on the full shape (identical to serial), keep what this stage stores.
-            W, b = init_layer(self.cfg.seed, i, fi, fo, self.dtype)
-            full = np.concatenate((W.reshape(-1), b))
+            full = unit.init(self.cfg.seed, self.dtype)
             if self.stage == 2:
                 target[self.offsets[i] : self.offsets[i + 1]] = full
             else:
                 lo, hi = self.mine[i]
                 target[self.segments[i]] = full[lo:hi]
         self.params_bytes = target.nbytes
-
-    def _views(self, i: int, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(W, b) of layer i as views of its flat n_l-element vector."""
-        fi, fo = self.shapes[i]
-        return flat[: fi * fo].reshape(fi, fo), flat[fi * fo :]
 
     # -- parameters of one layer, for compute ---------------------------------------------------
     def _layer_params(self, i: int) -> np.ndarray:
@@ -166,27 +166,25 @@ class ZeroDataParallel(Strategy):
         if self.stage == 1:
             # No traffic during the micro-steps: the full gradient accumulates locally, as in DDP.
             logits, contexts = self.stack.forward(x, self.meter, self.watch)
-            loss, grad = softmax_cross_entropy(logits, y, global_batch)
+            loss, grad = loss_grad(self.optimizer, logits, y, global_batch)
             self.stack.backward(contexts, grad, self.meter)
             return loss
         contexts = []
         for i in range(len(self.sizes)):
             full = self._layer_params(i)
-            W, b = self._views(i, full)
-            x, ctx = layer_forward(Linear(i, W, b, None, None, self.acts[i]), x)
+            x, ctx = self.units[i].forward(full, x)
             self._done_with(full)
-            del full, W, b
+            del full
             self.watch.check(i, x)
             self.meter.take(ctx.nbytes)
             contexts.append(ctx)
-        loss, grad = softmax_cross_entropy(x, y, global_batch)
+        loss, grad = loss_grad(self.optimizer, x, y, global_batch)
         for i in reversed(range(len(self.sizes))):
             grad = self._layer_backward(i, contexts.pop(), grad, last)
         return loss
 
     def _layer_backward(self, i: int, ctx, grad, last: bool):
         full = self._layer_params(i)  # stage 3: the second gather of this layer in this micro-step
-        W, b = self._views(i, full)
         lo_l, hi_l = self.offsets[i], self.offsets[i + 1]
         if self.accum is not None:
             buf = self.accum[lo_l:hi_l]  # stage 2, K > 1: accumulate in the full-size buffer
@@ -194,11 +192,10 @@ class ZeroDataParallel(Strategy):
             # A gradient buffer for this one layer: alive only until its reduce-scatter is done.
             buf = np.zeros(self.sizes[i], dtype=self.dtype)
             self.grads_held.take(buf.nbytes)
-        dW, db = self._views(i, buf)
-        grad = layer_backward(Linear(i, W, b, dW, db, self.acts[i]), ctx, grad, need_dx=i > 0)
+        grad = self.units[i].backward(full, buf, ctx, grad, need_dx=i > 0)
         self.meter.free(ctx.nbytes)
         self._done_with(full)
-        del full, W, b  # stage 3: the gathered layer is gone before we communicate
+        del full  # stage 3: the gathered layer is gone before we communicate
         if last or self.stage == 3:
             # Sum over the group; this rank keeps only the sum of its own chunk of the layer.
             mine = collectives.reduce_scatter(self.comm, buf, "model", "grad-reduce-scatter")
@@ -235,7 +232,7 @@ class ZeroDataParallel(Strategy):
                 return None
             flat = self.store.params if self.stage == 1 else self.flat
             return [
-                tuple(v.copy() for v in self._views(i, flat[self.offsets[i] : self.offsets[i + 1]]))
+                self.units[i].weights(flat[self.offsets[i] : self.offsets[i + 1]])
                 for i in range(len(self.sizes))
             ]
         out = []
@@ -249,7 +246,7 @@ class ZeroDataParallel(Strategy):
                         part[...] = self.param_shard[self.segments[i]]
                     else:
                         self.comm.recv(part, q, "control", "gather-weights")
-                out.append(self._views(i, full))
+                out.append(self.units[i].weights(full))
             else:
                 self.comm.send(self.param_shard[self.segments[i]], 0, "control", "gather-weights")
         return out if self.mesh.world.rank == 0 else None

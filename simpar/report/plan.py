@@ -146,7 +146,9 @@ def describe_model(pred: dict) -> str:
     shape = (
         "-".join(map(str, w)) if "..." not in w else f"stand-in, {pred['n_layers']} layers of width {w[1]}"
     )
-    return f"MLP {shape} ({P / 1e9:,.2f} B params)" if P >= 1e9 else f"MLP {shape} ({P / 1e6:,.3g} M params)"
+    kind = "residual MLP" if pred["spec"].get("arch") == "resmlp" else "MLP"
+    size = f"{P / 1e9:,.2f} B params" if P >= 1e9 else f"{P / 1e6:,.3g} M params"
+    return f"{kind} {shape} ({size})"
 
 
 def print_compare(spec, hw, world: int | None, limit: float | None, as_json: bool) -> int:

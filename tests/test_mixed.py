@@ -1,0 +1,230 @@
+"""Mixed precision (--precision mixed-fp16|mixed-bf16): the pieces (half kernels, scaled loss, the loss
+scaler and its skipped steps), the same model as the serial run at the same precision, the ledger's
+2-byte messages, and the ZeRO paper's memory table measured (Rajbhandari et al. 2020, sec. 3.1, Table 1).
+
+Tolerance: TOL = 16 u, u the half format's unit roundoff (2**-11 for float16, 2**-8 for bfloat16).
+A sharded layout sums the same half gradients in another order -- the ring adds p half-precision
+partial sums chunk by chunk, while the serial run's gradient comes out of one float32 matmul rounded
+once -- so each gradient element differs by up to about (p-1) roundings, and every step moves the
+weights by slightly different amounts; after a few SGD steps the losses and weights agree to a few
+units of u of their size, not to float64's 1e-12. (Measured on these 6 steps: at most ~3e-3 of the
+largest weight for float16, ~6e-3 for bfloat16; losses ~1e-3 relative.)
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kernels
+from simpar import precision as mp
+from simpar.collectives import chunk_bounds
+from simpar.model import softmax_cross_entropy
+from simpar.optim import SGD, Adam
+from tests.mpiutil import run_mpi, train_json
+
+LAYERS = [64, 128, 128, 128, 10]
+SIZES = [a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:])]
+P = sum(SIZES)
+STEPS = 6
+BASE = ["--steps", str(STEPS), "--batch", "64"]
+TOL = {"mixed-fp16": 16 * 2.0**-11, "mixed-bf16": 16 * 2.0**-8}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache: dict = {}
+
+    def run(n: int, *args: str) -> dict:
+        if (n, args) not in cache:
+            cache[(n, args)] = train_json(n, [*BASE, *args], tmp_path_factory.mktemp("mixed"), timeout=180)
+        return cache[(n, args)]
+
+    return run
+
+
+def chunk(n: int, p: int, r: int) -> int:
+    b = chunk_bounds(n, p)
+    return int(b[r + 1] - b[r])
+
+
+def flat(weights) -> np.ndarray:
+    return np.concatenate([np.concatenate((W.ravel(), b)) for W, b in weights])
+
+
+def assert_same_model(got: dict, ref: dict, tol: float) -> None:
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=tol)
+    a, b = flat(got["weights"]), flat(ref["weights"])
+    assert np.abs(a - b).max() <= tol * np.abs(b).max()
+
+
+# -- the pieces ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16])
+def test_half_kernels_round_the_float32_result(dtype):
+    rng = np.random.default_rng(0)
+    x, W, b = (rng.standard_normal(s).astype(dtype) for s in ((5, 7), (7, 3), (3,)))
+    k = mp.HalfKernels(kernels.load("numpy"), dtype)
+    z, y = k.linear_act_forward(x, W, b, "relu")
+    want = x.astype(np.float32) @ W.astype(np.float32) + b.astype(np.float32)
+    assert z.dtype == dtype and y.dtype == dtype
+    np.testing.assert_array_equal(z, want.astype(dtype))  # computed in float32, rounded once
+    np.testing.assert_array_equal(y, np.maximum(want, 0).astype(dtype))
+    z, y = k.linear_act_forward(x, W, b, "none")
+    assert y is z  # the logits layer: Context counts z once
+    dx, dW, db = k.linear_act_backward(y, x, W, z, y, "none", True)
+    assert dx.dtype == dW.dtype == db.dtype == dtype and dW.shape == W.shape
+
+
+def test_scaled_loss_gradient_is_the_float32_one_times_the_scale():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((8, 10)).astype(np.float16)
+    labels = rng.integers(0, 10, 8)
+    loss, d = mp.scaled_loss_grad(logits, labels, 1024, 2.0**10)
+    ref_loss, ref = softmax_cross_entropy(logits.astype(np.float32), labels, 1024)
+    assert loss == ref_loss and d.dtype == np.float16
+    np.testing.assert_array_equal(d, (ref * 2.0**10).astype(np.float16))
+
+
+@pytest.mark.parametrize(
+    "inner,bpp", [(lambda: Adam(0.01), 12), (lambda: SGD(0.1, 0.9), 8), (lambda: SGD(0.1, 0.0), 4)]
+)
+def test_optimizer_state_is_the_zero_papers_k(inner, bpp):
+    """K bytes per parameter (ZeRO paper sec. 3.1): Adam 12 (master, momentum, variance), SGD with
+    momentum 8, plain SGD 4 (just the float32 master)."""
+    opt = mp.MixedPrecisionOptimizer(inner(), "mixed-fp16")
+    w = np.ones(100, np.float16)
+    opt.step([w], [np.full(100, 2.0**16 * 0.5, np.float16)])
+    assert opt.state_nbytes() == bpp * 100
+    assert w.dtype == np.float16 and np.all(w < 1)  # updated, rounded back into the half weights
+
+
+def test_overflow_skips_the_step_and_halves_the_scale(monkeypatch):
+    opt = mp.MixedPrecisionOptimizer(SGD(0.1, 0.0), "mixed-fp16")
+    w = np.ones(4, np.float16)
+    opt.step([w], [np.array([1, np.inf, 1, 1], np.float16)])
+    assert np.all(w == 1) and opt.scale == 2.0**15 and opt.summary()["skipped_at"] == [1]
+    monkeypatch.setattr(mp, "GROWTH_INTERVAL", 2)
+    for _ in range(2):
+        opt.step([w], [np.ones(4, np.float16)])
+    assert opt.scale == 2.0**16 and opt.summary()["skipped_steps"] == 1
+    # The update used the UNSCALED gradient: 2 steps of lr * g / scale, g = 1.
+    np.testing.assert_allclose(w, np.float16(1 - 0.1 / 2**15 - 0.1 / 2**15), rtol=1e-3)
+
+
+def test_bfloat16_travels_as_its_bits():
+    x = np.arange(6, dtype=np.float32).astype(BF16)
+    wire = mp.as_wire(x)
+    assert wire.dtype == np.uint16 and wire.nbytes == x.nbytes and np.shares_memory(wire, x)
+    h = np.ones(3, np.float16)
+    assert mp.as_wire(h) is h
+
+
+# -- whole runs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "precision,n,zero",
+    [
+        ("mixed-fp16", 4, 0),
+        ("mixed-fp16", 3, 1),
+        ("mixed-fp16", 4, 2),
+        ("mixed-fp16", 3, 3),
+        ("mixed-bf16", 3, 0),
+        ("mixed-bf16", 4, 3),
+    ],
+)
+def test_same_model_as_serial_at_the_same_precision(runs, precision, n, zero):
+    ref = runs(1, "--precision", precision)
+    m = runs(n, "--precision", precision, "--zero", str(zero))
+    assert_same_model(m, ref, TOL[precision])
+    assert m["prediction_mismatches"] == [] and ref["prediction_mismatches"] == []
+    # Messages are half precision: data parallel 2(p-1)/p * P * 2 bytes per step over all ranks ...
+    factor = 3 if zero == 3 else 2
+    assert m["comm"]["total_sent"]["model"] == STEPS * factor * (n - 1) * P * 2
+    assert m["precision"] == {
+        "name": precision,
+        "loss_scale": m["precision"]["loss_scale"],
+        "skipped_steps": 0,
+        "skipped_at": [],
+    }
+    assert m["accuracy"] > 0.2  # learning (chance is 0.1) after 6 steps
+
+
+def test_zero_papers_memory_table_measured(runs):
+    """Table 1 of the ZeRO paper, per rank, mixed precision with Adam (K = 12), N_d = 4:
+         DP      2P + 2P + 12P                       = 16P
+         P_os    2P + 2P + 12 P/N_d
+         P_os+g  2P + (2 + 12) P/N_d
+         P_os+g+p (2 + 2 + 12) P/N_d
+    measured exactly, where P/N_d is this rank's chunk (uneven: P = 42,634 is not a multiple of 4),
+    and stages 2/3 also hold the one full layer (n_max) they work on at a time (zero.py)."""
+    p, adam = 4, ("--precision", "mixed-fp16", "--optimizer", "adam", "--lr", "0.005")
+    ref = runs(1, *adam)
+    n_max = max(SIZES)
+    rows = {}
+    for stage in (0, 1, 2, 3):
+        m = runs(p, *adam, "--zero", str(stage))
+        assert m["prediction_mismatches"] == []
+        np.testing.assert_allclose(m["losses"], ref["losses"], rtol=TOL["mixed-fp16"])
+        for r, mem in enumerate(m["memory"]["ranks"]):
+            S = sum(chunk(n, p, r) for n in SIZES)  # stages 2/3: my chunk of every layer
+            want = {
+                0: (2 * P, 2 * P, 12 * P),
+                1: (2 * P, 2 * P, 12 * chunk(P, p, r)),
+                2: (2 * P, 2 * (S + n_max), 12 * S),
+                3: (2 * (S + n_max), 2 * (S + n_max), 12 * S),
+            }[stage]
+            assert (mem["params"], mem["grads"], mem["optimizer"]) == want, (stage, r)
+        rows[stage] = max(sum(r[k] for k in ("params", "grads", "optimizer")) for r in m["memory"]["ranks"])
+    assert rows[0] == 16 * P and rows[0] > rows[1] > rows[2] > rows[3]
+    assert rows[1] < 4 * P + 12 * P / p + 12  # 2P + 2P + K P/N_d, up to the uneven chunk
+
+
+def test_overflowing_steps_are_skipped_alike_everywhere(runs):
+    """A loss scale of 2**21 overflows float16 (max 65504) in backward: the first steps are skipped and
+    the scale halves until the gradients fit (2**18 here). Serial, dp and ZeRO-3 (whose ranks each
+    see a shard and vote) skip the same steps and then train the same model."""
+    args = ("--precision", "mixed-fp16", "--loss-scale", str(2.0**21))
+    ref = runs(1, *args)
+    skipped = ref["precision"]["skipped_at"]
+    assert skipped[:2] == [1, 2] and len(skipped) < STEPS  # later ones as the gradients grow
+    assert ref["precision"]["loss_scale"] == 2.0**21 / 2 ** len(skipped)
+    for n, zero in ((2, "0"), (3, "3")):
+        m = runs(n, *args, "--zero", zero)
+        assert m["precision"]["skipped_at"] == skipped
+        assert_same_model(m, ref, TOL["mixed-fp16"])
+        assert m["prediction_mismatches"] == []
+
+
+def test_bfloat16_batches_scattered_from_root(runs):
+    local = runs(3, "--precision", "mixed-bf16", "--zero", "0")
+    root = runs(3, "--precision", "mixed-bf16", "--zero", "0", "--data-source", "root")
+    assert root["losses"] == local["losses"] and root["prediction_mismatches"] == []
+    assert root["comm"]["total_sent"]["data"] > 0  # 2-byte rows, as the cost model predicts
+
+
+def test_simulated_clock_charges_two_bytes(runs):
+    """Under --clock sim the kernels are charged by their real itemsize: the mixed run's step time
+    equals the cost model's 'mixed' prediction within 5%, as the tests hold fp32 layouts to."""
+    m = runs(2, "--precision", "mixed-fp16", "--clock", "sim", "--hardware", "dgx-h100")
+    sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
+    assert abs(pred / sim - 1) <= 0.05, (sim, pred)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--precision", "mixed-fp16", "--tp", "2"], "serial, --dp and --zero layouts only"),
+        (["--precision", "mixed-bf16", "--dtype", "float64"], "float32 master"),
+        (["--precision", "mixed-bf16", "--collectives", "mpi"], "cannot sum bfloat16"),
+        (["--precision", "fp8"], "invalid choice"),
+    ],
+)
+def test_unsupported_combinations_are_one_line(args, message):
+    res = run_mpi(2, ["train", "--steps", "1", *args], timeout=60)
+    assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
+    assert message in res.stderr and "Traceback" not in res.stderr

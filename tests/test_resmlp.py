@@ -1,0 +1,115 @@
+"""--arch resmlp: LayerNorm's and the residual block's backward against finite differences, the
+parameter count against the cost model, and data parallelism and ZeRO 1/2/3 against the serial run
+(float64, 1e-12: the same arithmetic up to summation order, as for the MLP)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simpar import costmodel as cm
+from simpar.config import RunConfig
+from simpar.resmlp import BlockUnit, build_units, layernorm_backward, layernorm_forward
+from tests.mpiutil import run_mpi, train_json
+
+LAYERS = [64, 96, 96, 96, 10]
+BASE = [
+    "--steps",
+    "4",
+    "--batch",
+    "64",
+    "--arch",
+    "resmlp",
+    "--dtype",
+    "float64",
+    "--layers",
+    "64,96,96,96,10",
+]
+
+
+def numeric_grad(f, x, h=1e-6):
+    """Central differences of the scalar f() with respect to every element of x (changed in place)."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + h
+        up = f()
+        x[i] = old - h
+        down = f()
+        x[i] = old
+        g[i] = (up - down) / (2 * h)
+    return g
+
+
+def test_layernorm_backward_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    x, gamma, beta = rng.standard_normal((4, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    w = rng.standard_normal((4, 6))  # loss = sum(w * LN(x)): dL/dy = w
+    loss = lambda: float((w * layernorm_forward(x, gamma, beta)[0]).sum())
+    _, cache = layernorm_forward(x, gamma, beta)
+    dx, dgamma, dbeta = layernorm_backward(w, cache, gamma)
+    for got, wrt in ((dx, x), (dgamma, gamma), (dbeta, beta)):
+        np.testing.assert_allclose(got, numeric_grad(loss, wrt), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "gelu"])
+def test_block_backward_matches_finite_differences(act):
+    rng = np.random.default_rng(1)
+    unit = BlockUnit(1, 5, act)
+    flat = unit.init(3, np.float64) + 0.1 * rng.standard_normal(unit.size)  # gamma, beta off 1, 0
+    x = rng.standard_normal((3, 5))
+    w = rng.standard_normal((3, 5))
+    loss = lambda: float((w * unit.forward(flat, x)[0]).sum())
+    _, ctx = unit.forward(flat, x)
+    grads = np.zeros(unit.size)
+    dx = unit.backward(flat, grads, ctx, w, need_dx=True)
+    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads, numeric_grad(loss, flat), rtol=1e-5, atol=1e-7)
+
+
+def test_units_and_the_cost_models_sizes_agree():
+    cfg = RunConfig(layers=LAYERS, arch="resmlp")
+    units = build_units(cfg)
+    assert [type(u).__name__ for u in units] == ["LinearUnit", "BlockUnit", "BlockUnit", "LinearUnit"]
+    sizes = cm.spec.unit_sizes(cm.Spec(widths=LAYERS, batch=64, arch="resmlp"))
+    assert [u.size for u in units] == sizes == [64 * 96 + 96, 2 * 96 * 96 + 4 * 96, 2 * 96 * 96 + 4 * 96, 970]
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    return train_json(1, [*BASE, "--optimizer", "adam", "--lr", "0.005"], tmp_path_factory.mktemp("res"))
+
+
+@pytest.mark.parametrize("n,zero,extra", [(3, 0, []), (4, 1, []), (3, 2, ["--grad-accum", "2"]), (4, 3, [])])
+def test_data_parallel_and_zero_match_serial(tmp_path, serial, n, zero, extra):
+    m = train_json(n, [*BASE, "--optimizer", "adam", "--lr", "0.005", "--zero", str(zero), *extra], tmp_path)
+    np.testing.assert_allclose(m["losses"], serial["losses"], rtol=1e-12)
+    for (W, b), (Wr, br) in zip(m["weights"], serial["weights"]):
+        assert W.shape == Wr.shape and np.abs(W - Wr).max() <= 1e-12 * np.abs(Wr).max()
+        assert b.shape == br.shape
+    assert m["prediction_mismatches"] == []  # bytes and params/grads/optimizer memory per rank
+    assert serial["losses"][-1] < serial["losses"][0]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--arch", "resmlp", "--tp", "2"], "--arch resmlp runs serial, --dp and --zero"),
+        (["--arch", "resmlp", "--layers", "64,128,96,10"], "equal hidden widths"),
+    ],
+)
+def test_unsupported_layouts_are_one_line(args, message):
+    res = run_mpi(2, ["train", "--steps", "1", *args], timeout=60)
+    assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cost_model_predicts_the_simulated_step_and_activations(tmp_path):
+    """The cost model writes a block's work down again (rank.resmlp_unit_work): on the simulated
+    clock its step time agrees with the run within 5% (as for every MLP layout), and the activations
+    each rank keeps for backward are predicted exactly."""
+    m = train_json(2, [*BASE, "--zero", "3", "--clock", "sim", "--hardware", "dgx-h100"], tmp_path)
+    sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
+    assert abs(pred / sim - 1) <= 0.05, (sim, pred)
+    got = [r["activations_peak"] for r in m["memory"]["ranks"]]
+    assert got == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]]
