@@ -22,7 +22,8 @@ from simpar import precision as mp
 from simpar.collectives import chunk_bounds
 from simpar.model import softmax_cross_entropy
 from simpar.optim import SGD, Adam
-from tests.mpiutil import run_mpi, train_json
+from tests.conftest import train_json
+from tests.mpiutil import run_mpi
 
 LAYERS = [64, 128, 128, 128, 10]
 SIZES = [a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:])]

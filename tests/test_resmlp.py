@@ -10,7 +10,8 @@ import pytest
 from simpar import costmodel as cm
 from simpar.config import RunConfig
 from simpar.resmlp import BlockUnit, build_units, layernorm_backward, layernorm_forward
-from tests.mpiutil import run_mpi, train_json
+from tests.conftest import train_json
+from tests.mpiutil import run_mpi
 
 LAYERS = [64, 96, 96, 96, 10]
 BASE = [
