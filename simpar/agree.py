@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 from .config import RunConfig, SimparError, validate
 from .limits import check_memory
 
@@ -77,7 +79,7 @@ def fingerprint(data) -> str:
     h = hashlib.blake2b(digest_size=16)
     for a in (data.x_train, data.y_train, data.x_val, data.y_val):
         h.update(f"{a.shape}{a.dtype}".encode())
-        h.update(memoryview(a.copy() if not a.flags.c_contiguous else a).cast("B"))
+        h.update(np.ascontiguousarray(a).view(np.uint8))  # raw bytes (bfloat16 has no buffer format)
     return h.hexdigest()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -188,6 +189,26 @@ def clear_dumps(folder: str = DUMP_DIR) -> None:
                 os.unlink(os.path.join(folder, name))
             except OSError:
                 pass
+
+
+def first_to_report() -> bool:
+    """Whether this rank prints an error that every rank may have hit at once: under mpiexec, the
+    first rank of this machine to create a marker named after the launcher's proxy (the ranks' common
+    parent) says it; a marker over a minute old is a previous job's, with a recycled process id."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return True
+    path = os.path.join(tempfile.gettempdir(), f"simpar-error-{os.getppid()}")
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        if time.time() - os.path.getmtime(path) > 60:
+            os.utime(path)
+            return True
+        return False
+    except OSError:
+        return True
 
 
 def print_error(message: str) -> None:

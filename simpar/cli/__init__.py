@@ -84,4 +84,5 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SIMPAR_TRACEBACK"):
             traceback.print_exc()
         kind = "MPI error" if type(exc).__module__.startswith("mpi4py") else type(exc).__name__
-        flight.fatal(f"rank {launcher_rank()}: {kind}: {exc} (unexpected; SIMPAR_TRACEBACK=1 shows where)")
+        message = f"rank {launcher_rank()}: {kind}: {exc} (unexpected; SIMPAR_TRACEBACK=1 shows where)"
+        flight.fatal(message if flight.first_to_report() else None)  # every rank may have hit it

@@ -338,11 +338,14 @@ class PipelineParallel(Strategy):
 
     # -- checkpoints: one position, this stage's flat store (train_step's optimizer.step list) -------
     def optimizer_params(self) -> list:
-        return [self.store.params]
+        return [st.params for st in self.stores]  # one position per chunk, as train_step's step
 
     def gather_full(self, local):
-        """As full_weights: dp index 0 of each stage assembles its layers, world rank 0 collects."""
-        pieces = self.stack.full_pieces(local[0]) if self.mesh.dp_index == 0 else None
+        """As full_weights: dp index 0 of each stage assembles its chunks' layers, world rank 0 collects."""
+        pieces = None
+        if self.mesh.dp_index == 0:
+            parts = [self.stacks[c].full_pieces(flat) for c, flat in zip(self.chunks, local)]
+            pieces = None if any(p is None for p in parts) else [piece for part in parts for piece in part]
         gathered = self.mesh.world.gather_object(pieces, root=0)
         if self.mesh.world.rank != 0:
             return None
@@ -350,4 +353,4 @@ class PipelineParallel(Strategy):
         return [by_layer[i] for i in range(self.cfg.n_layers)]
 
     def slice_full(self, full):
-        return [self.stack.flat_from_full(full)]
+        return [self.stacks[c].flat_from_full(full) for c in self.chunks]

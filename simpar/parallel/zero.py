@@ -281,7 +281,7 @@ class ZeroDataParallel(Strategy):
             layers = [flat[self.offsets[i] : self.offsets[i + 1]] for i in range(len(self.sizes))]
         else:
             layers = [np.concatenate([p[i] for p in parts]) for i in range(len(self.sizes))]
-        return [tuple(v.copy() for v in self._views(i, f)) for i, f in enumerate(layers)]
+        return [self.units[i].weights(f) for i, f in enumerate(layers)]
 
     def slice_full(self, full):
         layers = [np.concatenate((W.reshape(-1), b)).astype(self.dtype, copy=False) for W, b in full]
