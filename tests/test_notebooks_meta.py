@@ -1,4 +1,4 @@
-"""The lessons in notebooks/: all eight present, stored without outputs, portable, each with a plot
+"""The lessons in notebooks/: all nine present, stored without outputs, portable, each with a plot
 and an exercise. (Running them is the job of `pytest --nbmake notebooks/`.)"""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ NAMES = (
     "05_zero_and_memory",
     "06_hybrid_and_planning",
     "07_debugging",
+    "08_overhead_and_speedup",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
@@ -42,7 +43,7 @@ def source(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
-def test_all_eight_exist():
+def test_all_lessons_exist():
     missing = [n for n in NAMES if not (NOTEBOOKS / f"{n}.ipynb").is_file()]
     assert not missing, f"missing notebooks: {missing}"
 

@@ -13,6 +13,7 @@ renamed into place (report.atomic_write), so a half-written PNG never appears.
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 from ..config import SimparError
@@ -48,8 +49,12 @@ def _save(fig, path: str) -> str:
 
 
 def _bytes_axis(ax, axis: str = "y") -> None:
-    """Label ticks as 12 KiB / 3.4 MiB instead of 1e7."""
-    from matplotlib.ticker import FuncFormatter
+    """Ticks at binary steps, labelled 1 KiB / 2 KiB / 4 KiB ... instead of 1e7 or 977 KiB.
+
+    A log axis gets powers of two (LogLocator base 2, few enough to read); a linear one gets multiples
+    of a power of two bytes (256 KiB, 512 KiB, 768 KiB ...), about five of them.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, MultipleLocator
 
     def fmt(v, _):
         for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -57,7 +62,14 @@ def _bytes_axis(ax, axis: str = "y") -> None:
                 return f"{v:.0f} {unit}" if unit == "B" else f"{v:.3g} {unit}"
             v /= 1024
 
-    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(FuncFormatter(fmt))
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    if (ax.get_yscale() if axis == "y" else ax.get_xscale()) == "log":
+        target.set_major_locator(LogLocator(base=2, numticks=8))
+    else:
+        lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+        span = max(hi - lo, 1.0)
+        target.set_major_locator(MultipleLocator(2 ** max(0, math.floor(math.log2(span / 5)))))
+    target.set_major_formatter(FuncFormatter(fmt))
 
 
 def _prediction(metrics: dict) -> dict | None:
@@ -90,6 +102,8 @@ def comm_by_layout(ax, results) -> None:
     bottom = [0.0] * len(results)
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
+        if not any(vals):  # no layout moves this category: no bars, so no legend entry either
+            continue
         ax.bar(names, vals, bottom=bottom, color=CAT_COLOURS[cat], label=cat)
         bottom = [b + v for b, v in zip(bottom, vals)]
     predicted = [(i, _prediction(m)) for i, (_, m) in enumerate(results)]
@@ -99,7 +113,7 @@ def comm_by_layout(ax, results) -> None:
         ax.scatter(xs, ys, marker="_", s=500, color="black", linewidths=2, zorder=3, label="cost model")
     ax.margins(y=0.08)
     ax.set_ylabel("bytes sent per training step (all ranks)")
-    ax.set_title("Traffic per step by category")
+    ax.set_title("Traffic per step by category: measured by the ledger (bars), cost model (ticks)")
     _bytes_axis(ax)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()
@@ -116,7 +130,7 @@ def memory_by_layout(ax, results) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.margins(y=0.08)
     ax.set_ylabel("bytes held by the fullest rank")
-    ax.set_title("Memory per rank by kind")
+    ax.set_title("Memory of the fullest rank by kind, measured from its arrays (no prediction drawn)")
     _bytes_axis(ax)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()
@@ -188,30 +202,45 @@ def comm_scaling(path: str, results) -> str:
             sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)}),
         ),
     )
-    for ax, (key, label, values) in zip(axes, panels):
-        for i, (name, m) in enumerate(measured):
-            cfg = m["config"]
+    # Layouts whose predicted curves coincide in all three panels (ZeRO-1/2 and plain dp; GPipe and 1F1B)
+    # share one line, labelled with all their names: fewer lines, nothing hidden.
+    curves = {}
+    for name, m in measured:
+        cfg = m["config"]
+        key_curves = []
+        for key, _, values in panels:
             if key == "world" and sum(cfg[a] > 1 for a in ("dp", "tp", "pp")) != 1:
-                continue  # hybrids have no single "world" axis
+                key_curves.append(((), ()))  # hybrids have no single "world" axis
+            else:
+                xs, ys = _family_curve(cfg, key, values)
+                key_curves.append((tuple(xs), tuple(float(f"{y:.3g}") for y in ys)))  # equal to 3 digits
+        curves.setdefault(tuple(key_curves), []).append((name, m))
+    groups = list(curves.items())
+    for ax, (p_i, (key, label, values)) in zip(axes, enumerate(panels)):
+        for i, (key_curves, members) in enumerate(groups):
             colour = colours(i % 10)
-            xs, ys = _family_curve(cfg, key, values)
+            xs, ys = key_curves[p_i]
             if xs:
+                xs, ys = _family_curve(members[0][1]["config"], key, values)
                 ax.plot(
                     xs,
                     ys,
                     color=colour,
                     alpha=0.8,
-                    label=_traffic_label(name, m),
+                    label=" = ".join(_traffic_label(n, m) for n, m in members),
                     linestyle=("-", "--", ":", "-.")[i % 4],
                 )
-            here = {
-                "world": m["world_size"],
-                "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
-                "batch": cfg["batch"],
-            }[key]
-            per_rank = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"]) / max(1, m["steps"])
-            if here is not None and per_rank > 0:
-                ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
+            for name, m in members:
+                cfg = m["config"]
+                here = {
+                    "world": m["world_size"],
+                    "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
+                    "batch": cfg["batch"],
+                }[key]
+                busiest = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"])
+                per_rank = busiest / max(1, m["steps"])
+                if here is not None and per_rank > 0:
+                    ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
         ax.set_xscale("log", base=2)
         ax.set_xticks(values, [str(v) for v in values])
         ax.minorticks_off()
@@ -229,9 +258,13 @@ def comm_scaling(path: str, results) -> str:
             if label not in labels:
                 handles.append(handle)
                 labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=min(8, max(1, len(labels))), fontsize=8)
-    fig.suptitle("Communication scaling: lines = cost model, dots = measured by the ledger", fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
+    fig.suptitle(
+        "Bytes per step of the busiest rank: lines = predicted by the cost model, "
+        "dots = measured by the ledger at the size that ran (layouts with equal predictions share a line)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.14, 1, 0.95))
     return _save(fig, path)
 
 
