@@ -52,13 +52,17 @@ class Hardware:
     inter_name: str = "inter-node"
     sources: list = field(default_factory=list)
     cores: int = 0  # CPU cores for ranks (local profile): more ranks than cores share them
+    busy_share: float = 1.0  # local: the part of its lone speed a rank keeps when every core runs one
+    # (measured by bench --calibrate: shared caches and memory bus, lower turbo clocks); 1 for presets
     layer_overhead: float = 0.0  # s per layer per micro-batch (forward + backward) that is neither
     # math nor memory: Python and NumPy call overhead here; 0 for presets
 
     def compute_share(self, ranks_per_node: int) -> float:
-        """The fraction of a device one rank gets: 1, or cores/ranks when ranks outnumber cores
-        (`mpiexec -n 4` on 2 cores: every rank computes at half speed)."""
-        return min(1.0, self.cores / ranks_per_node) if self.cores else 1.0
+        """The fraction of a device one rank gets: 1; or cores/ranks when ranks outnumber cores
+        (`mpiexec -n 4` on 2 cores: every rank computes at half speed); times busy_share when more
+        than one rank runs on the node (measured for `local`, 1 for the GPU presets)."""
+        share = min(1.0, self.cores / ranks_per_node) if self.cores else 1.0
+        return share * (self.busy_share if ranks_per_node > 1 else 1.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
