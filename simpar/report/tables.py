@@ -54,12 +54,33 @@ def print_summary(m: dict) -> None:
             "construction, not by measurement",
             "NO": f"{len(bad)} mismatch(es): " + "; ".join(bad[:3]),
         }[bytes_verdict(m)]
-        # train predicts on the `local` profile; ask to calibrate only when it is the defaults
+        sim = m["time"].get("sim")
+        if sim:  # --clock sim: the step in simulated time on the profile, beside the prediction
+            parts = ", ".join(
+                f"{name} {sim[key] / sim['step_s']:.0%}"
+                for key, name in (
+                    ("compute_s", "compute"),
+                    ("comm_exposed_s", "exposed comm"),
+                    ("comm_overlapped_s", "overlapped comm"),
+                    ("idle_s", "idle"),
+                )
+            )
+            print(f"cost model: {verdict}")
+            print(
+                f"simulated on {sim['hardware']}: {sim['step_s'] * 1e6:.2f} us per step, "
+                f"{sim['samples_per_s']:,.0f} samples/s ({parts}, averaged over ranks); "
+                f"cost model {pred['time']['step_s'] * 1e6:.2f} us"
+            )
+            return
+        # the prediction is on --hardware (default `local`); ask to calibrate only when it is the defaults
+        name = pred.get("hardware", "local")
         profile = (
             "hardware profile 'local', uncalibrated defaults: run `python -m simpar bench --calibrate` "
             "to measure this machine"
-            if hardware.load("local") is hardware.LOCAL_DEFAULTS
+            if name == "local" and hardware.load("local") is hardware.LOCAL_DEFAULTS
             else "hardware profile 'local', measured by `python -m simpar bench --calibrate`"
+            if name == "local"
+            else f"hardware profile '{name}'"
         )
         print(
             f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
