@@ -20,7 +20,7 @@ DTYPES = ("float32", "float64")
 ARCHS = ("mlp", "resmlp")
 PRECISIONS = ("fp32", "mixed-fp16", "mixed-bf16")  # fp32: everything in --dtype (simpar/precision.py)
 ACTIVATIONS = ("relu", "tanh", "gelu")
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 RECOMPUTE = ("none", "full", "selective")
 COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
 KERNELS = ("auto", "numpy", "numba", "cuda")
@@ -241,7 +241,7 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     )
     problem = schedule_problem(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages, cfg.n_layers)
     _require(problem is None, problem or "")
-    chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    chunks = model_chunks(cfg.schedule, cfg.pp, cfg.virtual_stages)
     if cfg.stage_layers is not None:
         _require(
             len(cfg.stage_layers) == chunks
@@ -309,7 +309,23 @@ def schedule_problem(schedule: str, S: int, M: int, V: int, n_layers: int | None
             return (
                 f"--pp {S} x --virtual-stages {V} = {S * V} model chunks, but the model has {n_layers} layers"
             )
+    if schedule == "zb-v" and S > 1 and n_layers is not None and 2 * S > n_layers:
+        return (
+            f"--schedule zb-v cuts the model into 2 x --pp {S} = {2 * S} chunks (two per rank, in a V), "
+            f"but the model has {n_layers} layers"
+        )
     return None
+
+
+def model_chunks(schedule: str, S: int, V: int = 1) -> int:
+    """How many chunks the pipeline cuts the model into: S*V interleaved, 2S for zb-v, else S."""
+    return S * {"interleaved": V, "zb-v": 2}.get(schedule, 1)
+
+
+def loss_stage(schedule: str, S: int) -> int:
+    """The pipeline stage that holds the last chunk (the loss, so the labels): S-1, or 0 for zb-v,
+    whose V brings the micro-batch back up to rank 0."""
+    return 0 if schedule == "zb-v" else S - 1
 
 
 def layout_name(layout) -> str:

@@ -27,7 +27,7 @@ from importlib import resources
 
 import numpy as np
 
-from .config import RunConfig, SimparError
+from .config import RunConfig, SimparError, loss_stage
 from .precision import as_wire
 
 
@@ -203,7 +203,7 @@ class BatchFeeder:
         from .mesh import coords_of
 
         p, d, _ = coords_of(world_rank, self.mesh.dp, self.mesh.tp, self.mesh.pp)
-        return d, p == 0, p == self.mesh.pp - 1
+        return d, p == 0, p == loss_stage(self.cfg.schedule, self.mesh.pp)
 
     def rows_of(self, world_rank: int, rows: np.ndarray) -> list[np.ndarray]:
         d, _, _ = self._needs(world_rank)

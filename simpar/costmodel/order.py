@@ -4,7 +4,8 @@ Written down again, in the cost model's own terms, from the schedules' definitio
 cost model never imports parallel/schedules.py; tests/test_costmodel.py holds the two to each other).
 
 A rank's work is a list of (kind, micro-batch, model chunk): kind "F" forward, "B" backward (for
-zb-h1: only its dL/dx half), "W" the weight-gradient half (zb-h1). Chunk c lives on rank c mod S.
+zb-h1 and zb-v: only its dL/dx half), "W" the weight-gradient half. Chunk c lives on rank c mod S,
+except under zb-v: 2S chunks in a V, rank s holding chunk s (on the way down) and 2S-1-s (back up).
 
   naive        F0 B0 F1 B1 ...
   gpipe        all forwards, then all backwards (Huang et al. 2019)
@@ -15,19 +16,78 @@ zb-h1: only its dL/dx half), "W" the weight-gradient half (zb-h1). Chunk c lives
   interleaved  the k-th forward of rank s is micro-batch (k // SV) S + k % S on local chunk (k // S) % V,
                the k-th backward likewise with the local chunks reversed; w = min(2(S-s-1) + (V-1)S, MV)
                warm-up forwards, then F(w+i) B(i) (Narayanan et al. 2021, sec. 2.2)
+  zb-v         (Qi et al., arXiv 2401.10241 v2, ZB-V) time in units, F = B = W = 1, messages free;
+               in every unit each rank takes the first of: a B pass whose output gradient has come
+               (its up chunk before its down chunk); a forward whose input has come, while it holds
+               fewer than 2S forwarded-but-not-W units (up chunk first); its oldest waiting W pass.
+               Every chunk's micro-batches go in order. A chunk's successor on the same rank (the
+               turn, S-1 -> S) has its input (or gradient) the next unit, like any other.
 """
 
 from __future__ import annotations
 
 
 def n_chunks(schedule: str, S: int, V: int) -> int:
-    """Model chunks of the pipeline: S*V for the interleaved schedule, else one per stage."""
+    """Model chunks of the pipeline: S*V for the interleaved schedule, 2S for zb-v, else one per stage."""
+    if schedule == "zb-v":
+        return 2 * S
     return S * V if schedule == "interleaved" else S
 
 
 def stage_chunks(schedule: str, S: int, V: int, s: int) -> list[int]:
-    """The chunks rank s holds: s, s+S, ..., s+(V-1)S."""
+    """The chunks rank s holds: s, s+S, ..., s+(V-1)S; zb-v: s and 2S-1-s."""
+    if schedule == "zb-v":
+        return [s, 2 * S - 1 - s]
     return list(range(s, n_chunks(schedule, S, V), S))
+
+
+def chunk_stage(schedule: str, S: int, c: int) -> int:
+    """The stage holding chunk c (the inverse of stage_chunks)."""
+    if schedule == "zb-v":
+        return min(c, 2 * S - 1 - c)
+    return c % S
+
+
+def loss_stage(schedule: str, S: int) -> int:
+    """The stage of the last chunk, which computes the loss (and so needs the labels)."""
+    return chunk_stage(schedule, S, n_chunks(schedule, S, 1) - 1)
+
+
+def zb_v_orders(S: int, M: int) -> tuple[list[list[tuple[str, int, int]]], int]:
+    """Every rank's zb-v order (the module docstring's rule) and the span in units it takes."""
+    C = 2 * S
+    arrive = {("F", 0, m): 0 for m in range(M)}  # (kind, chunk, mb) -> the unit its input is there
+    cursor = {(kind, c): 0 for kind in "FB" for c in range(C)}  # next micro-batch per kind and chunk
+    waiting_w: list[list[tuple[int, int]]] = [[] for _ in range(S)]
+    held, orders, unit = [0] * S, [[] for _ in range(S)], 0
+    while sum(map(len, orders)) < 6 * M * S:
+        for s in range(S):
+            pick = None
+            for kind, ok in (("B", True), ("F", held[s] < C)):
+                for c in (C - 1 - s, s):
+                    m = cursor[(kind, c)]
+                    if pick is None and ok and m < M and arrive.get((kind, c, m), unit + 1) <= unit:
+                        pick = (kind, m, c)
+            if pick is None and waiting_w[s]:
+                m, c = waiting_w[s].pop(0)
+                pick = ("W", m, c)
+            if pick is None:
+                continue
+            kind, m, c = pick
+            orders[s].append(pick)
+            if kind == "W":
+                held[s] -= 1
+                continue
+            cursor[(kind, c)] += 1
+            if kind == "F":
+                held[s] += 1
+                arrive[("F", c + 1, m) if c < C - 1 else ("B", c, m)] = unit + 1
+            else:
+                waiting_w[s].append((m, c))
+                if c > 0:
+                    arrive[("B", c - 1, m)] = unit + 1
+        unit += 1
+    return orders, unit
 
 
 def stage_order(schedule: str, S: int, M: int, s: int, V: int = 1) -> list[tuple[str, int, int]]:
@@ -36,6 +96,8 @@ def stage_order(schedule: str, S: int, M: int, s: int, V: int = 1) -> list[tuple
         return [op for m in range(M) for op in (("F", m, s), ("B", m, s))]
     if schedule == "gpipe":
         return [("F", m, s) for m in range(M)] + [("B", m, s) for m in range(M)]
+    if schedule == "zb-v":
+        return zb_v_orders(S, M)[0][s]
     if schedule == "interleaved":
         MV = M * V
 
@@ -78,13 +140,13 @@ def peak_alive(schedule: str, S: int, M: int, s: int, V: int, size, extra=None) 
     forward of micro-batch m on chunk c keeps. One chunk per rank, no recomputation: the largest
     `alive_window` consecutive micro-batches (they are freed oldest first). Otherwise the largest
     prefix of the order: a forward adds size; with recomputation (`extra(m, c)`: what the backward
-    rebuilds) a backward adds extra at its start; the backward (zb-h1: the W pass) frees both."""
-    if extra is None and (schedule != "interleaved" or S == 1):
+    rebuilds) a backward adds extra at its start; the backward (zb-h1, zb-v: the W pass) frees both."""
+    if extra is None and (schedule not in ("interleaved", "zb-v") or S == 1):
         k = alive_window(schedule, S, M, s)
         return max(sum(size(m, s) for m in range(i, i + k)) for i in range(M - k + 1))
     extra = extra or (lambda m, c: 0)
     alive = peak = 0
-    split = schedule == "zb-h1"
+    split = schedule in ("zb-h1", "zb-v")
     for kind, m, c in stage_order(schedule, S, M, s, V):
         if kind == "F":
             alive += size(m, c)

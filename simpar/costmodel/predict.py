@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..config import layout_name
 from . import hardware
+from .order import loss_stage, zb_v_orders
 from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check, coords_of, micro_rows, unit_sizes
 from .steptime import RankCosts, op_time, step_time
@@ -40,7 +41,8 @@ def _bubble(spec: Spec) -> tuple[str, float]:
     Narayanan et al. 2021); (S-1)/S one micro-batch at a time; interleaved (S-1)/(VM+S-1), i.e. the
     bubble over the ideal time (S-1)/(VM) (Narayanan et al. 2021, sec. 2.2); zb-h1 (S-1)/(3M+S-1)
     when M >= S (Qi et al. 2023, sec. 3.1: (S-1)(F+B-W) idle per stage, F = B = W), else
-    1 - 3M/(2(M+S)-1)."""
+    1 - 3M/(2(M+S)-1); zb-v 1 - 6M/T, T the span of its unit-time order (6M units of work per rank,
+    T >= 6M + S - 1: the first forward's way down is idle on every stage but 0)."""
     S, M, V = spec.pp, spec.microbatches, spec.virtual_stages
     if S == 1:
         return "no pipeline", 0.0
@@ -48,6 +50,9 @@ def _bubble(spec: Spec) -> tuple[str, float]:
         return f"(S-1)/S = {S - 1}/{S}", (S - 1) / S
     if spec.schedule == "interleaved":
         return f"(S-1)/(V*M+S-1) = {S - 1}/{V * M + S - 1}", (S - 1) / (V * M + S - 1)
+    if spec.schedule == "zb-v":  # no closed form: the unit-time span of its order (order.py)
+        T = zb_v_orders(S, M)[1]
+        return f"1 - 6M/T, T = {T} (>= 6M+S-1 = {6 * M + S - 1}): {T - 6 * M}/{T}", (T - 6 * M) / T
     if spec.schedule == "zb-h1":
         if M >= S:
             return f"(S-1)/(3M+S-1) = {S - 1}/{3 * M + S - 1}", (S - 1) / (3 * M + S - 1)
@@ -174,10 +179,11 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
 def data_ready(spec: Spec, link) -> list[float]:
     """--data-source root: when each pipeline stage can start, per stage. Rank 0 sends every other
     rank its rows with blocking sends, in rank order, one grad-accum micro-step after another (x to
-    first-stage ranks, int64 labels to last-stage ranks): each send returns once its bytes are on
-    the wire, so rank 0 starts after all of them, and rank r has its rows one latency after its last
-    message left. Ranks of a stage start together (their collectives wait for the latest)."""
-    S, per_stage = spec.pp, spec.dp * spec.tp
+    first-stage ranks, int64 labels to the loss stage's: the last, zb-v's first): each send returns
+    once its bytes are on the wire, so rank 0 starts after all of them, and rank r has its rows one
+    latency after its last message left. Ranks of a stage start together (their collectives wait for
+    the latest)."""
+    S, per_stage, labels = spec.pp, spec.dp * spec.tp, loss_stage(spec.schedule, spec.pp)
     rows = {d: micro_rows(spec, d) for d in range(spec.dp)}
     wire, start = 0.0, [0.0] * S
     for dest in range(1, spec.world):
@@ -185,9 +191,9 @@ def data_ready(spec: Spec, link) -> list[float]:
         for step in rows[d]:
             r = sum(step)
             wire += (
-                (r * spec.widths[0] * spec.prec.act if s == 0 else 0) + (r * 8 if s == S - 1 else 0)
+                (r * spec.widths[0] * spec.prec.act if s == 0 else 0) + (r * 8 if s == labels else 0)
             ) * link.beta
-        if (s == 0 or s == S - 1) and dest // per_stage == s:
+        if (s == 0 or s == labels) and dest // per_stage == s:
             start[s] = max(start[s], wire + link.alpha)
     start[0] = max(start[0], wire)
     return start

@@ -18,10 +18,13 @@ all-reduce of N, and how chunks are cut, are in collectives.py):
   tensor parallel      per (column, row) pair per micro-batch: g = all-reduce of rows x out-width in
                        forward, f = all-reduce of rows x in-width in backward (skipped at layer 0)
                        (Megatron-LM, Shoeybi et al. 2019, sec. 3, Fig. 3)
-  pipeline             per micro-batch: rows x out-width forward ("pp-send-act") from every stage but
-                       the last, rows x in-width backward ("pp-send-grad") from every stage but the first
+  pipeline             per micro-batch and chunk boundary between two stages: rows x out-width
+                       forward ("pp-send-act"), rows x in-width backward ("pp-send-grad"); with one
+                       chunk per stage from every stage but the last / the first. zb-v: 2S chunks,
+                       2S-2 boundaries cross stages (the turn S-1 -> S stays on stage S-1)
   data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
-                       labels (rows x 8 bytes, int64) to last-stage ranks, every tp rank its own copy
+                       labels (rows x 8 bytes, int64) to the loss stage's ranks (last; zb-v: first),
+                       every tp rank its own copy
 
 Memory of ZeRO (S_r = this rank's chunk of every layer, n_max = the largest layer's n_l = fi*fo + fo):
   params     stage 1/2: P;  stage 3: S_r + n_max -- the shard, plus one full layer gathered while it
@@ -36,7 +39,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .order import alive_window, peak_alive
+from .order import alive_window, chunk_stage, loss_stage, peak_alive
 from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
 
 CATS = ("data", "model", "activation")
@@ -104,11 +107,13 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                     cost = allreduce(b * W[i + 1], spec.tp, t)
                     again = 2 if spec.recompute == "full" else 1
                     book.add("activation", "tp-g-allreduce", "tp", cost, prec.act, times * again)
-            if c < C - 1:  # each chunk boundary: rows x width forward, and back
+            # Each chunk boundary between two stages: rows x width forward, and back (zb-v's turn,
+            # chunks S-1 -> S on one stage, moves nothing).
+            if c < C - 1 and chunk_stage(spec.schedule, spec.pp, c + 1) != s:
                 book.add(
                     "activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times
                 )
-            if c > 0:
+            if c > 0 and chunk_stage(spec.schedule, spec.pp, c - 1) != s:
                 book.add(
                     "activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times
                 )
@@ -231,12 +236,13 @@ def recompute_elems(spec: Spec, lo: int, hi: int, kinds: list) -> int:
 
 def _book_root_scatter(spec: Spec, book: Book) -> None:
     """--data-source root: rank 0 sends every other rank its rows (data.BatchFeeder): x to each rank of
-    the first stage, int64 labels to each rank of the last, one message per grad-accum micro-step."""
+    the first stage, int64 labels to each rank of the loss stage (the last; zb-v: the first), one
+    message per grad-accum micro-step."""
     K, n_stage = spec.grad_accum, spec.dp * spec.tp
     own_rows = sum(chunk(k_rows, spec.dp, 0) for k_rows in split(spec.batch, K))
     x_bytes = (spec.tp * spec.batch - own_rows) * spec.widths[0] * spec.prec.act
     x_msgs = (n_stage - 1) * K
-    last_is_mine = spec.pp == 1
+    last_is_mine = loss_stage(spec.schedule, spec.pp) == 0
     y_bytes = (spec.tp * spec.batch - (own_rows if last_is_mine else 0)) * 8
     y_msgs = (n_stage - (1 if last_is_mine else 0)) * K
     c = Cost(x_bytes + y_bytes, x_msgs + y_msgs, 0, x_msgs + y_msgs, x_bytes + y_bytes)

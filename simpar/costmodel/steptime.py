@@ -9,10 +9,11 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 (the cost model never runs the code it predicts):
 
 * A stage does its (micro-batch, chunk) steps in its schedule's order (order.stage_order: naive,
-  GPipe, 1F1B, interleaved, zb-h1). A forward of micro-batch m on chunk c starts when the stage is
-  free and its activations from chunk c-1 have arrived; a backward (zb-h1: its B pass) when the
-  stage is free and the output gradient from chunk c+1 has arrived; a zb-h1 W pass when the stage is
-  free (its B pass came earlier on the same stage). Tensor-parallel f and g
+  GPipe, 1F1B, interleaved, zb-h1, zb-v). A forward of micro-batch m on chunk c starts when the
+  stage is free and its activations from chunk c-1 have arrived; a backward (zb-h1, zb-v: its B
+  pass) when the stage is free and the output gradient from chunk c+1 has arrived; a W pass when the
+  stage is free (its B pass came earlier on the same stage). A neighbouring chunk on the same stage
+  (zb-v's turn) has the array as soon as the step producing it ends: no message. Tensor-parallel f and g
   all-reduces block inside the layer that needs them.
 * A message of n bytes leaves when the stage's outgoing link is free (its activations forward and
   gradients back go out one after another), stays n x beta on the wire and arrives alpha later:
@@ -29,7 +30,7 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
-from .order import stage_order  # noqa: F401  (re-exported: the recurrence's order)
+from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the recurrence's order)
 from .rank import layer_work, loss_bytes, optimizer_bytes
 from .spec import Spec, dp_bucket_layers, micro_rows
 
@@ -176,7 +177,7 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
     S, K, M, V = spec.pp, spec.grad_accum, spec.microbatches_used, spec.virtual_stages
     W, bpe, pp = spec.widths, spec.prec.act, links["pp"]
     C = sum(len(stage_costs[s][0]) for s in range(S))
-    split = spec.schedule == "zb-h1" and S > 1
+    split = spec.schedule in ("zb-h1", "zb-v") and S > 1
     clock = list(starts)
     busy = [0.0] * S
     dp_exposed = 0.0
@@ -214,7 +215,9 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         out, width, dest = act_at, W[costs.hi], (c + 1, m)
                     if kind == "B" and c > 0:  # send the input gradient back to chunk c-1
                         out, width, dest = grad_at, W[costs.lo], (c - 1, m)
-                    if out is not None:
+                    if out is not None and chunk_stage(spec.schedule, S, dest[0]) == s:
+                        out[dest] = clock[s]  # the turn of the V: handed over in memory
+                    elif out is not None:
                         depart = max(clock[s], link[s])
                         link[s] = left_s = depart + r * width * bpe * pp.beta
                         out[dest] = left_s + pp.alpha

@@ -4,10 +4,12 @@
             <--gradients----         <--gradients----  ...
 
 Usually one chunk per stage; `--schedule interleaved --virtual-stages V` cuts S*V chunks, chunk c on
-stage c mod S. Which layers a chunk gets: partition.partition_layers (contiguous, balanced by
-parameter count; --stage-layers overrides it). Each rank's rows are cut into M micro-batches
+stage c mod S; `--schedule zb-v` cuts 2S, stage s holding chunks s and 2S-1-s (down the stages and
+back up: the loss is on stage 0; chunks S-1 and S share stage S-1 and pass their arrays in memory).
+Which layers a chunk gets: partition.partition_layers (contiguous, balanced by parameter count;
+--stage-layers overrides it). Each rank's rows are cut into M micro-batches
 (np.array_split: uneven is fine). In which order a stage does its forwards, backwards (or B and W
-halves, zb-h1), sends and receives is the *schedule* (schedules.py), a plain list of steps that
+halves, zb-h1 and zb-v), sends and receives is the *schedule* (schedules.py), a plain list of steps that
 `PipelineParallel._run` walks one by one; schedule_check.py has proven before the run that it cannot
 deadlock (sends are isend, receives blocking and matched by tag). The loss divides by the GLOBAL
 batch, so micro-batch gradients simply add up in dW, db (+=): after the last backward (or W pass)
@@ -18,16 +20,16 @@ coordinates): each chunk c sends its output (rows x layers[hi_c]) to chunk c+1 a
 the gradient w.r.t. its input (rows x layers[lo_c]) to chunk c-1 as "pp-send-grad". Per step, with
 B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per element:
 
-    sent by a rank:  sum over its chunks c of  B_r * layers[hi_c] * bpe  (if c < C-1)
-                                             + B_r * layers[lo_c] * bpe  (if c > 0)
+    sent by a rank:  sum over its chunks c of  B_r * layers[hi_c] * bpe  (if c < C-1, c+1 elsewhere)
+                                             + B_r * layers[lo_c] * bpe  (if c > 0, c-1 elsewhere)
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
 own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack. A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 
-(Over 300 lines: one handler per kind of schedule step, each a few lines, read best side by side
-with the steps in schedules.py; the message handlers are the pipeline's whole communication.)
+The four message steps (send/receive of activations and gradients, their tags) are in
+pipeline_comms.py; this file is the compute side and the Strategy interface.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ..optim import make_optimizer
 from . import recompute
 from .base import HeldBytes, SerialStack, Strategy
 from .data import GradientBuckets
+from .pipeline_comms import StageMessages
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
@@ -59,12 +62,6 @@ from .schedules import (
     in_flight_peaks,
     partition_layers,
 )
-
-ACT, GRAD = 0, 1  # message tags: 2*(mb*C + chunk) + ACT / GRAD (receives match sends by both)
-
-
-def _tag(mb: int, chunk: int, chunks: int, direction: int) -> int:
-    return (2 * (mb * chunks + chunk) + direction) % 32_000  # MPI guarantees tags up to at least 32767
 
 
 @dataclass
@@ -85,15 +82,16 @@ class InFlight:
     loss: float = 0.0
 
 
-class PipelineParallel(Strategy):
-    """This rank's stage of the pipeline (one model chunk, or V of them); the Strategy interface."""
+class PipelineParallel(StageMessages, Strategy):
+    """This rank's stage of the pipeline (one model chunk, or several); the Strategy interface.
+    The message steps (send/receive of activations and gradients) are in pipeline_comms.py."""
 
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.S, self.s, self.M = mesh.pp, mesh.pp_index, cfg.microbatches
         self.kind = SCHEDULES[cfg.schedule]
         self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-        self.C = self.S * self.V  # model chunks; chunk c runs on rank kind.rank_of(c)
+        self.C = self.kind.chunks(self.S, self.V)  # model chunks; chunk c runs on rank kind.rank_of(c)
         self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers)
         self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
         self.chunks = chunks_of(self.steps)
@@ -137,7 +135,8 @@ class PipelineParallel(Strategy):
 
     @property
     def is_last(self) -> bool:
-        return self.s == self.S - 1
+        """Holds the last chunk, which computes the loss: stage S-1, or stage 0 under zb-v's V."""
+        return self.kind.rank_of(self.C - 1, self.S) == self.s
 
     # -- one training step -------------------------------------------------------------------------
     def train_step(self, micro_steps_data, global_batch: int) -> float:
@@ -215,7 +214,7 @@ class PipelineParallel(Strategy):
                 )
                 flight.loss += share
             else:
-                flight.outputs[key] = y
+                self._hand_on(key, y, flight)
 
     def _hook(self, step, flight: InFlight):
         """The DP bucket hook, during the chunk's last backward of the step's last micro-step."""
@@ -241,7 +240,7 @@ class PipelineParallel(Strategy):
                 contexts, flight.grads.pop(key), self.meter, self._hook(step, flight)
             )
         if step.chunk > 0:
-            flight.input_grads[key] = dx
+            self._hand_back(key, dx, flight)
 
     def _backward_input(self, step: BackwardInput, flight: InFlight) -> None:
         """B: dx only; the activations stay held (this rank's meter) until the W pass."""
@@ -252,7 +251,7 @@ class PipelineParallel(Strategy):
                 dx = self.stacks[step.chunk].backward(contexts, flight.grads.pop(key), HeldBytes(), None)
         flight.weight_passes[key] = (weight_passes, sum(ctx.nbytes for ctx in contexts))
         if step.chunk > 0:
-            flight.input_grads[key] = dx
+            self._hand_back(key, dx, flight)
 
     def _backward_weight(self, step: BackwardWeight, flight: InFlight) -> None:
         """W: dW += x^T dz, db += sum(dz) of every layer of the chunk; then its activations go."""
@@ -264,48 +263,6 @@ class PipelineParallel(Strategy):
                 if hook is not None:
                     hook(layer.index)
         self.meter.free(nbytes)
-
-    def _send(self, flight: InFlight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
-        buf = np.ascontiguousarray(array)
-        with trace.span(name, "comm"):
-            request = self.mesh.pp_comm.isend(buf, dest, "activation", op, tag)
-        flight.sends.append((request, buf))  # MPI reads buf until the request completes: keep it
-
-    def _recv(self, shape: tuple, source: int, op: str, tag: int, name: str) -> np.ndarray:
-        # A FRESH buffer for every message. Forward keeps its input alive (in the Context) until
-        # the backward of that micro-batch; if the next message were received into the same
-        # buffer, it would silently overwrite activations a pending backward still needs --
-        # the classic pipeline bug. np.empty per message makes that impossible.
-        buf = np.empty(shape, dtype=self.dtype)
-        with trace.span(name, "comm"):
-            return self.mesh.pp_comm.recv(buf, source, "activation", op, tag)
-
-    def _send_act(self, step: SendAct, flight: InFlight) -> None:
-        mb, c = step.mb, step.chunk
-        dest = self.kind.rank_of(c + 1, self.S)
-        tag = _tag(mb, c + 1, self.C, ACT)
-        self._send(flight, flight.outputs.pop((mb, c)), dest, "pp-send-act", tag, "send act")
-
-    def _recv_act(self, step: RecvAct, flight: InFlight) -> None:
-        mb, c = step.mb, step.chunk
-        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][0]])
-        source = self.kind.rank_of(c - 1, self.S)
-        flight.inputs[(mb, c)] = self._recv(
-            shape, source, "pp-send-act", _tag(mb, c, self.C, ACT), "recv act"
-        )
-
-    def _send_grad(self, step: SendGrad, flight: InFlight) -> None:
-        mb, c = step.mb, step.chunk
-        dest = self.kind.rank_of(c - 1, self.S)
-        tag = _tag(mb, c - 1, self.C, GRAD)
-        self._send(flight, flight.input_grads.pop((mb, c)), dest, "pp-send-grad", tag, "send grad")
-
-    def _recv_grad(self, step: RecvGrad, flight: InFlight) -> None:
-        mb, c = step.mb, step.chunk
-        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][1]])
-        source = self.kind.rank_of(c + 1, self.S)
-        tag = _tag(mb, c, self.C, GRAD)
-        flight.grads[(mb, c)] = self._recv(shape, source, "pp-send-grad", tag, "recv grad")
 
     def _allreduce(self, step: AllReduceGrads, flight: InFlight) -> None:
         if flight.communicate:  # gradient accumulation: only after the last micro-step

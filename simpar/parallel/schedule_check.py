@@ -93,7 +93,7 @@ def check(schedule, S: int, M: int, V: int = 1, forward: float = 1.0, backward: 
                     have.discard(need)
                     posted[("act" if act else "grad", step.mb, step.chunk + (1 if act else -1))] = clock[r]
                 elif isinstance(step, COMPUTE):
-                    _compute(step, r, have, S, V, stages, schedule)
+                    _compute(step, r, have, stages, lambda c: rank_of(c, S) == r)
                     rows[r].append((clock[r], clock[r] + cost[type(step)], LETTER[type(step)], step.mb))
                     chunks[r].append(step.chunk)
                     clock[r] += cost[type(step)]
@@ -111,8 +111,9 @@ def check(schedule, S: int, M: int, V: int = 1, forward: float = 1.0, backward: 
     return Timeline(rows, makespan, bubble, forward, backward, chunks)
 
 
-def _compute(step, r: int, have: set, S: int, V: int, stages, schedule) -> None:
-    """Check a compute step's inputs are there and record what it produces."""
+def _compute(step, r: int, have: set, stages, is_mine) -> None:
+    """Check a compute step's inputs are there and record what it produces. A neighbouring chunk on
+    the same rank (`is_mine`: zb-v's turn) gets the output, or the input gradient, without a message."""
     mb, c = step.mb, step.chunk
     C = max(st.chunk for row in stages for st in row if isinstance(st, COMPUTE)) + 1
     if isinstance(step, Forward):
@@ -121,7 +122,7 @@ def _compute(step, r: int, have: set, S: int, V: int, stages, schedule) -> None:
         have.discard(("in", mb, c))
         have.add(("ctx", mb, c))
         if c < C - 1:
-            have.add(("out", mb, c))
+            have.add(("in", mb, c + 1) if is_mine(c + 1) else ("out", mb, c))
         else:
             have.add(("grad", mb, c))  # the loss gives the output gradient
         return
@@ -137,7 +138,7 @@ def _compute(step, r: int, have: set, S: int, V: int, stages, schedule) -> None:
     if isinstance(step, BackwardInput):
         have.add(("dw", mb, c))
     if c > 0:
-        have.add(("dx", mb, c))
+        have.add(("grad", mb, c - 1) if is_mine(c - 1) else ("dx", mb, c))
 
 
 STEP_NAMES = {cls.__name__: cls for cls in COMPUTE + (RecvAct, RecvGrad, SendAct, SendGrad)}
@@ -213,6 +214,7 @@ def show_schedule_main(schedule: str, S: int, M: int, forward: int = 1, backward
         "naive": "one at a time",
         "zb-h1": "ZB-H1: at most S on every stage, as 1F1B's stage 0",
         "interleaved": "(micro-batch, chunk) pairs, each chunk 1/V of a stage",
+        "zb-v": "(micro-batch, chunk) pairs, each chunk half a stage: at most 2S = 1F1B's S stages",
     }.get(name, "")
     split = kind is not None and kind.split_backward
     legend = (
@@ -224,6 +226,8 @@ def show_schedule_main(schedule: str, S: int, M: int, forward: int = 1, backward
     chunk_note = (
         ", V = %d chunks per rank (lower case: the rank's 2nd chunk)" % V
         if V > 1 and name == "interleaved"
+        else ", chunks s and 2S-1-s on rank s (lower case: the way back up)"
+        if name == "zb-v"
         else ""
     )
     frac = Fraction(tl.bubble).limit_denominator(10_000)

@@ -11,8 +11,10 @@ micro-batch `mb` and the model chunk it concerns:
     AllReduceGrads()                          -- once per step, after the last backward
 
 Chunk c sends its output to chunk c+1 and its input gradient to chunk c-1, on whichever rank holds
-them (`Schedule.rank_of`). Chunk 0 has no RecvAct/SendGrad (its input is the data), chunk C-1 no
-SendAct/RecvGrad (it computes the loss, whose gradient starts the backward right there).
+them (`Schedule.rank_of`); when that is the same rank (zb-v's turn at the bottom of the V) there is no
+message: the executor hands the array over in memory. Chunk 0 has no RecvAct/SendGrad (its input is
+the data), chunk C-1 no SendAct/RecvGrad (it computes the loss, whose gradient starts the backward
+right there).
 
 The schedules (each a small `Schedule` record in SCHEDULES; `simpar plan --show-schedule` draws them):
   naive        one micro-batch at a time through all stages: bubble (S-1)/S.
@@ -28,6 +30,10 @@ The schedules (each a small `Schedule` record in SCHEDULES; `simpar plan --show-
                and stage s holds back its W passes by s micro-batches so that they fill the drain.
                Peak memory: S micro-batches on every stage, stage 0's figure under 1F1B (the paper's
                "same peak memory as 1F1B"). With F = B = W the bubble is (S-1)/(3M+S-1): a third of 1F1B's.
+  zb-v         ZB-V (Qi et al., arXiv 2401.10241 v2, sec. 6 "memory efficient zero bubble schedule" and
+               its ZB-V figure): 2S chunks, rank s holds chunk s and chunk 2S-1-s, so a micro-batch goes
+               down the ranks and back up (a V) and the loss is on rank 0; backward split as in zb-h1.
+               Its order is compiled by `zb_v` below (a list schedule under 1F1B's memory cap).
 
 The paper then tunes real schedules with an ILP/heuristic on measured costs and, to drop the step's
 synchronisation, runs the optimizer before all-reduced norms are known and rolls back on a NaN or a
@@ -227,6 +233,97 @@ def zb_h1(S: int, M: int, V: int = 1) -> list[list[Step]]:
     return out
 
 
+def zb_v(S: int, M: int, V: int = 1) -> list[list[Step]]:
+    """ZB-V's order, compiled the way the paper builds its ZB-V figure: with F = B = W = 1 time unit
+    and messages free, play the ranks in lock step; at each unit a free rank runs, in this priority,
+
+      1. a B pass whose output gradient is there (the up chunk 2S-1-s before the down chunk s):
+         B is on the critical path, every rank below waits for it;
+      2. a forward whose input is there, if fewer than 2S (micro-batch, chunk) units are alive on the
+         rank (up chunk first, to finish micro-batches): 2S half-stage units = S whole micro-batches,
+         1F1B's peak on stage 0 -- the paper's "same activation memory as 1F1B";
+      3. else the oldest pending W pass (it frees a unit): W fills what would be bubbles.
+
+    Each chunk takes its micro-batches in order. The result: 6M units of work per rank in a span of
+    6M + S - 1 (the first forward's way down, unavoidable with a synchronous optimizer step) plus a
+    unit or three for some (S, M) -- see SCHEDULES' formula. Any M >= 1 works."""
+    return [_with_messages(s, S, order) for s, order in enumerate(_zb_v_orders(S, M)[0])]
+
+
+def v_rank_of(chunk: int, S: int) -> int:
+    """The V placement: chunks 0..S-1 go down the ranks, chunks S..2S-1 come back up."""
+    return chunk if chunk < S else 2 * S - 1 - chunk
+
+
+def _zb_v_orders(S: int, M: int) -> tuple[list[list[tuple[str, int, int]]], int]:
+    """Per rank, the (kind, mb, chunk) compute steps of ZB-V (zb_v's rule), and the unit-time span."""
+    C, cap = 2 * S, 2 * S
+    ready = {(0, m): 0 for m in range(M)}  # ("F" input | "B" output gradient) -> the unit it arrives
+    grad_ready: dict = {}
+    next_f, next_b = [0] * C, [0] * C  # the next micro-batch of each chunk (in order)
+    pending_w: list[list] = [[] for _ in range(S)]
+    alive, orders = [0] * S, [[] for _ in range(S)]
+    t = 0
+    while any(len(o) < 6 * M for o in orders):
+        for s in range(S):
+            up, down = C - 1 - s, s
+            b = [c for c in (up, down) if grad_ready.get((c, next_b[c]), t + 1) <= t]
+            f = [c for c in (up, down) if next_f[c] < M and ready.get((c, next_f[c]), t + 1) <= t]
+            if b:
+                c, kind = b[0], "B"
+                m = next_b[c]
+                next_b[c] += 1
+                pending_w[s].append((m, c))
+                if c > 0:
+                    grad_ready[(c - 1, m)] = t + 1
+            elif f and alive[s] < cap:
+                c, kind = f[0], "F"
+                m = next_f[c]
+                next_f[c], alive[s] = m + 1, alive[s] + 1
+                if c < C - 1:
+                    ready[(c + 1, m)] = t + 1
+                else:
+                    grad_ready[(c, m)] = t + 1  # the loss gives the output gradient at once
+            elif pending_w[s]:
+                (m, c), kind = pending_w[s].pop(0), "W"
+                alive[s] -= 1
+            else:
+                continue  # idle this unit: nothing has arrived
+            orders[s].append((kind, m, c))
+        t += 1
+        if t > 12 * M + 4 * S:
+            raise AssertionError("zb-v list schedule made no progress")  # cannot happen: see tests
+    return orders, t
+
+
+def _with_messages(s: int, S: int, order: list[tuple[str, int, int]]) -> list[Step]:
+    """A V rank's compute order with its receives and sends (none across the turn, S-1 <-> S: the
+    same rank) and the gradient all-reduce at the end."""
+    C, steps = 2 * S, []
+    for kind, m, c in order:
+        if kind == "F":
+            steps += [st for st in forward_steps(c, C, m) if not _at_turn(st, S)]
+        elif kind == "B":
+            steps += [st for st in backward_steps(c, C, m, BackwardInput) if not _at_turn(st, S)]
+        else:
+            steps.append(BackwardWeight(m, c))
+    return steps + [AllReduceGrads()]
+
+
+def _at_turn(step: Step, S: int) -> bool:
+    """A message between chunks S-1 and S, which both live on rank S-1."""
+    return (isinstance(step, (SendAct, RecvGrad)) and step.chunk == S - 1) or (
+        isinstance(step, (RecvAct, SendGrad)) and step.chunk == S
+    )
+
+
+def _zb_v_bubble(S: int, M: int) -> tuple[str, float]:
+    """ZB-V's ideal bubble with F = B = W = 1 per chunk: 6M units of work per rank in a span T (the
+    list schedule's); T >= 6M + S - 1, reached for many (S, M)."""
+    T = _zb_v_orders(S, M)[1]
+    return f"1 - 6M/T, T = {T} (>= 6M+S-1 = {6 * M + S - 1}): {T - 6 * M}/{T}", (T - 6 * M) / T
+
+
 def _zb_h1_bubble(S: int, M: int) -> tuple[str, float]:
     """ZB-H1's ideal bubble with F = B = W = 1: the step takes 3M + S - 1 units when M >= S (only
     the S-1 units of the first forward's way down stay idle); with fewer micro-batches than stages
@@ -254,10 +351,16 @@ class Schedule:
         (S - 1) / (M + S - 1),
     )
     split_backward: bool = False
+    placement: Callable[[int, int], int] = lambda chunk, S: chunk % S
 
     def rank_of(self, chunk: int, S: int) -> int:
-        """The rank that holds model chunk `chunk`: c mod S (chunk c = stage c when V = 1)."""
-        return chunk % S
+        """The rank that holds model chunk `chunk`: c mod S (chunk c = stage c when V = 1; rank s holds
+        s, s+S, ... for the interleaved schedule); zb-v's V: chunks s and 2S-1-s (v_rank_of)."""
+        return self.placement(chunk, S)
+
+    def chunks(self, S: int, V: int = 1) -> int:
+        """How many model chunks the pipeline is cut into."""
+        return S * self.chunks_per_rank(V)
 
 
 SCHEDULES: dict[str, Schedule] = {
@@ -284,6 +387,15 @@ SCHEDULES: dict[str, Schedule] = {
             zb_h1,
             formula=lambda S, M, V: _zb_h1_bubble(S, M),
             split_backward=True,
+        ),
+        Schedule(
+            "zb-v",
+            "ZB-V (zero bubble, 2 chunks per rank in a V, B and W split)",
+            zb_v,
+            chunks_per_rank=lambda V: 2,
+            formula=lambda S, M, V: _zb_v_bubble(S, M),
+            split_backward=True,
+            placement=v_rank_of,
         ),
     ]
 }
