@@ -79,6 +79,30 @@ def test_whole_mlp_gradient_matches_finite_differences(act):
     np.testing.assert_allclose(store.grads, numeric, rtol=1e-5, atol=1e-8)
 
 
+def test_split_backward_leaves_every_layers_weight_gradient_to_the_w_pass():
+    """Inside deferred_weight_grads the B pass computes dx only -- for the FIRST layer it meets too
+    (the pending list starts empty) -- and the W closures, one per layer in backward order, then
+    give exactly the gradients of the plain backward."""
+    kernels.use("numpy")
+    store = model.serial_store([5, 7, 3], "relu", seed=3, dtype=np.float64)
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
+    h1, c1 = model.layer_forward(store.layers[0], x)
+    h2, c2 = model.layer_forward(store.layers[1], h1)
+    _, g = model.softmax_cross_entropy(h2, y, 8)
+    store.zero_grad()
+    model.layer_backward(store.layers[0], c1, model.layer_backward(store.layers[1], c2, g), need_dx=False)
+    plain = store.grads.copy()
+    store.zero_grad()
+    with model.deferred_weight_grads() as w_passes:
+        dx = model.layer_backward(store.layers[1], c2, g)
+        model.layer_backward(store.layers[0], c1, dx, need_dx=False)
+    assert len(w_passes) == 2 and not store.grads.any()  # B alone: no weight gradient yet
+    for w_pass in w_passes:
+        w_pass()
+    np.testing.assert_allclose(store.grads, plain, rtol=1e-12)
+
+
 def test_init_is_a_function_of_seed_and_layer_only():
     W1, b1 = model.init_layer(5, 2, 8, 6, np.float64)
     W2, b2 = model.init_layer(5, 2, 8, 6, np.float64)
