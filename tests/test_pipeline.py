@@ -1,15 +1,17 @@
 """Pipeline parallelism (simpar/parallel/pipeline.py) against the serial model, its traffic and memory.
 
-* Equivalence: every schedule (naive, GPipe, 1F1B, ZB-H1, interleaved) with several M on 2 and
+* Equivalence: every schedule (naive, GPipe, 1F1B, ZB-H1, interleaved, ZB-V) with several M on 2 and
   4 stages, also with dp or tp around the pipeline, trains the serial model (float64: 1e-12
   relative, float32: 1e-5); the pipeline bytes and every rank's activation peak are the cost
   model's. To keep this cheap the whole matrix for one stage count runs inside ONE MPI job
   (MATRIX_SCRIPT calls run_training once per case, the serial reference on rank 0 over COMM_SELF);
   the 4-rank job also runs dp2 x pp2 and tp2 x pp2; the older hybrid tests go through the CLI.
 * Traffic: per rank per step, exactly B_r*h_out forward (unless last stage) + B_r*h_in backward
-  (unless first stage) bytes of "activation"; no "model" bytes unless dp > 1.
+  (unless first stage) bytes of "activation", per chunk boundary that crosses ranks (zb-v: 2S-2 of
+  its 2S-1, the turn S-1 -> S stays on rank S-1); no "model" bytes unless dp > 1.
 * Memory: with a fixed micro-batch size, GPipe's activation peak grows with M, 1F1B's stops at S,
-  ZB-H1 holds S on every stage; recomputation keeps the inputs (full) or inputs and z (selective).
+  ZB-H1 holds S on every stage, ZB-V 2S half-stage chunks; recomputation keeps the inputs (full) or
+  inputs and z (selective).
 """
 
 from __future__ import annotations
@@ -95,27 +97,31 @@ def rows_per_rank(batch: int, dp: int, grad_accum: int = 1) -> list[int]:
 
 def check_activation_bytes(m: dict, layers=None, stage_layers=None) -> None:
     """Exactly B_r*h_out*bpe forward + B_r*h_in*bpe backward per step per rank and per model chunk it
-    holds (interleaved: chunks s, s+S, ...); received likewise."""
+    holds (interleaved: chunks s, s+S, ...; zb-v: s and 2S-1-s), across each boundary to a chunk on
+    another rank; received likewise."""
     cfg = m["config"]
     layers = layers or cfg["layers"]
     S, dp = cfg["pp"], cfg["dp"]
     V = cfg.get("virtual_stages", 1) if cfg["schedule"] == "interleaved" else 1
-    C = S * V
+    C = 2 * S if cfg["schedule"] == "zb-v" else S * V
+    holder = (lambda c: min(c, C - 1 - c)) if cfg["schedule"] == "zb-v" else (lambda c: c % S)
     bounds = stage_split(layers, C, stage_layers)
     bpe = np.dtype(cfg["dtype"]).itemsize
     rows = rows_per_rank(cfg["batch"], dp, cfg["grad_accum"])
     for r in m["comm"]["ranks"]:
         s, d = r["coords"]["pp"], r["coords"]["dp"]
         B, n = rows[d], cfg["steps"] * bpe
-        mine = [bounds[c] + (c,) for c in range(s, C, S)]
-        fwd = sum(B * layers[hi] * n for lo, hi, c in mine if c < C - 1)
-        bwd = sum(B * layers[lo] * n for lo, hi, c in mine if c > 0)
+        mine = [bounds[c] + (c,) for c in range(C) if holder(c) == s]
+        up = lambda c: c < C - 1 and holder(c + 1) != s  # noqa: E731  (a message to chunk c+1)
+        down = lambda c: c > 0 and holder(c - 1) != s  # noqa: E731  (a message to chunk c-1)
+        fwd = sum(B * layers[hi] * n for lo, hi, c in mine if up(c))
+        bwd = sum(B * layers[lo] * n for lo, hi, c in mine if down(c))
         ops = r["by_op"]
         assert ops.get("activation/pp-send-act", {}).get("sent", 0) == fwd, (r["rank"], ops)
         assert ops.get("activation/pp-send-grad", {}).get("sent", 0) == bwd, (r["rank"], ops)
         # What a chunk receives is what its neighbours send: the same two boundaries.
-        got_act = sum(B * layers[lo] * n for lo, hi, c in mine if c > 0)
-        got_grad = sum(B * layers[hi] * n for lo, hi, c in mine if c < C - 1)
+        got_act = sum(B * layers[lo] * n for lo, hi, c in mine if down(c))
+        got_grad = sum(B * layers[hi] * n for lo, hi, c in mine if up(c))
         assert ops.get("activation/pp-send-act", {}).get("received", 0) == got_act
         assert ops.get("activation/pp-send-grad", {}).get("received", 0) == got_grad
         if dp == 1:
@@ -146,8 +152,22 @@ def matrix_cases(S: int) -> list:
         )
         for M in (S, 2 * S)
     ]
+    # zb-v: 2S chunks in a V (S = 4 needs 8 layers), any M
+    cases += [
+        (f"zb-v-M{M}", dict(BASE, pp=S, schedule="zb-v", microbatches=M, layers=LAYERS if S == 2 else DEEP))
+        for M in ((1, 3, 4) if S == 2 else (3, 8))
+    ]
     if S == 2:
         cases += [
+            ("zb-v-float32", dict(BASE, pp=2, schedule="zb-v", microbatches=4, dtype="float32")),
+            (
+                "zb-v-recompute-full-grad-accum-2",
+                dict(BASE, pp=2, schedule="zb-v", microbatches=3, recompute="full", grad_accum=2),
+            ),
+            (
+                "zb-v-recompute-selective",
+                dict(BASE, pp=2, schedule="zb-v", microbatches=4, recompute="selective"),
+            ),
             (
                 "interleaved-V4-M4",
                 dict(BASE, pp=2, schedule="interleaved", virtual_stages=4, microbatches=4, layers=DEEP),
@@ -187,6 +207,9 @@ def matrix_cases(S: int) -> list:
             for M in (2, 8)
         ]
         cases += [
+            ("mem-zb-v-M8", dict(BASE, pp=4, schedule="zb-v", microbatches=8, batch=64, steps=1, layers=DEEP))
+        ]
+        cases += [
             (
                 f"mem-1f1b-M8-{mode}",
                 dict(BASE, pp=4, schedule="1f1b", microbatches=8, batch=64, steps=1, recompute=mode),
@@ -196,6 +219,11 @@ def matrix_cases(S: int) -> list:
         # dp and tp around the pipeline, on the same 4 ranks
         cases += [
             ("dp2xpp2-zb-h1", dict(BASE, pp=2, dp=2, schedule="zb-h1", microbatches=3)),
+            ("dp2xpp2-zb-v", dict(BASE, pp=2, dp=2, schedule="zb-v", microbatches=3)),
+            (
+                "tp2xpp2-zb-v-recompute-selective",
+                dict(BASE, pp=2, tp=2, schedule="zb-v", microbatches=4, recompute="selective"),
+            ),
             (
                 "dp2xpp2-interleaved",
                 dict(BASE, pp=2, dp=2, schedule="interleaved", virtual_stages=2, microbatches=2),
@@ -272,6 +300,14 @@ def test_memory_gpipe_grows_1f1b_bounded(matrices):
         S * 8 * (w_in + (w_out if s < 3 else 0)) * 8
         for s, (w_in, w_out) in enumerate([(64, 32), (32, 32), (32, 32), (32, 10)])
     ]
+    # ZB-V, 8 one-layer chunks, rank s holding chunks s and 7-s, 8 rows per micro-batch: at most 2S
+    # (micro-batch, chunk) units alive. Ranks 1-3 hold two 32 -> 32 layers (x and z: 64 per row), so
+    # 2S units are S micro-batches of a 2-layer stage: 1F1B's stage-0 figure. Rank 0's chunks differ
+    # (layer 0: 64 + 32 per row; the logits layer: its input, 32): its peak is 2S units of chunk 0
+    # (F7 after the W passes of micro-batches 0-3's chunk 7, before any of chunk 0's), 1.5x 1F1B's
+    # 4 x (96 + 32): the paper's "same memory as 1F1B" counts units and assumes equal chunks.
+    zbv = [r["activations_peak"] for r in results["mem-zb-v-M8"]["memory"]["ranks"]]
+    assert zbv == [2 * S * 8 * (64 + 32) * 8] + [2 * S * 8 * 64 * 8] * 3
     # Every stage s: 1F1B keeps at most S - s micro-batches.
     last = results["mem-1f1b-M8"]["memory"]["ranks"]
     widths = [(64, 32), (32, 32), (32, 32), (32, 10)]

@@ -1,10 +1,12 @@
-"""Interleaved 1F1B and ZB-H1 as data, the static checker, and the cost model's own orders (no MPI).
+"""Interleaved 1F1B, ZB-H1 and ZB-V as data, the static checker, and the cost model's own orders (no MPI).
 
-* Every (micro-batch, chunk) is forwarded, backwarded (B and W for zb-h1) exactly once, on the rank
-  that holds the chunk (c mod S), with its messages.
+* Every (micro-batch, chunk) is forwarded, backwarded (B and W for zb-h1, zb-v) exactly once, on the
+  rank that holds the chunk (c mod S; zb-v: s and 2S-1-s), with its messages (none across zb-v's turn).
 * The ideal bubble: interleaved (S-1)/(V*M+S-1) of the step (= (S-1)/(V*M) of the ideal time,
-  Narayanan et al. 2021, sec. 2.2); zb-h1 with F = B = W: (S-1)/(3M+S-1), a third of 1F1B's.
-* Memory: zb-h1 keeps min(S, M) micro-batches alive on every stage: 1F1B's peak (stage 0's).
+  Narayanan et al. 2021, sec. 2.2); zb-h1 with F = B = W: (S-1)/(3M+S-1), a third of 1F1B's; zb-v
+  1 - 6M/T with T >= 6M + S - 1, met for S = 2 and M >= 2.
+* Memory: zb-h1 keeps min(S, M) micro-batches alive on every stage: 1F1B's peak (stage 0's); zb-v
+  min(2S, 2M) half-stage chunks: the same S micro-batches' worth.
 * The static checker refuses a hand-made deadlock and an unreceived send: as a ScheduleError, and
   from the CLI as one line `simpar: error: ...` with exit status 2.
 * The cost model's orders and alive activations (costmodel/order.py, written independently) equal the
@@ -47,25 +49,27 @@ def sizes(name):
                     yield S, M, V
 
 
-@pytest.mark.parametrize("name", ["interleaved", "zb-h1"])
+@pytest.mark.parametrize("name", ["interleaved", "zb-h1", "zb-v"])
 def test_every_unit_once_on_its_rank_with_its_messages(name):
-    kinds = (Forward, BackwardInput, BackwardWeight) if name == "zb-h1" else (Forward, Backward)
+    split = name in ("zb-h1", "zb-v")
+    kinds = (Forward, BackwardInput, BackwardWeight) if split else (Forward, Backward)
     for S, M, V in sizes(name):
-        C = S * V
+        C = 2 * S if name == "zb-v" else S * V
+        # The V: chunk c on rank c going down, on rank 2S-1-c coming back up; else c mod S.
+        holder = (lambda c: min(c, C - 1 - c)) if name == "zb-v" else (lambda c: c % S)
         for s, steps in enumerate(build_schedule(name, S, M, V)):
-            mine = list(range(s, C, S))
+            mine = [c for c in range(C) if holder(c) == s]
             for kind in kinds:
                 got = sorted((st.mb, st.chunk) for st in steps if type(st) is kind)
                 assert got == [(m, c) for m in range(M) for c in mine], (name, S, M, V, s, kind)
-            for kind, present in ((RecvAct, lambda c: c > 0), (SendAct, lambda c: c < C - 1)):
+            # A message only where the neighbouring chunk is on another rank.
+            for kind, nb in ((RecvAct, -1), (SendAct, 1), (RecvGrad, 1), (SendGrad, -1)):
                 got = sorted((st.mb, st.chunk) for st in steps if type(st) is kind)
-                assert got == [(m, c) for m in range(M) for c in mine if present(c)]
-            for kind, present in ((RecvGrad, lambda c: c < C - 1), (SendGrad, lambda c: c > 0)):
-                got = sorted((st.mb, st.chunk) for st in steps if type(st) is kind)
-                assert got == [(m, c) for m in range(M) for c in mine if present(c)]
+                crosses = lambda c: 0 <= c + nb < C and holder(c + nb) != s  # noqa: E731
+                assert got == [(m, c) for m in range(M) for c in mine if crosses(c)], (name, S, M, s, kind)
 
 
-@pytest.mark.parametrize("name", ["interleaved", "zb-h1"])
+@pytest.mark.parametrize("name", ["interleaved", "zb-h1", "zb-v"])
 def test_ideal_bubble_is_the_formula(name):
     for S, M, V in sizes(name):
         tl = check(name, S, M, V)
@@ -73,6 +77,23 @@ def test_ideal_bubble_is_the_formula(name):
         if name == "zb-h1":  # a third of 1F1B's idle time per stage: (S-1) units instead of 3(S-1)
             assert tl.makespan == (3 * M + S - 1 if M >= S else 2 * (M + S) - 1)
             assert in_flight_peaks(build_schedule(name, S, M)) == [min(S, M)] * S
+        if name == "zb-v":  # 6M units of work per rank; rank s cannot start before unit s
+            assert tl.makespan >= 6 * M + S - 1
+            assert tl.bubble == pytest.approx((tl.makespan - 6 * M) / tl.makespan, abs=1e-12)
+            if S == 2 and M >= 2 or (S, M) == (4, 4):
+                assert tl.makespan == 6 * M + S - 1, (S, M)
+            # 2S half-stage units alive at most: S whole micro-batches, 1F1B's stage-0 peak
+            assert in_flight_peaks(build_schedule(name, S, M)) == [min(2 * S, 2 * M)] * S
+
+
+def test_zb_v_needs_two_layers_per_rank_and_one_chunk_count():
+    with pytest.raises(SimparError, match="zb-v cuts the model into 2 x --pp 4 = 8 chunks.*has 4 layers"):
+        validate(RunConfig(pp=4, schedule="zb-v", microbatches=8), 4)
+    with pytest.raises(SimparError, match="needs --schedule interleaved"):
+        validate(RunConfig(pp=2, schedule="zb-v", virtual_stages=2), 2)
+    with pytest.raises(SimparError, match="must give 4 positive counts"):
+        validate(RunConfig(pp=2, schedule="zb-v", microbatches=2, stage_layers=[3, 1]), 2)
+    validate(RunConfig(pp=2, schedule="zb-v", microbatches=1, stage_layers=[1, 1, 1, 1]), 2)  # any M
 
 
 def test_interleaved_needs_m_divisible_by_s_and_two_chunks():
@@ -131,6 +152,19 @@ def test_show_schedule_zb_h1_and_interleaved():
     assert "(S-1)/(V*M+S-1) = 3/19" in text and "15.8%" in text
     row0 = [line for line in text.splitlines() if line.startswith("stage 0")][0].split("|")[1].split()
     assert row0[:8] == ["F0", "F1", "F2", "F3", "f0", "f1", "f2", "f3"]  # f: the rank's 2nd chunk
+
+
+def test_show_schedule_zb_v_from_the_cli():
+    res = run_mpi(0, ["plan", "--pp", "4", "--microbatches", "8", "--schedule", "zb-v", "--show-schedule"])
+    assert res.returncode == 0, res.stderr
+    grid = [line.split("|")[1].split() for line in res.stdout.splitlines() if line.startswith("stage ")]
+    assert len(grid) == 4 and all(len(row) == 52 for row in grid)  # T = 52 = 6M + S - 1 + 1
+    # Warm-up: stage s forwards its down chunk 2(S-s)-1 times, then the way back up (lower case) starts.
+    assert grid[0][:8] == ["F0", "F1", "F2", "F3", "F4", "F5", "F6", "f0"]
+    assert grid[3][:6] == [".", ".", ".", "F0", "f0", "F1"]  # the turn: f0 right after F0, same rank
+    assert grid[0][-2:] == ["B7", "W7"]  # the last B pass is the first chunk's, on stage 0
+    assert sum(row.count(".") for row in grid) == 4 * 52 - 4 * 6 * 8
+    assert "1 - 6M/T, T = 52 (>= 6M+S-1 = 51): 4/52" in res.stdout and "8, 8, 8, 8" in res.stdout
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))

@@ -154,13 +154,16 @@ def test_readme_quotes_the_sim_command():
         (4, dict(pp=4, schedule="zb-h1", microbatches=8)),
         (4, dict(dp=2, pp=2, schedule="interleaved", virtual_stages=2, microbatches=4, recompute="full")),
         (4, dict(tp=2, pp=2, schedule="zb-h1", microbatches=4, recompute="selective")),
+        (4, dict(dp=2, pp=2, schedule="zb-v", microbatches=4, recompute="full")),
     ],
 )
 def test_predict_equals_simulate_on_the_new_schedules(n, layout):
-    """ZB-H1's W passes, interleaved chunks and recomputation: the cost model's recurrence (its own
-    orders, costmodel/order.py) against the simulated clock, which charges what actually runs."""
+    """ZB-H1's W passes, interleaved chunks, ZB-V's V (its turn handed over in memory) and
+    recomputation: the cost model's recurrence (its own
+    orders, costmodel/order.py) against the simulated clock, which charges what actually runs: equal
+    to rounding, since the B pass really leaves every layer's dW, db to the W pass (model.py)."""
     m = launch(n, clock="sim", hardware="dgx-h100", layers="64,128,128,128,10", steps=2, batch=64, **layout)
     assert m["prediction_mismatches"] == []
-    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=0.05)
+    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=1e-9)
     measured = [r["activations_peak"] for r in m["memory"]["ranks"]]
     assert measured == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]]

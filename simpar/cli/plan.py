@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("dp", "tp", "pp"):
         g.add_argument(f"--{name}", type=int, default=1)
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (with --dp)")
-    g.add_argument("--schedule", default="1f1b", help="naive | gpipe | 1f1b | interleaved | zb-h1")
+    g.add_argument("--schedule", default="1f1b", help="naive | gpipe | 1f1b | interleaved | zb-h1 | zb-v")
     g.add_argument("--microbatches", type=int, default=4)
     g.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
     g.add_argument("--recompute", default="none", help="none | full | selective")

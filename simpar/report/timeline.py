@@ -163,7 +163,7 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         ideal = tl.bubble
         for s, row in enumerate(tl.rows):
             for start, end, kind, mb in row:
-                k = "forward" if kind == "F" else "backward"  # W passes (zb-h1) drawn as backward
+                k = "forward" if kind == "F" else "backward"  # W passes (zb-h1, zb-v) drawn as backward
                 bottom.broken_barh(
                     [(start, end - start)], (s - 0.4, 0.8), facecolors=COLOURS[k], edgecolor="white", lw=0.5
                 )
@@ -175,9 +175,12 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         bottom.set_xlabel("time units (forward = 1, backward = 2)")
         bottom.set_title(
             f"ideal {TITLES.get(schedule, schedule)}, S={S}, M={M}: bubble {tl.bubble:.1%}"
-            + {"naive": " = (S-1)/S", "interleaved": " = (S-1)/(VM+S-1)", "zb-h1": " (B = W = 1)"}.get(
-                schedule, " = (S-1)/(M+S-1)"
-            )
+            + {
+                "naive": " = (S-1)/S",
+                "interleaved": " = (S-1)/(VM+S-1)",
+                "zb-h1": " (B = W = 1)",
+                "zb-v": " (B = W = 1, per chunk)",
+            }.get(schedule, " = (S-1)/(M+S-1)")
         )
     fig.tight_layout()
     # Atomic, like every other output: a full disk leaves one error line and no half a PNG.
