@@ -160,6 +160,8 @@ def matrix_cases(S: int) -> list:
     if S == 2:
         cases += [
             ("zb-v-float32", dict(BASE, pp=2, schedule="zb-v", microbatches=4, dtype="float32")),
+            # the loss is on rank 0: rank 0 keeps its labels, sends x and no labels to rank 1
+            ("zb-v-data-root", dict(BASE, pp=2, schedule="zb-v", microbatches=2, data_source="root")),
             (
                 "zb-v-recompute-full-grad-accum-2",
                 dict(BASE, pp=2, schedule="zb-v", microbatches=3, recompute="full", grad_accum=2),
@@ -277,6 +279,8 @@ def test_schedules_match_serial_and_traffic_formula(S, matrices):
         assert m["prediction_mismatches"] == [], (name, m["prediction_mismatches"])
         measured = [r["activations_peak"] for r in m["memory"]["ranks"]]
         assert measured == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]], name
+        if name == "zb-v-data-root":  # x and labels both stay on rank 0: rank 1 (stage 1) needs neither
+            assert [r["sent"]["data"] for r in m["comm"]["ranks"]] == [0, 0]
 
 
 def test_memory_gpipe_grows_1f1b_bounded(matrices):
