@@ -162,12 +162,15 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         tl = ideal_timeline(schedule, S, M, V=info["virtual_stages"])
         ideal = tl.bubble
         for s, row in enumerate(tl.rows):
-            for start, end, kind, mb in row:
+            order = sorted(set(tl.chunks[s]))
+            for (start, end, kind, mb), chunk in zip(row, tl.chunks[s]):
                 k = "forward" if kind == "F" else "backward"  # W passes (zb-h1, zb-v) drawn as backward
                 bottom.broken_barh(
                     [(start, end - start)], (s - 0.4, 0.8), facecolors=COLOURS[k], edgecolor="white", lw=0.5
                 )
-                _bar_label(bottom, start, end - start, s, f"{kind}{mb}", 0.9)
+                # as the --show-schedule grid: lower case for the rank's 2nd (4th, ...) chunk
+                letter = kind if order.index(chunk) % 2 == 0 else kind.lower()
+                _bar_label(bottom, start, end - start, s, f"{letter}{mb}", 0.9)
         bottom.set_yticks(range(S))
         bottom.set_yticklabels([f"stage {s}" for s in range(S)])
         bottom.invert_yaxis()
