@@ -80,8 +80,10 @@ def test_ideal_bubble_is_the_formula(name):
         if name == "zb-v":  # 6M units of work per rank; rank s cannot start before unit s
             assert tl.makespan >= 6 * M + S - 1
             assert tl.bubble == pytest.approx((tl.makespan - 6 * M) / tl.makespan, abs=1e-12)
-            if S == 2 and M >= 2 or (S, M) == (4, 4):
+            if S == 2 and M >= 2 or M == S:
                 assert tl.makespan == 6 * M + S - 1, (S, M)
+            if M >= S:  # a few units over the bound at most (the zb_v docstring)
+                assert tl.makespan <= 6 * M + S - 1 + max(S - 3, 1), (S, M)
             # 2S half-stage units alive at most: S whole micro-batches, 1F1B's stage-0 peak
             assert in_flight_peaks(build_schedule(name, S, M)) == [min(2 * S, 2 * M)] * S
 
