@@ -237,8 +237,9 @@ def zb_h1(S: int, M: int, V: int = 1) -> list[list[Step]]:
 
 
 def zb_v(S: int, M: int, V: int = 1) -> list[list[Step]]:
-    """ZB-V's order, compiled the way the paper builds its ZB-V figure: with F = B = W = 1 time unit
-    and messages free, play the ranks in lock step; at each unit a free rank runs, in this priority,
+    """ZB-V's order, compiled by simpar's own rule (the V and the memory cap are the paper's; the
+    priority list is ours, in the spirit of its heuristic scheduler, sec. 3): with F = B = W = 1 time
+    unit and messages free, play the ranks in lock step; at each unit a free rank runs, in priority,
 
       1. a B pass whose output gradient is there (the up chunk 2S-1-s before the down chunk s):
          B is on the critical path, every rank below waits for it;
