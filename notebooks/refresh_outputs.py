@@ -46,6 +46,9 @@ def scrub(nb) -> None:
 
 def refresh(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
+    nb.nbformat_minor = max(nb.nbformat_minor, 5)
+    for i, cell in enumerate(nb.cells):  # stable ids (nbformat 4.5 wants one per cell), not random ones
+        cell["id"] = cell.get("id") or f"cell-{i}"
     setup = nbformat.v4.new_code_cell(SETUP)
     nb.cells.insert(0, setup)  # run first, removed before saving
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}})
