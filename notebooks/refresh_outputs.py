@@ -50,8 +50,10 @@ def refresh(path: Path) -> None:
     for i, cell in enumerate(nb.cells):  # stable ids (nbformat 4.5 wants one per cell), not random ones
         cell["id"] = cell.get("id") or f"cell-{i}"
     setup = nbformat.v4.new_code_cell(SETUP)
+    setup["id"] = "refresh-setup"
     nb.cells.insert(0, setup)  # run first, removed before saving
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}})
+    resources = {"metadata": {"path": str(HERE)}}
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources)
     client.execute()
     nb.cells.pop(0)
     count = 0
