@@ -196,13 +196,25 @@ class TensorParallel(Strategy):
 
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
-        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        if cfg.arch == "resmlp":  # residual blocks (and --sp): restensor.py
+            from .restensor import ResTensorStack
+
+            self.stack = ResTensorStack(cfg, mesh)
+        else:
+            self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
         self.replicas = DataParallel(cfg, mesh, stack=self.stack)
         # One meter and one watch: those of the step that runs the stack; and its optimizer.
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
         self.optimizer = self.replicas.optimizer
 
     def train_step(self, micro_steps, global_batch: int) -> float:
+        if self.cfg.sp:  # sequence parallel: this rank's 1/t of each micro-step's rows, end to end
+            t, k = self.mesh.tp, self.mesh.tp_index
+            micro_steps = [
+                (x[k * len(x) // t : (k + 1) * len(x) // t], y[k * len(y) // t : (k + 1) * len(y) // t])
+                for x, y in micro_steps
+            ]
+            return self.replicas.train_step(micro_steps, global_batch)  # a loss share per row shard
         loss = self.replicas.train_step(micro_steps, global_batch)
         # Every tp rank computed the same logits; report the loss once per tp group, or the
         # world-wide sum would count it t times.
