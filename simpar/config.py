@@ -326,10 +326,10 @@ def schedule_problem(schedule: str, S: int, M: int, V: int, n_layers: int | None
 
 
 def layout_name(layout) -> str:
-    """dp4, dp2xzero1, tp2, pp2-1f1b, dp2xtp2, ... ("serial" for one rank). `layout` is anything with
+    """dp4, dp2xzero1, tp2, tp2-sp, pp2-1f1b, dp2xtp2, ... ("serial" for one rank). `layout` is anything with
     dp, tp, pp, zero and schedule attributes: a RunConfig or the cost model's Spec."""
     parts = [f"dp{layout.dp}"] if layout.dp and layout.dp > 1 else []
     parts += [f"zero{layout.zero}"] if layout.zero else []
-    parts += [f"tp{layout.tp}"] if layout.tp > 1 else []
+    parts += [f"tp{layout.tp}" + ("-sp" if getattr(layout, "sp", False) else "")] if layout.tp > 1 else []
     parts += [f"pp{layout.pp}-{layout.schedule}"] if layout.pp > 1 else []
     return "x".join(parts) or "serial"

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..model import Linear, ParamStore
 from ..resmlp import BlockUnit, build_units
-from .base import HeldBytes, NonFiniteWatch, SerialStack
+from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
 class UnitStack:
@@ -50,6 +50,14 @@ class UnitStack:
             if on_layer_done is not None:
                 on_layer_done(u.index)
         return grad
+
+    # -- checkpoints: the same layout as SerialStack's (a block's flat vector as W, b empty) --------
+    def full_pieces(self, flat: np.ndarray | None = None):
+        flat = self.store.params if flat is None else flat
+        return [(i, W.copy(), b.copy()) for i, W, b in store_views(self.store, flat)]
+
+    def flat_from_full(self, full: list) -> np.ndarray:
+        return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
 
 
 def make_stack(cfg):
