@@ -194,14 +194,10 @@ class TensorParallel(Strategy):
     dp > 1 each DP all-reduce carries only this rank's shard, summed with the same-position shards
     of the other replicas; with dp = 1 that step simply sends nothing."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        if cfg.arch == "resmlp":  # residual blocks (and --sp): restensor.py
-            from .restensor import ResTensorStack
-
-            self.stack = ResTensorStack(cfg, mesh)
-        else:
-            self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        # `stack`: another split of the model with this interface (restensor.py for --arch resmlp)
+        self.stack = stack or TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
         self.replicas = DataParallel(cfg, mesh, stack=self.stack)
         # One meter and one watch: those of the step that runs the stack; and its optimizer.
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
