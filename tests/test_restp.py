@@ -94,9 +94,12 @@ def test_tp_and_sp_match_serial_and_the_formulas_and_checkpoints_cross_layouts(s
 
     ckpt = tmp_path / "ckpt"
     sp_args = ["--dp", "2", "--tp", "2", "--sp", "--grad-accum", "2", "--checkpoint-every", "2"]
-    sp = train_json(4, [*F64, *sp_args, "--checkpoint-dir", str(ckpt)], tmp_path, "sp")
+    sim = ["--clock", "sim", "--hardware", "dgx-h100"]  # changes no number, only adds the simulated step
+    sp = train_json(4, [*F64, *sp_args, *sim, "--checkpoint-dir", str(ckpt)], tmp_path, "sp")
     assert_same_model(sp, ref, 1e-12)
     assert_ledger(sp, t=2, dp=2, accum=2, sp=True, bpe=8)
+    # the cost model's step time (costmodel/resblocks.py) against the simulated clock, as every layout
+    assert abs(sp["predicted"]["time"]["step_s"] / sp["time"]["sim"]["step_s"] - 1) <= 0.05
 
     for n, layout in ((2, ["--tp", "2"]), (1, [])):
         resumed = train_json(n, [*F64, *layout, "--resume", str(ckpt / "step-000002")], tmp_path, f"r{n}")
