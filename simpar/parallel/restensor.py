@@ -53,9 +53,9 @@ import numpy as np
 import kernels
 
 from .. import collectives, simclock
-from ..model import Linear, ParamStore
 from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units, layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch
+from .resstack import unit_store
 from .tensor import f_backward, g_forward
 
 
@@ -100,21 +100,15 @@ class ResTensorStack:
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
         self.units = [ShardedBlock(u, t, k) if isinstance(u, BlockUnit) else u for u in build_units(cfg)]
-        total = sum(u.size for u in self.units)
-        self.store = ParamStore(np.empty(total, dtype), np.zeros(total, dtype))
-        self.flats, offset = [], 0
-        for u in self.units:
-            p = self.store.params[offset : offset + u.size]
-            g = self.store.grads[offset : offset + u.size]
-            full = (u.unit if isinstance(u, ShardedBlock) else u).init(cfg.seed, dtype)  # the serial numbers
-            p[...] = u.cut(full) if isinstance(u, ShardedBlock) else full
-            self.flats.append((p, g))
-            if isinstance(u, ShardedBlock):  # one flat vector per block, as resstack.UnitStack
-                W, b, dW, db = p, p[:0], g, g[:0]
-            else:
-                (W, b), (dW, db) = u.views(p), u.views(g)
-            self.store.layers.append(Linear(u.index, W, b, dW, db, getattr(u, "act", "none")))
-            offset += u.size
+
+        def initial(u):  # the serial model's numbers, cut to this rank's share
+            return (
+                u.cut(u.unit.init(cfg.seed, dtype))
+                if isinstance(u, ShardedBlock)
+                else u.init(cfg.seed, dtype)
+            )
+
+        self.store, self.flats = unit_store(self.units, dtype, initial)
 
     # -- the conjugate operators: Megatron's f and g, or sequence parallelism's f-bar and g-bar ------
     def _gather_rows(self, shard: np.ndarray) -> np.ndarray:
