@@ -147,3 +147,14 @@ def test_sp_misuse_is_one_line(args, message):
     res = run_mpi(2, ["train", "--steps", "1", *args], timeout=60)
     assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_shows_the_sp_saving_and_compare_tries_both(capsys):
+    from simpar.cli.plan import plan_main
+    from simpar.costmodel import hardware
+
+    assert plan_main(["--arch", "resmlp", "--layers", "64,128,128,10", "--tp", "2", "--sp"]) == 0
+    assert "sequence parallelism (--sp" in capsys.readouterr().out
+    spec = cm.Spec(widths=[64, 128, 128, 10], batch=64, arch="resmlp")
+    ranked, _ = cm.compare.rank_layouts(spec, hardware.load("dgx-h100"), 4, None)
+    assert {"tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp"} <= {p["layout"] for p in ranked}
