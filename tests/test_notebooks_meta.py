@@ -1,4 +1,4 @@
-"""The lessons in notebooks/: all nine present, stored without outputs, portable, each with a plot
+"""The lessons in notebooks/: every lesson present, stored without outputs, portable, each with a plot
 and an exercise. (Running them is the job of `pytest --nbmake notebooks/`.)"""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ NAMES = (
     "06_hybrid_and_planning",
     "07_debugging",
     "08_overhead_and_speedup",
+    "09_mixed_precision",
     "11_sequence_parallel",
+    "12_checkpoints_and_recovery",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
