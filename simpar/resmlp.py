@@ -12,8 +12,8 @@ block, so gradients reach the first layers undiminished however deep the stack.
 The model is a list of UNITS, each with one flat parameter vector: LinearUnit (W then b) for the
 projections, BlockUnit (gamma, beta, W1, b1, W2, b2) for a block of width d (2d^2 + 4d parameters).
 Data parallelism and ZeRO only need a unit's size, its forward and its backward on flat vectors, so
-they run either architecture (parallel/zero.py, parallel/resstack.py). Tensor and pipeline
-parallelism would need the blocks split; they are refused (config.validate).
+they run either architecture (parallel/zero.py, parallel/resstack.py). Tensor parallelism splits
+each block's W1 by columns and W2 by rows, and --sp its rows (parallel/restensor.py).
 
 LayerNorm (Ba et al. 2016) over the d features of each row, and its backward:
     mu = mean(x),  s = sqrt(var(x) + eps),  xh = (x - mu) / s,  y = gamma * xh + beta

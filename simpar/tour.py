@@ -35,12 +35,16 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     n = world_size
     hidden_ok = lambda t: all(w % t == 0 for w in cfg.layers[1:-1])
     candidates = [("serial", dict(dp=1))]
-    if n > 1 and (cfg.mixed or cfg.arch == "resmlp"):  # these run dp and ZeRO only (config.validate)
-        return (
-            candidates
-            + [(f"dp{n}", dict(dp=n))]
-            + [(f"dp{n}-zero{s}", dict(dp=n, zero=s)) for s in (1, 2, 3)]
-        )
+    if n > 1 and (cfg.mixed or cfg.arch == "resmlp"):  # these run dp and ZeRO (config.validate)
+        candidates += [(f"dp{n}", dict(dp=n))] + [(f"dp{n}-zero{s}", dict(dp=n, zero=s)) for s in (1, 2, 3)]
+        if cfg.arch == "resmlp" and not cfg.mixed:  # and tensor parallelism, with and without --sp
+            for dp, tp in ((1, n), (n // 2, 2)) if n % 2 == 0 and n > 2 else ((1, n),):
+                name = f"dp{dp}xtp{tp}" if dp > 1 else f"tp{tp}"
+                if hidden_ok(tp):
+                    candidates.append((name, dict(dp=dp, tp=tp)))
+                    if cfg.batch % (dp * cfg.grad_accum * tp) == 0:
+                        candidates.append((f"{name}-sp", dict(dp=dp, tp=tp, sp=True)))
+        return candidates
     if n > 1:
         candidates.append((f"dp{n}", dict(dp=n)))
         for stage in (1, 2, 3):

@@ -95,7 +95,7 @@ def test_data_parallel_and_zero_match_serial(tmp_path, serial, n, zero, extra):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--arch", "resmlp", "--tp", "2"], "--arch resmlp runs serial, --dp and --zero"),
+        (["--arch", "resmlp", "--pp", "2"], "--arch resmlp runs serial, --dp, --zero and --tp"),
         (["--arch", "resmlp", "--layers", "64,128,96,10"], "equal hidden widths"),
     ],
 )
