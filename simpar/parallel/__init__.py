@@ -4,7 +4,8 @@
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
-  pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1)
+  pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
+               ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
 `build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
 """

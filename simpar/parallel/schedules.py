@@ -345,7 +345,8 @@ def _zb_h1_bubble(S: int, M: int) -> tuple[str, float]:
 @dataclass(frozen=True)
 class Schedule:
     """A named schedule: how to build it, how many model chunks it has, where each chunk runs, and its
-    ideal bubble in closed form (F = 1, B = 2 time units; W = 1 of the 2 when the backward is split)."""
+    ideal bubble (F = 1, B = 2 time units; W = 1 of the 2 when the backward is split): a closed form,
+    or for zb-v the span of its compiled order."""
 
     name: str
     title: str
