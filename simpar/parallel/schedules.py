@@ -263,8 +263,8 @@ def v_rank_of(chunk: int, S: int) -> int:
 def _zb_v_orders(S: int, M: int) -> tuple[list[list[tuple[str, int, int]]], int]:
     """Per rank, the (kind, mb, chunk) compute steps of ZB-V (zb_v's rule), and the unit-time span."""
     C, cap = 2 * S, 2 * S
-    ready = {(0, m): 0 for m in range(M)}  # ("F" input | "B" output gradient) -> the unit it arrives
-    grad_ready: dict = {}
+    ready = {(0, m): 0 for m in range(M)}  # (chunk, mb) -> the unit its input is there (chunk 0: data)
+    grad_ready: dict = {}  # (chunk, mb) -> the unit its output gradient is there
     next_f, next_b = [0] * C, [0] * C  # the next micro-batch of each chunk (in order)
     pending_w: list[list] = [[] for _ in range(S)]
     alive, orders = [0] * S, [[] for _ in range(S)]
