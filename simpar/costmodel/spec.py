@@ -86,6 +86,10 @@ class Spec:
     momentum: float = 0.9
     activation: str = "relu"
     arch: str = "mlp"
+    experts: int = 0  # mixture of experts (costmodel/moe.py): 0 = none
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -128,6 +132,10 @@ class Spec:
             momentum=cfg.momentum,
             activation=cfg.activation,
             arch=getattr(cfg, "arch", "mlp"),
+            experts=getattr(cfg, "experts", 0),
+            top_k=getattr(cfg, "top_k", 2),
+            capacity_factor=getattr(cfg, "capacity_factor", 1.25),
+            ep=getattr(cfg, "ep", 1),
         )
 
 
@@ -159,6 +167,10 @@ def check(spec: Spec) -> Spec:
         data_source=spec.data_source,
         activation=spec.activation,
         arch=spec.arch,
+        experts=spec.experts,
+        top_k=spec.top_k,
+        capacity_factor=spec.capacity_factor,
+        ep=spec.ep,
     )
     validate(cfg, spec.world)
     return spec

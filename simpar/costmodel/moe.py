@@ -1,0 +1,174 @@
+"""Mixture of experts with expert parallelism, in closed form: parallel/expert.py's rules written again.
+
+D data-parallel ranks, cut into groups of P consecutive ranks (expert parallelism); rank d is ep rank
+j = d mod P of the group starting at d - j and holds experts j*E/P .. (j+1)*E/P - 1 of every MoE
+layer (the hidden-to-hidden layers 1 .. n-2). With kept[s][e] the assignments of rank s's rows that
+expert e keeps (capacity ceil(C K B / E), filled in global row order), per MoE layer and step:
+
+  ep-dispatch       rank d sends the rows of its kept assignments to experts on other ranks of its
+                    group: sum_{e not on d} kept[d][e] x d_in          (P-1 messages, pairwise all-to-all)
+  ep-combine        it returns what its experts computed for the group's other ranks:
+                    sum_{s in group, s != d} sum_{e on d} kept[s][e] x d_out          (P-1 messages)
+  ep-combine-grad   as ep-dispatch, d_out wide;  ep-dispatch-grad: as ep-combine, d_in wide
+  ep-histogram      (control) ring all-gather of D x E int64 counts over the dp group: (D-1) E x 8 B
+  grad-allreduce    the non-expert parameters (dense layers, routers) over the D dp ranks, one call
+  expert-grad-allreduce  this rank's E/P experts over its expert-data-parallel group (D/P ranks)
+
+Balanced routing (every rank's n_d K assignments spread evenly, no drops): each of the four
+all-to-alls moves (P-1)/P x n_d K rows per layer. An IMBALANCE u >= 1 (the hottest expert gets u
+times the mean load, the others of its rank the mean) makes its owner return (u + E/P - 1)/(E/P)
+times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
+times the mean), which is what the capacity factor buys.
+Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike.
+Time: compute (2 x rows x in x out FLOPs per expert row forward, twice that backward) plus every
+collective on the dp group's link, blocking (parallel/expert.py overlaps nothing).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
+from .spec import Spec
+
+OPS = ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad")
+
+
+def moe_layers(spec: Spec) -> list[int]:
+    return list(range(1, spec.n_layers - 1))
+
+
+def param_counts(spec: Spec) -> tuple[int, int]:
+    """(non-expert parameters: dense layers and routers; parameters of ONE rank's E/P experts)."""
+    W, moe = spec.widths, set(moe_layers(spec))
+    dense = sum(
+        W[i] * W[i + 1] + W[i + 1] if i not in moe else W[i] * spec.experts for i in range(spec.n_layers)
+    )
+    experts = sum((spec.experts // spec.ep) * (W[i] * W[i + 1] + W[i + 1]) for i in moe)
+    return dense, experts
+
+
+def balanced_kept(spec: Spec, imbalance: float = 1.0) -> list[list[float]]:
+    """kept[s][e] of one layer under balanced routing (fractional rows: an average, not a count);
+    with `imbalance` u, expert 0 takes min(u, C) times its share (the worst case for ep rank 0)."""
+    D, E, K = spec.dp, spec.experts, spec.top_k
+    hot = min(imbalance, spec.capacity_factor)
+    return [[chunk(spec.batch, D, s) * K / E * (hot if e == 0 else 1) for e in range(E)] for s in range(D)]
+
+
+def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
+    """Rows rank d sends per MoE layer in each all-to-all, from one layer's kept[s][e]."""
+    P, per = spec.ep, spec.experts // spec.ep
+    j, base = d % P, d - d % P
+    mine = range(j * per, (j + 1) * per)
+    out_rows = sum(kept[d][e] for e in range(spec.experts) if e not in mine)
+    back_rows = sum(kept[s][e] for s in range(base, base + P) if s != d for e in mine)
+    return {
+        "ep-dispatch": out_rows,
+        "ep-combine-grad": out_rows,
+        "ep-combine": back_rows,
+        "ep-dispatch-grad": back_rows,
+    }
+
+
+def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a step time, keyed like predict_from_config.
+    `routing`: the run's metrics["moe"] (kept_by_rank per step and layer) for exact bytes; without it,
+    balanced routing (times `imbalance`)."""
+    D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
+    layers = moe_layers(spec)
+    if routing is not None:
+        per_step = routing["kept_by_rank"]
+        steps = len(per_step)
+    else:
+        per_step = [[balanced_kept(spec, imbalance)] * len(layers)] * steps
+    bpe = spec.prec.act
+    dense, experts = param_counts(spec)
+    opt = spec.prec.optimizer[(spec.optimizer, bool(spec.momentum))]
+    allreduce = ALLREDUCE[spec.collectives]
+    link = None
+    if hw is not None:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", spec.dp, spec.tp, spec.pp)
+    ranks, worst_s = [], 0.0
+    for d in range(D):
+        ops: dict[str, Cost] = {}
+
+        def add(op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        for step in per_step:
+            for layer, kept in zip(layers, step):
+                rows = rank_alltoall_rows(spec, kept, d)
+                for op in OPS:
+                    width = W[layer] if op in ("ep-dispatch", "ep-dispatch-grad") else W[layer + 1]
+                    n = rows[op] * width
+                    add(op, Cost(round(n), P - 1, 0, P - 1, math.ceil(n / max(P - 1, 1))), bpe)
+                add("ep-histogram", ring_allgather(D * E, D, d), 8)
+        add("grad-allreduce", allreduce(dense, D, d), spec.prec.grad, steps)
+        add("expert-grad-allreduce", allreduce(experts, D // P, d // P), spec.prec.grad, steps)
+        cat = lambda op: "control" if op == "ep-histogram" else "model" if "allreduce" in op else "activation"  # noqa: E731
+        sent = {c: 0 for c in ("data", "model", "activation")}
+        messages = dict(sent)
+        for op, c in ops.items():
+            if cat(op) in sent:
+                sent[cat(op)] += c.sent
+                messages[cat(op)] += c.messages
+        comm_s = (
+            0.0
+            if link is None
+            else sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values())
+        )
+        worst_s = max(worst_s, comm_s / max(steps, 1))
+        ranks.append(
+            {
+                "rank": d,
+                "coords": {"pp": 0, "dp": d, "tp": 0},
+                "sent": sent,
+                "messages": messages,
+                "by_op": {
+                    f"{cat(op)}/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()
+                },
+            }
+        )
+    memory = [
+        {
+            "params": (dense + experts) * spec.prec.param,
+            "grads": (dense + experts) * spec.prec.grad,
+            "optimizer": (dense + experts) * opt,
+            "activations_peak": 0,
+        }
+        for _ in range(D)
+    ]
+    rows = max(chunk(spec.batch, D, d) for d in range(D))
+    flops = 0
+    for i in range(spec.n_layers):  # an MoE layer: router + K experts per row (balanced, no drops)
+        mult = spec.top_k if i in layers else 1
+        flops += 6 * rows * W[i] * W[i + 1] * mult + (6 * rows * W[i] * E if i in layers else 0)
+    compute_s = flops / hw.flop_rate(spec.precision) if hw is not None else 0.0
+    step_s = compute_s + worst_s
+    return {
+        "steps": steps,
+        "layout": f"dp{D}xep{P}" if P > 1 else (f"dp{D}" if D > 1 else "serial"),
+        "hardware": getattr(hw, "name", None),
+        "comm": {
+            "ranks": ranks,
+            "per_step": {
+                c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
+            },
+            "per_rank_per_step_max": {
+                c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
+            },
+        },
+        "memory": {"ranks": memory, "max": memory[0]},
+        "bubble": 0.0,
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": worst_s,
+            "samples_per_s": spec.batch / step_s if step_s > 0 else float("inf"),
+        },
+        "routing": "measured" if routing is not None else f"balanced x {imbalance:g}",
+    }
