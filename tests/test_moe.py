@@ -65,3 +65,98 @@ def test_capacity_keeps_earliest_rows_and_aux_loss_formula():
     p = np.full((6, 4), 0.25)
     share, grad = moe.aux_loss(p, np.full(4, 0.25), alpha=0.01, N=6)
     assert abs(share - 0.01) < 1e-15 and np.allclose(grad, 0.01 * 4 * 0.25 / 6)
+
+
+# -- expert parallelism on real ranks, against the serial MoE run ---------------------------------------
+
+MOE = ["--dtype", "float64", "--steps", "4", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.0"]
+E, K, B, D_IN = 4, 2, 64, 128  # the default digits model: MoE layers 1 and 2 are 128 -> 128
+
+
+def kept_from_routed(H, cap):
+    """Kept assignments per (dp rank, expert): an expert fills its cap slots in global row order, so
+    rank d keeps min(H[d][e], cap - (assignments to e on ranks before d)), never below 0."""
+    H = np.array(H)
+    before = np.vstack([np.zeros((1, H.shape[1]), int), np.cumsum(H, axis=0)[:-1]])
+    return np.minimum(H, np.maximum(cap - before, 0))
+
+
+def expected_alltoall_bytes(moe_metrics, D, P, d):
+    """Bytes rank d sends in each all-to-all over the run, from the routing histograms and the rule
+    of the README: rows of kept assignments to experts on other ranks of its ep group go out (ep-dispatch,
+    ep-combine-grad), rows its own experts kept for the other ranks go back (ep-combine, ep-dispatch-grad)."""
+    per, j, base = E // P, d % P, d - d % P
+    mine = set(range(j * per, (j + 1) * per))
+    cap = math.ceil(1.0 * K * B / E)
+    out = back = 0
+    for step in moe_metrics["routed_by_rank"]:
+        for H in step:
+            kept = kept_from_routed(H, cap)
+            out += sum(kept[d][e] for e in range(E) if e not in mine)
+            back += sum(kept[s][e] for s in range(base, base + P) if s != d for e in mine)
+    return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
+
+
+def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tmp_path):
+    from tests.conftest import assert_same_model, train_json
+
+    ref = serial(MOE)
+    dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E  # first and last layer, two routers
+    expert = 128 * 128 + 128  # one expert of layer 1 or 2
+    assert ref["params"] == dense + 2 * E * expert
+    for n, layout in ((2, ["--dp", "2", "--ep", "2"]), (4, ["--dp", "4", "--ep", "2"])):
+        run = train_json(n, MOE + layout, tmp_path, name=f"ep{n}")
+        D, P = n, 2
+        assert_same_model(run, ref, rtol=1e-12)
+        moe_run, moe_ref = run["moe"], ref["moe"]
+        # Same tokens routed, kept and dropped as the serial run, step by step and layer by layer.
+        assert moe_run["tokens_per_expert"] == moe_ref["tokens_per_expert"]
+        assert moe_run["dropped"] == moe_ref["dropped"] and sum(map(sum, moe_ref["dropped"])) > 0
+        assert [[list(np.sum(H, axis=0)) for H in s] for s in moe_run["routed_by_rank"]] == moe_ref[
+            "routed_per_expert"
+        ]
+        for d, rank in enumerate(run["comm"]["ranks"]):
+            rows = expected_alltoall_bytes(moe_run, D, P, d)
+            for op, r in rows.items():
+                entry = rank["by_op"][f"activation/{op}"]
+                assert entry["sent"] == r * D_IN * 8, (n, d, op)
+                assert entry["messages"] == (P - 1) * 2 * 4  # 2 MoE layers x 4 steps
+            assert rank["sent"]["activation"] == sum(rows.values()) * D_IN * 8  # the four ops, nothing else
+            assert run["memory"]["ranks"][d]["params"] == (dense + 2 * (E // P) * expert) * 8
+            assert run["memory"]["ranks"][d]["optimizer"] == (dense + 2 * (E // P) * expert) * 8  # momentum
+            # histogram exchange: a ring all-gather of D x E int64 counts, (D-1) E x 8 B per layer
+            assert rank["by_op"]["control/ep-histogram"]["sent"] == (D - 1) * E * 8 * 2 * 4
+        assert run["prediction_mismatches"] == []
+
+
+def test_bad_moe_options_are_one_line_each():
+    import pytest
+
+    from simpar.config import RunConfig, SimparError, validate
+
+    cases = [
+        (dict(ep=2), 2, "--ep 2 shards experts: add --experts E"),
+        (dict(experts=1), 1, "--experts must be at least 2"),
+        (dict(experts=4, top_k=5), 1, "--top-k must be between 1 and --experts 4"),
+        (dict(experts=4, capacity_factor=0.0), 1, "--capacity-factor must be a positive number"),
+        (dict(experts=4, aux_loss_coef=-1.0), 1, "--aux-loss-coef must be a number >= 0"),
+        (dict(experts=4, layers=[64, 128, 10]), 1, "has none"),
+        (dict(experts=4, ep=3, dp=4), 4, "--ep 3 must divide --dp 4"),
+        (dict(experts=6, ep=4, dp=4), 4, "--experts 6 must be divisible by --ep 4"),
+        (dict(experts=4, tp=2), 2, "not with --tp"),
+        (dict(experts=4, zero=1), 2, "not with --zero"),
+        (dict(experts=4, arch="resmlp"), 1, "not with --arch resmlp"),
+        (dict(experts=4, grad_accum=2), 1, "not with --grad-accum"),
+    ]
+    for fields, world, message in cases:
+        with pytest.raises(SimparError, match=message):
+            validate(RunConfig(**fields), world)
+    # On the command line: one line, exit status 2, every rank ends, no traceback.
+    from tests.mpiutil import run_mpi
+
+    res = run_mpi(
+        2, ["train", "--experts", "4", "--ep", "2", "--pp", "2", "--steps", "1", "--quiet"], timeout=60
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert lines == ["simpar: error: --ep 2 must divide --dp 1 (EP inside DP)"], res.stderr
