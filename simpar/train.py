@@ -254,6 +254,12 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     metrics["predicted"] = predict_from_config(
         cfg, world.size, steps=steps - first, hw=hw, routing=metrics.get("moe")
     )
+    if cfg.experts:  # the all-to-all as routed, beside what perfectly balanced routing would move
+        balanced = predict_from_config(cfg, world.size, steps=1, hw=hw)["comm"]["per_step"]["activation"]
+        metrics["moe"]["activation_per_step"] = {
+            "measured": metrics["comm"]["per_step"]["activation"],
+            "balanced": balanced,
+        }
     metrics["checkpoint"] = {
         "dir": cfg.checkpoint_dir,
         "every": cfg.checkpoint_every,

@@ -160,3 +160,26 @@ def test_bad_moe_options_are_one_line_each():
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert lines == ["simpar: error: --ep 2 must divide --dp 1 (EP inside DP)"], res.stderr
+
+
+def test_plan_predicts_balanced_all_to_all_and_expert_memory(capsys):
+    import json
+
+    from simpar.cli.plan import plan_main
+
+    args = ["--batch", "64", "--dp", "4", "--experts", "4", "--top-k", "2", "--ep", "2", "--json"]
+    plan_main(args + ["--hardware", "ib-cluster"])
+    pred = json.loads(capsys.readouterr().out)
+    D, P, bpe, h, layers = 4, 2, 4, 128, 2
+    balanced = (P - 1) / P * (B / D) * K * h * bpe * layers  # per rank per step, each of the four ops
+    for rank in pred["comm"]["ranks"]:
+        for op in ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad"):
+            assert rank["by_op"][f"activation/{op}"]["sent"] == balanced
+        assert rank["sent"]["activation"] == 4 * balanced
+    dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E
+    assert pred["memory"]["ranks"][0]["params"] == (dense + 2 * (E // P) * (128 * 128 + 128)) * bpe
+    # An imbalance of 3 is capped at the capacity factor C = 1.25: the hot expert's owner returns
+    # (C + E/P - 1)/(E/P) times the balanced rows in ep-combine.
+    plan_main(args + ["--imbalance", "3", "--capacity-factor", "1.25"])
+    hot = json.loads(capsys.readouterr().out)["comm"]["ranks"][0]["by_op"]["activation/ep-combine"]["sent"]
+    assert hot == round(balanced * (1.25 + 1) / 2)

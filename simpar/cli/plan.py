@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", default="sgd", help="sgd | adam")
     g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks; dp and --zero)")
     g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--experts", type=int, default=0, help="mixture of experts: E experts per hidden layer")
+    g.add_argument("--top-k", type=int, default=2, help="with --experts: experts per token")
+    g.add_argument(
+        "--capacity-factor", type=float, default=1.25, help="with --experts: C (slots ceil(CKB/E))"
+    )
+    g.add_argument("--ep", type=int, default=1, help="with --experts: expert-parallel ranks inside --dp")
+    g.add_argument(
+        "--imbalance", type=float, default=1.0, help="with --experts: hottest expert's load / the mean (>= 1)"
+    )
     g = p.add_argument_group("hardware and output")
     g.add_argument(
         "--hardware", default="local", help="local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json"
@@ -150,6 +159,10 @@ def spec_from_args(a) -> cm.Spec:
         optimizer=a.optimizer,
         momentum=a.momentum,
         arch=a.arch,
+        experts=a.experts,
+        top_k=a.top_k,
+        capacity_factor=a.capacity_factor,
+        ep=a.ep,
     )
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 
@@ -170,11 +183,29 @@ def plan_main(argv: list[str]) -> int:
         )
     if a.sweep:
         return sweep(spec, hw, a.sweep, a.out or "sweep.png", a.json, limit)
+    if spec.experts:
+        return plan_moe(spec, hw, a)
     pred = cm.predict(spec, hw)
     if a.json:
         print(json.dumps(pred, indent=1, default=str))
     else:
         print(format_plan(pred, hw, limit, spec.widths))
+    return 0
+
+
+def plan_moe(spec: cm.Spec, hw, a) -> int:
+    """--experts: the MoE what-if (costmodel/moe.py) for balanced routing times --imbalance."""
+    from ..costmodel.moe import predict_moe
+    from ..report.plan import format_moe_plan
+
+    if a.compare or a.sweep:
+        raise SimparError("--compare and --sweep do not cover --experts yet; plan one layout at a time")
+    if not (a.imbalance >= 1 and math.isfinite(a.imbalance)):
+        raise SimparError(
+            f"--imbalance must be a number >= 1 (the hottest expert's load / the mean), got {a.imbalance}"
+        )
+    pred = predict_moe(spec, hw, imbalance=a.imbalance)
+    print(json.dumps(pred, indent=1, default=str) if a.json else format_moe_plan(spec, pred, hw))
     return 0
 
 

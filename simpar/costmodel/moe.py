@@ -119,7 +119,11 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
         comm_s = (
             0.0
             if link is None
-            else sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values())
+            else sum(
+                c.rounds * link.alpha + c.round_elems * link.beta
+                for op, c in ops.items()
+                if op != "ep-histogram"
+            )
         )
         worst_s = max(worst_s, comm_s / max(steps, 1))
         ranks.append(
@@ -147,7 +151,9 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
     for i in range(spec.n_layers):  # an MoE layer: router + K experts per row (balanced, no drops)
         mult = spec.top_k if i in layers else 1
         flops += 6 * rows * W[i] * W[i + 1] * mult + (6 * rows * W[i] * E if i in layers else 0)
-    compute_s = flops / hw.flop_rate(spec.precision) if hw is not None else 0.0
+    compute_s = 0.0
+    if hw is not None:  # ranks that outnumber a node's cores share them (the local profile)
+        compute_s = flops / (hw.flop_rate(spec.precision) * hw.compute_share(min(D, hw.devices_per_node)))
     step_s = compute_s + worst_s
     return {
         "steps": steps,
@@ -171,4 +177,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             "samples_per_s": spec.batch / step_s if step_s > 0 else float("inf"),
         },
         "routing": "measured" if routing is not None else f"balanced x {imbalance:g}",
+        "link": None if link is None else {"name": link.name, "alpha_s": link.alpha, "bytes_per_s": link.bw},
+        "params": {"non_expert": dense, "experts_per_rank": experts, "experts_total": experts * P},
+        "capacity": math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E),
     }
