@@ -29,9 +29,16 @@ from __future__ import annotations
 import math
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
+from .rank import Book, _book_root_scatter
 from .spec import Spec
 
 OPS = ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad")
+CATEGORY = {
+    "ep-histogram": "control",
+    "grad-allreduce": "model",
+    "expert-grad-allreduce": "model",
+    "scatter-batch": "data",
+}
 
 
 def moe_layers(spec: Spec) -> list[int]:
@@ -109,7 +116,12 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
                 add("ep-histogram", ring_allgather(D * E, D, d), 8)
         add("grad-allreduce", allreduce(dense, D, d), spec.prec.grad, steps)
         add("expert-grad-allreduce", allreduce(experts, D // P, d // P), spec.prec.grad, steps)
-        cat = lambda op: "control" if op == "ep-histogram" else "model" if "allreduce" in op else "activation"  # noqa: E731
+        if d == 0 and spec.data_source == "root":  # rank 0 scatters the batches, as for any dp layout
+            book = Book()
+            _book_root_scatter(spec, book)
+            for c in book.ops.values():
+                add("scatter-batch", c, 1, steps)
+        cat = lambda op: CATEGORY.get(op, "activation")  # noqa: E731
         sent = {c: 0 for c in ("data", "model", "activation")}
         messages = dict(sent)
         for op, c in ops.items():
@@ -122,7 +134,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             else sum(
                 c.rounds * link.alpha + c.round_elems * link.beta
                 for op, c in ops.items()
-                if op != "ep-histogram"
+                if CATEGORY.get(op) != "control"
             )
         )
         worst_s = max(worst_s, comm_s / max(steps, 1))
