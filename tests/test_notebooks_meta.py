@@ -20,6 +20,7 @@ NAMES = (
     "06_hybrid_and_planning",
     "07_debugging",
     "08_overhead_and_speedup",
+    "10_experts_and_all_to_all",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
