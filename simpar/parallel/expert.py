@@ -94,8 +94,11 @@ class MoELayer:
         keep = keep_mask(top, E, cap, H[:d].sum(axis=0))
         aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, N)
         s.record(self.index, H, kept)
-        mine = [np.nonzero((top == e) & keep) for e in range(E)]  # (rows, slots) kept, per expert
-        send = [np.concatenate([x[mine[e][0]] for e in self.owned_by(q)]) for q in range(P)]
+        # assigned[e]: (rows, slots) of this rank's kept assignments to expert e, in row order
+        assigned = [np.nonzero((top == e) & keep) for e in range(E)]
+        # dispatch: to ep rank q the rows assigned to q's experts, expert by expert; from ep rank q
+        # come from_q[q][k] rows for this rank's k-th expert (known from the histograms: no size messages)
+        send = [np.concatenate([x[assigned[e][0]] for e in self.owned_by(q)]) for q in range(P)]
         from_q = [[int(kept[base + q, e]) for e in self.owned_by(j)] for q in range(P)]
         got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-dispatch")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
@@ -107,28 +110,31 @@ class MoELayer:
             )
             for q, piece in enumerate(split_rows(h, [c[k] for c in from_q])):
                 outs[q].append(piece)
-        to_q = [[len(mine[e][0]) for e in self.owned_by(q)] for q in range(P)]
+        # combine: each expert's outputs go back where its rows came from; to_q[q]: rows this rank sent q
+        to_q = [[len(assigned[e][0]) for e in self.owned_by(q)] for q in range(P)]
         outs = [np.concatenate(o) for o in outs]
         back = collectives.alltoall(s.ep, outs, [sum(c) for c in to_q], "activation", "ep-combine")
         y, hs = np.zeros((x.shape[0], width), x.dtype), {}
         for q in range(P):
             for e, h in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
-                rows, slots = mine[e]
+                rows, slots = assigned[e]
                 y[rows] += gates[rows, slots][:, None] * h
                 hs[e] = h
-        ctx = (x, p, top, gates, dp_aux, mine, hs, ectx, from_q, to_q)
+        ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q)
         held = x.nbytes + p.nbytes + sum(h.nbytes for h in hs.values())
         held += sum(c.nbytes for c in ectx.values() if c is not None)
         return y, aux, ctx, held
 
     def backward(self, dy, ctx):
         s, P, j = self.s, self.P, self.s.ep.rank
-        x, p, top, gates, dp_aux, mine, hs, ectx, from_q, to_q = ctx
+        x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q = ctx
+        # the forward's two all-to-alls in reverse, with the same piece sizes: gate * dy to the experts
+        # (combine-grad), dL/d(expert input) back to the rows' ranks (dispatch-grad)
         dgates, send = np.zeros(top.shape, x.dtype), []
         for q in range(P):
             pieces = []
             for e in self.owned_by(q):
-                rows, slots = mine[e]
+                rows, slots = assigned[e]
                 dgates[rows, slots] = (dy[rows] * hs[e]).sum(axis=1)
                 pieces.append(gates[rows, slots][:, None] * dy[rows])
             send.append(np.concatenate(pieces))
@@ -150,7 +156,7 @@ class MoELayer:
         dx = np.zeros_like(x)
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
-                dx[mine[e][0]] += piece
+                dx[assigned[e][0]] += piece
         return dx + router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr)
 
 
