@@ -63,6 +63,16 @@ def balanced_kept(spec: Spec, imbalance: float = 1.0) -> list[list[float]]:
     return [[chunk(spec.batch, D, s) * K / E * (hot if e == 0 else 1) for e in range(E)] for s in range(D)]
 
 
+def kept_in_row_order(H: list[list[int]], cap: int) -> list[list[int]]:
+    """Which assignments an expert keeps: H[s][e] chosen on rank s; an expert's cap slots go to the
+    global batch's rows in order, rank 0's first, so rank s keeps min(H[s][e], cap - those before)."""
+    kept, before = [], [0] * len(H[0])
+    for row in H:
+        kept.append([max(0, min(h, cap - b)) for h, b in zip(row, before)])
+        before = [b + h for b, h in zip(before, row)]
+    return kept
+
+
 def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
     """Rows rank d sends per MoE layer in each all-to-all, from one layer's kept[s][e]."""
     P, per = spec.ep, spec.experts // spec.ep
@@ -80,12 +90,13 @@ def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
 
 def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time, keyed like predict_from_config.
-    `routing`: the run's metrics["moe"] (kept_by_rank per step and layer) for exact bytes; without it,
+    `routing`: the run's metrics["moe"] (routed_by_rank per step and layer) for exact bytes; without it,
     balanced routing (times `imbalance`)."""
     D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
     layers = moe_layers(spec)
-    if routing is not None:
-        per_step = routing["kept_by_rank"]
+    if routing is not None:  # the router's choices per rank; which of them fit is decided here, again
+        cap = math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E)
+        per_step = [[kept_in_row_order(H, cap) for H in step] for step in routing["routed_by_rank"]]
         steps = len(per_step)
     else:
         per_step = [[balanced_kept(spec, imbalance)] * len(layers)] * steps
