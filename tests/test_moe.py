@@ -183,3 +183,19 @@ def test_plan_predicts_balanced_all_to_all_and_expert_memory(capsys):
     plan_main(args + ["--imbalance", "3", "--capacity-factor", "1.25"])
     hot = json.loads(capsys.readouterr().out)["comm"]["ranks"][0]["by_op"]["activation/ep-combine"]["sent"]
     assert hot == round(balanced * (1.25 + 1) / 2)
+
+
+def test_cost_model_decides_capacity_itself(tmp_path):
+    """With the executor's capacity cut by one slot (tests/mutate_executor.py), the cost model -- which
+    applies its own ceil(C K N / E) to the run's routing histograms -- no longer agrees with the ledger."""
+    import json
+    from pathlib import Path
+
+    from tests.mpiutil import run_script
+
+    out = tmp_path / "capacity.json"
+    argv = ["capacity", *MOE, "--dp", "2", "--ep", "2", "--quiet", "--metrics-out", str(out)]
+    res = run_script(2, Path(__file__).with_name("mutate_executor.py"), argv, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bad = json.loads(out.read_text())["prediction_mismatches"]
+    assert any(" activation: measured" in line for line in bad), bad
