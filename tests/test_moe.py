@@ -183,6 +183,12 @@ def test_plan_predicts_balanced_all_to_all_and_expert_memory(capsys):
     plan_main(args + ["--imbalance", "3", "--capacity-factor", "1.25"])
     hot = json.loads(capsys.readouterr().out)["comm"]["ranks"][0]["by_op"]["activation/ep-combine"]["sent"]
     assert hot == round(balanced * (1.25 + 1) / 2)
+    import pytest
+
+    from simpar.config import SimparError
+
+    with pytest.raises(SimparError, match="--compare and --sweep do not cover --experts"):
+        plan_main(args + ["--compare", "--world", "4"])
 
 
 def test_cost_model_decides_capacity_itself(tmp_path):

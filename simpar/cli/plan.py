@@ -177,14 +177,14 @@ def plan_main(argv: list[str]) -> int:
     spec = spec_from_args(a)
     hw = hardware.load(a.hardware)
     limit = parse_bytes(a.memory_limit) if a.memory_limit else None
+    if spec.experts:
+        return plan_moe(spec, hw, a)
     if a.compare:
         return print_compare(
             spec, hw, a.world, limit if limit is not None else (hw.memory_bytes or None), a.json
         )
     if a.sweep:
         return sweep(spec, hw, a.sweep, a.out or "sweep.png", a.json, limit)
-    if spec.experts:
-        return plan_moe(spec, hw, a)
     pred = cm.predict(spec, hw)
     if a.json:
         print(json.dumps(pred, indent=1, default=str))
