@@ -20,8 +20,9 @@ times the mean load, the others of its rank the mean) makes its owner return (u 
 times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
 times the mean), which is what the capacity factor buys.
 Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike.
-Time: compute (2 x rows x in x out FLOPs per expert row forward, twice that backward) plus every
-collective on the dp group's link, blocking (parallel/expert.py overlaps nothing).
+Time: compute (2 x rows x in x out FLOPs per expert row forward, twice that backward, balanced, plus
+the profile's overhead per kernel call) plus every collective on the dp group's link, alpha per
+round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing).
 """
 
 from __future__ import annotations
@@ -176,7 +177,11 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
         flops += 6 * rows * W[i] * W[i + 1] * mult + (6 * rows * W[i] * E if i in layers else 0)
     compute_s = 0.0
     if hw is not None:  # ranks that outnumber a node's cores share them (the local profile)
-        compute_s = flops / (hw.flop_rate(spec.precision) * hw.compute_share(min(D, hw.devices_per_node)))
+        share = hw.compute_share(min(D, hw.devices_per_node))
+        # kernel calls per step, forward and backward: dense layers, and per MoE layer its router and
+        # this rank's E/P experts -- each pays the profile's per-call overhead
+        calls = 2 * (spec.n_layers - len(layers) + len(layers) * (1 + E // P))
+        compute_s = flops / (hw.flop_rate(spec.precision) * share) + calls * hw.layer_overhead / share
     step_s = compute_s + worst_s
     return {
         "steps": steps,
