@@ -299,7 +299,6 @@ def moe_rules(cfg: RunConfig) -> None:
             ("--arch resmlp", cfg.arch != "mlp"),
             ("--precision", cfg.mixed),
             ("--grad-accum", cfg.grad_accum > 1),
-            ("--clock sim", cfg.clock != "wall"),
             ("--checkpoint-dir/--resume", bool(cfg.checkpoint_dir or cfg.resume)),
         )
         if on

@@ -279,6 +279,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             schedule="1f1b",
             virtual_stages=1,
             recompute="none",
+            ep=1,
         )
         serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
         per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]

@@ -104,7 +104,8 @@ def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tm
     dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E  # first and last layer, two routers
     expert = 128 * 128 + 128  # one expert of layer 1 or 2
     assert ref["params"] == dense + 2 * E * expert
-    for n, layout in ((2, ["--dp", "2", "--ep", "2"]), (4, ["--dp", "4", "--ep", "2"])):
+    sim = ["--clock", "sim", "--hardware", "dgx-h100"]  # same job, simulated time beside it
+    for n, layout in ((2, ["--dp", "2", "--ep", "2"]), (4, ["--dp", "4", "--ep", "2", *sim])):
         run = train_json(n, MOE + layout, tmp_path, name=f"ep{n}")
         D, P = n, 2
         assert_same_model(run, ref, rtol=1e-12)
@@ -127,6 +128,9 @@ def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tm
             # histogram exchange: a ring all-gather of D x E int64 counts, (D-1) E x 8 B per layer
             assert rank["by_op"]["control/ep-histogram"]["sent"] == (D - 1) * E * 8 * 2 * 4
         assert run["prediction_mismatches"] == []
+        if n == 4:  # the cost model's step within 10% of the simulated clock's
+            simulated, predicted = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
+            assert abs(predicted - simulated) <= 0.1 * simulated, (predicted, simulated)
 
 
 def test_bad_moe_options_are_one_line_each():

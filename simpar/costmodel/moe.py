@@ -20,9 +20,9 @@ times the mean load, the others of its rank the mean) makes its owner return (u 
 times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
 times the mean), which is what the capacity factor buys.
 Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike.
-Time: compute (2 x rows x in x out FLOPs per expert row forward, twice that backward, balanced, plus
-the profile's overhead per kernel call) plus every collective on the dp group's link, alpha per
-round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing).
+Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
+per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
+under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
-from .rank import Book, _book_root_scatter
+from .rank import Book, _book_root_scatter, layer_work, loss_bytes, optimizer_bytes
 from .spec import Spec
 
 OPS = ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad")
@@ -170,18 +170,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
         }
         for _ in range(D)
     ]
-    rows = max(chunk(spec.batch, D, d) for d in range(D))
-    flops = 0
-    for i in range(spec.n_layers):  # an MoE layer: router + K experts per row (balanced, no drops)
-        mult = spec.top_k if i in layers else 1
-        flops += 6 * rows * W[i] * W[i + 1] * mult + (6 * rows * W[i] * E if i in layers else 0)
-    compute_s = 0.0
-    if hw is not None:  # ranks that outnumber a node's cores share them (the local profile)
-        share = hw.compute_share(min(D, hw.devices_per_node))
-        # kernel calls per step, forward and backward: dense layers, and per MoE layer its router and
-        # this rank's E/P experts -- each pays the profile's per-call overhead
-        calls = 2 * (spec.n_layers - len(layers) + len(layers) * (1 + E // P))
-        compute_s = flops / (hw.flop_rate(spec.precision) * share) + calls * hw.layer_overhead / share
+    compute_s = step_compute_s(spec, hw) if hw is not None else 0.0
     step_s = compute_s + worst_s
     return {
         "steps": steps,
@@ -209,3 +198,24 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
         "params": {"non_expert": dense, "experts_per_rank": experts, "experts_total": experts * P},
         "capacity": math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E),
     }
+
+
+def step_compute_s(spec: Spec, hw) -> float:
+    """Compute of the fullest rank's step, balanced routing without drops: per dense layer its rows,
+    per MoE layer the router on its rows and its E/P experts on (B/D) K rows in all (what a rank's
+    experts receive from its group); matmul FLOPs at the FLOP rate, the memory-bound rest
+    (rank.layer_work, the loss, the optimizer's sweeps) at the reduction's speed, and the profile's
+    overhead per layer call -- the accounting simclock charges (model.py, moe.py, optim.py)."""
+    D, P, E, K = spec.dp, spec.ep, spec.experts, spec.top_k
+    rows, moe = max(chunk(spec.batch, D, d) for d in range(D)), set(moe_layers(spec))
+    flops = elems = calls = 0
+    for i in range(spec.n_layers):
+        w = layer_work(spec, i, "full")
+        r, n_calls = (rows * K, E // P) if i in moe else (rows, 1)
+        flops += (w["fwd_flops"] + w["bwd_flops"]) * r + (6 * rows * spec.widths[i] * E if i in moe else 0)
+        elems += (w["fwd_elems"] + w["bwd_elems"]) * r + w["bwd_call_elems"] * n_calls
+        calls += n_calls
+    dense, experts = param_counts(spec)
+    moved = elems * spec.prec.act + loss_bytes(spec) * rows + optimizer_bytes(spec, dense + experts)
+    share = hw.compute_share(min(D, hw.devices_per_node))
+    return (flops / hw.flop_rate(spec.precision) + moved * hw.gamma / 3 + calls * hw.layer_overhead) / share
