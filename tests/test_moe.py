@@ -97,6 +97,23 @@ def expected_alltoall_bytes(moe_metrics, D, P, d):
     return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
 
 
+def first_step_histograms(D):
+    """The routing of layer 1 at step 1, reproduced here in NumPy: the first global batch, the initial
+    weights, relu(x W0 + b0) @ Wr, each row's top K, counted per dp rank's contiguous share of rows."""
+    from simpar.config import RunConfig
+    from simpar.data import global_batches, load_dataset
+    from simpar.model import init_layer
+
+    cfg = RunConfig(dtype="float64")
+    data = load_dataset(cfg)
+    _, rows = next(global_batches(len(data.x_train), B, 0, 1))
+    W0, b0 = init_layer(0, 0, 64, 128, np.float64)
+    Wr, _ = moe.init_moe(0, 1, 128, 128, E, np.float64)
+    logits = np.maximum(data.x_train[rows] @ W0 + b0, 0) @ Wr  # softmax keeps the order: top-k of logits
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :K]
+    return [np.bincount(part.reshape(-1), minlength=E).tolist() for part in np.array_split(top, D)]
+
+
 def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tmp_path):
     from tests.conftest import assert_same_model, train_json
 
@@ -110,6 +127,7 @@ def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tm
         D, P = n, 2
         assert_same_model(run, ref, rtol=1e-12)
         moe_run, moe_ref = run["moe"], ref["moe"]
+        assert moe_run["routed_by_rank"][0][0] == first_step_histograms(D)  # the metrics' counts are real
         # Same tokens routed, kept and dropped as the serial run, step by step and layer by layer.
         assert moe_run["tokens_per_expert"] == moe_ref["tokens_per_expert"]
         assert moe_run["dropped"] == moe_ref["dropped"] and sum(map(sum, moe_ref["dropped"])) > 0
