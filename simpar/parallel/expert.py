@@ -27,7 +27,9 @@ Bytes per step for rank d (j = d mod P, group g), with kept[s][e] kept assignmen
   each in P-1 messages per layer (collectives/alltoall.py); balanced routing with no drops:
   (P-1)/P x rows x K x width x bpe for each of the four.
 Gradients: the non-expert parameters all-reduced over the dp group (`model/grad-allreduce`, one
-call), the experts' over their expert-data-parallel group (`model/expert-grad-allreduce`).
+call), the experts' over their expert-data-parallel group (`model/expert-grad-allreduce`), both
+after backward: no buckets and no overlap (--bucket-mb and --no-overlap do not apply), kept simple
+so that the all-to-alls stand out.
 """
 
 from __future__ import annotations
