@@ -4,6 +4,7 @@
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
+  expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1)
 
 `build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
@@ -13,6 +14,10 @@ from __future__ import annotations
 
 
 def build_strategy(cfg, mesh):
+    if cfg.experts:
+        from .expert import ExpertParallel
+
+        return ExpertParallel(cfg, mesh)
     if cfg.zero:
         from .zero import ZeroDataParallel
 
