@@ -39,6 +39,12 @@ class RunConfig:
     precision: str = "fp32"  # mixed-fp16 | mixed-bf16: half weights/activations/grads, fp32 master
     loss_scale: float | None = None  # mixed: the initial dynamic loss scale (None: the format's default)
     seed: int = 0
+    # mixture of experts (moe.py): 0 experts = the plain MLP; --ep shards the experts (parallel/expert.py)
+    experts: int = 0
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    ep: int = 1
     # data
     dataset: str = "digits"
     samples: int = 4096  # synthetic only
@@ -262,6 +268,8 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             and sum(cfg.stage_layers) == cfg.n_layers,
             f"--stage-layers {cfg.stage_layers} must give {chunks} positive counts summing to {cfg.n_layers}",
         )
+    if cfg.experts or cfg.ep > 1:
+        moe_rules(cfg)
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
         _require(
@@ -270,6 +278,48 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "all-reduce layouts only",
         )
     return cfg
+
+
+def moe_rules(cfg: RunConfig) -> None:
+    """--experts/--ep: what the MoE layers and expert parallelism need, and what they do not support."""
+    _require(cfg.experts >= 2 or cfg.ep == 1, f"--ep {cfg.ep} shards experts: add --experts E (E >= 2)")
+    _require(cfg.experts >= 2, f"--experts must be at least 2, got {cfg.experts}")
+    _require(
+        1 <= cfg.top_k <= cfg.experts,
+        f"--top-k must be between 1 and --experts {cfg.experts}, got {cfg.top_k}",
+    )
+    _require(
+        cfg.capacity_factor > 0 and math.isfinite(cfg.capacity_factor),
+        f"--capacity-factor must be a positive number, got {cfg.capacity_factor}",
+    )
+    _require(
+        cfg.aux_loss_coef >= 0 and math.isfinite(cfg.aux_loss_coef),
+        f"--aux-loss-coef must be a number >= 0, got {cfg.aux_loss_coef}",
+    )
+    _require(
+        cfg.n_layers >= 3,
+        f"--experts replaces the hidden-to-hidden layers; --layers {','.join(map(str, cfg.layers))} has none "
+        "(give at least two hidden widths, e.g. 64,128,128,10)",
+    )
+    _require(cfg.ep >= 1 and cfg.dp % cfg.ep == 0, f"--ep {cfg.ep} must divide --dp {cfg.dp} (EP inside DP)")
+    _require(cfg.experts % cfg.ep == 0, f"--experts {cfg.experts} must be divisible by --ep {cfg.ep}")
+    unsupported = [
+        name
+        for name, on in (
+            ("--tp", cfg.tp > 1),
+            ("--pp", cfg.pp > 1),
+            ("--zero", cfg.zero > 0),
+            ("--arch resmlp", cfg.arch != "mlp"),
+            ("--precision", cfg.mixed),
+            ("--grad-accum", cfg.grad_accum > 1),
+            ("--checkpoint-dir/--resume", bool(cfg.checkpoint_dir or cfg.resume)),
+        )
+        if on
+    ]
+    _require(
+        not unsupported,
+        f"--experts runs serial and --dp/--ep layouts of --arch mlp; not with {', '.join(unsupported)}",
+    )
 
 
 INJECTIONS = {
@@ -346,6 +396,7 @@ def layout_name(layout) -> str:
     dp, tp, pp, zero and schedule attributes: a RunConfig or the cost model's Spec."""
     parts = [f"dp{layout.dp}"] if layout.dp and layout.dp > 1 else []
     parts += [f"zero{layout.zero}"] if layout.zero else []
+    parts += [f"ep{layout.ep}"] if getattr(layout, "ep", 1) > 1 else []
     parts += [f"tp{layout.tp}" + ("-sp" if getattr(layout, "sp", False) else "")] if layout.tp > 1 else []
     parts += [f"pp{layout.pp}-{layout.schedule}"] if layout.pp > 1 else []
     return "x".join(parts) or "serial"

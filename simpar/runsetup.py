@@ -162,6 +162,7 @@ def start_clock(cfg: RunConfig, world: Communicator):
     for group in ("tp", "dp", "pp", "world"):
         link = hardware.group_link(hw, group, cfg.dp, cfg.tp, cfg.pp)
         links[group] = simclock.Link(link.alpha, link.bw)
+    links["ep"] = links["edp"] = links["dp"]  # expert parallelism's groups live inside the dp group
     local = hardware.load("local")
     profile = simclock.Profile(
         name=hw.name,

@@ -63,7 +63,11 @@ def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = No
     if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
         x = x.astype(np.float32)
         weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
-    if cfg is not None and cfg.arch == "resmlp":
+    if cfg is not None and cfg.experts:
+        from .moe import predict_logits
+
+        logits = predict_logits(cfg, weights, x)
+    elif cfg is not None and cfg.arch == "resmlp":
         from .resmlp import build_units, predict_logits
 
         logits = predict_logits(build_units(cfg), weights, x)
@@ -227,7 +231,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         cfg,
         world.size,
         mesh,
-        parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg)),
+        _param_count(cfg),
         losses,
         epoch_log,
         gathered,
@@ -239,13 +243,23 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     )
     if data is not None:
         metrics["accuracy"] = evaluate(weights, data, cfg.activation, cfg)
+    if cfg.experts:  # routing per step: tokens per expert, drops, kept rows per (dp rank, expert)
+        metrics["moe"] = strategy.routing_summary()
     if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
         metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
     from .costmodel import mismatches, predict_from_config
 
     hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
-    metrics["predicted"] = predict_from_config(cfg, world.size, steps=steps - first, hw=hw)
+    metrics["predicted"] = predict_from_config(
+        cfg, world.size, steps=steps - first, hw=hw, routing=metrics.get("moe")
+    )
+    if cfg.experts:  # the all-to-all as routed, beside what perfectly balanced routing would move
+        balanced = predict_from_config(cfg, world.size, steps=1, hw=hw)["comm"]["per_step"]["activation"]
+        metrics["moe"]["activation_per_step"] = {
+            "measured": metrics["comm"]["per_step"]["activation"],
+            "balanced": balanced,
+        }
     metrics["checkpoint"] = {
         "dir": cfg.checkpoint_dir,
         "every": cfg.checkpoint_every,
@@ -266,12 +280,21 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             schedule="1f1b",
             virtual_stages=1,
             recompute="none",
+            ep=1,
         )
         serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
         per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
         metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
     metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
+
+
+def _param_count(cfg) -> int:
+    if cfg.experts:
+        from .moe import moe_param_count
+
+        return sum(moe_param_count(cfg.layers, cfg.experts))
+    return parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg))
 
 
 def _units(cfg):

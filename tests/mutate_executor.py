@@ -3,20 +3,24 @@ to show the cost model is an independent witness (a rule it only copied would ch
 
     mpiexec -n K python -m mpi4py tests/mutate_executor.py MUTATION TRAIN-ARGS...
 
-MUTATION: none (the same launch, unpatched), stages (an unbalanced pipeline stage split) or chunks
+MUTATION: none (the same launch, unpatched), stages (an unbalanced pipeline stage split), chunks
 (collective chunks cut with the whole remainder on the first chunk, instead of one extra element
-on each of the first n % p chunks).
+on each of the first n % p chunks) or capacity (MoE experts get one token slot fewer than
+ceil(C K N / E): every rank still agrees, so the run completes, dropping more).
 """
 
 import sys
 
 import simpar.collectives.base as base
+import simpar.moe as moe
+import simpar.parallel.expert  # noqa: F401  (binds capacity by name: patched below)
 import simpar.parallel.pipeline  # noqa: F401  (binds partition_layers by name: patched below)
 import simpar.parallel.schedules as schedules
 from simpar.cli import main
 
 original_partition = schedules.partition_layers
 original_offsets = base.offsets
+original_capacity = moe.capacity
 
 
 def unbalanced_partition(widths, S, stage_layers=None):
@@ -51,6 +55,8 @@ if mutation == "stages":
     patch_everywhere(original_partition, unbalanced_partition)
 elif mutation == "chunks":
     patch_everywhere(original_offsets, remainder_first)
+elif mutation == "capacity":
+    patch_everywhere(original_capacity, lambda C, K, N, E: original_capacity(C, K, N, E) - 1)
 elif mutation != "none":
     raise SystemExit(f"unknown mutation {mutation!r}")
 sys.exit(main(["train", *argv]))

@@ -23,6 +23,7 @@ NAMES = (
     "07_debugging",
     "08_overhead_and_speedup",
     "09_mixed_precision",
+    "10_experts_and_all_to_all",
     "11_sequence_parallel",
     "12_checkpoints_and_recovery",
 )

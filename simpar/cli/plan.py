@@ -73,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequence parallelism (resmlp with --tp): LN/residual rows split over tp",
     )
     g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--experts", type=int, default=0, help="mixture of experts: E experts per hidden layer")
+    g.add_argument("--top-k", type=int, default=2, help="with --experts: experts per token")
+    g.add_argument(
+        "--capacity-factor", type=float, default=1.25, help="with --experts: C (slots ceil(CKB/E))"
+    )
+    g.add_argument("--ep", type=int, default=1, help="with --experts: expert-parallel ranks inside --dp")
+    g.add_argument(
+        "--imbalance", type=float, default=1.0, help="with --experts: hottest expert's load / the mean (>= 1)"
+    )
     g = p.add_argument_group("hardware and output")
     g.add_argument(
         "--hardware", default="local", help="local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json"
@@ -156,6 +165,10 @@ def spec_from_args(a) -> cm.Spec:
         momentum=a.momentum,
         arch=a.arch,
         sp=a.sp,
+        experts=a.experts,
+        top_k=a.top_k,
+        capacity_factor=a.capacity_factor,
+        ep=a.ep,
     )
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 
@@ -170,6 +183,8 @@ def plan_main(argv: list[str]) -> int:
     spec = spec_from_args(a)
     hw = hardware.load(a.hardware)
     limit = parse_bytes(a.memory_limit) if a.memory_limit else None
+    if spec.experts:
+        return plan_moe(spec, hw, a)
     if a.compare:
         return print_compare(
             spec, hw, a.world, limit if limit is not None else (hw.memory_bytes or None), a.json
@@ -183,6 +198,22 @@ def plan_main(argv: list[str]) -> int:
         print(format_plan(pred, hw, limit, spec.widths))
         if spec.arch == "resmlp" and spec.tp > 1:
             print(sp_saving(spec, pred, cm.predict(cm.Spec(**dict(spec.__dict__, sp=not spec.sp)), hw)))
+    return 0
+
+
+def plan_moe(spec: cm.Spec, hw, a) -> int:
+    """--experts: the MoE what-if (costmodel/moe.py) for balanced routing times --imbalance."""
+    from ..costmodel.moe import predict_moe
+    from ..report.plan import format_moe_plan
+
+    if a.compare or a.sweep:
+        raise SimparError("--compare and --sweep do not cover --experts yet; plan one layout at a time")
+    if not (a.imbalance >= 1 and math.isfinite(a.imbalance)):
+        raise SimparError(
+            f"--imbalance must be a number >= 1 (the hottest expert's load / the mean), got {a.imbalance}"
+        )
+    pred = predict_moe(spec, hw, imbalance=a.imbalance)
+    print(json.dumps(pred, indent=1, default=str) if a.json else format_moe_plan(spec, pred, hw))
     return 0
 
 

@@ -7,6 +7,7 @@ One file per algorithm, all on base.py's generator shape (see its docstring):
   rabenseifner.py  recursive halving + doubling all-reduce          (Rabenseifner 2004)
   ps.py            parameter-server all-reduce                      (Li et al. 2014)
   native.py        MPI's own MPI_Allreduce (volume booked as modeled)
+  alltoall.py      pairwise-exchange all-to-all of pieces of any size (expert parallelism)
 
 Every all-reduce moves 2(p-1) N elements over all ranks; each file's docstrings derive how that
 is spread over ranks and rounds. `--collectives NAME` picks the all-reduce from ALLREDUCE_ALGORITHMS.
@@ -22,6 +23,7 @@ import numpy as np
 
 from .. import flight
 from ..comm import Communicator
+from .alltoall import alltoall, pairwise_alltoall_rounds  # noqa: F401
 from .base import (  # noqa: F401
     Pending,
     Rounds,

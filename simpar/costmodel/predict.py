@@ -203,7 +203,7 @@ def _short(widths: list) -> list:
     return widths if len(widths) <= 12 else widths[:3] + ["..."] + widths[-2:]
 
 
-def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None) -> dict:
+def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None, routing=None) -> dict:
     """The prediction for a RunConfig, keyed like train.py's metrics so a comparison is one lookup:
 
         pred["comm"]["ranks"][r]["sent"][cat]   == metrics["comm"]["ranks"][r]["sent"][cat]
@@ -212,9 +212,14 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None)
 
     Bytes and messages are totals over `steps` steps (every step moves the same bytes), like the
     ledger's; `per_step` holds one step's. Time is on the `local` hardware profile unless `hw` is given.
+    --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     spec = Spec.from_config(cfg, world_size)
     steps = steps if steps is not None else (cfg.steps or 1)
+    if spec.experts:
+        from .moe import predict_moe
+
+        return predict_moe(spec, hw or hardware.load("local"), routing, steps)
     pred = predict(spec, hw, ranks=list(range(spec.world)))
     ranks = []
     for r in pred["comm"]["ranks"]:

@@ -88,6 +88,10 @@ class Spec:
     activation: str = "relu"
     arch: str = "mlp"
     sp: bool = False  # sequence parallelism (resmlp under --tp): costmodel/resblocks.py
+    experts: int = 0  # mixture of experts (costmodel/moe.py): 0 = none
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -131,6 +135,10 @@ class Spec:
             activation=cfg.activation,
             arch=getattr(cfg, "arch", "mlp"),
             sp=getattr(cfg, "sp", False),
+            experts=getattr(cfg, "experts", 0),
+            top_k=getattr(cfg, "top_k", 2),
+            capacity_factor=getattr(cfg, "capacity_factor", 1.25),
+            ep=getattr(cfg, "ep", 1),
         )
 
 
@@ -163,6 +171,10 @@ def check(spec: Spec) -> Spec:
         activation=spec.activation,
         arch=spec.arch,
         sp=spec.sp,
+        experts=spec.experts,
+        top_k=spec.top_k,
+        capacity_factor=spec.capacity_factor,
+        ep=spec.ep,
     )
     validate(cfg, spec.world)
     return spec

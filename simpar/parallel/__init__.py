@@ -4,6 +4,7 @@
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
+  expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -14,6 +15,10 @@ from __future__ import annotations
 
 
 def build_strategy(cfg, mesh):
+    if cfg.experts:
+        from .expert import ExpertParallel
+
+        return ExpertParallel(cfg, mesh)
     if cfg.zero:
         from .zero import ZeroDataParallel
 

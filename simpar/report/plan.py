@@ -206,3 +206,47 @@ def print_compare(spec, hw, world: int | None, limit: float | None, as_json: boo
     print("(" + "; ".join(notes) + ")" if notes else "")
     print("\n" + "\n".join(explain(ranked, limit, fits)))
     return 0
+
+
+def format_moe_plan(spec, pred: dict, hw) -> str:
+    """What `plan --experts` prints: capacity, the all-to-all per rank (formula and numbers), the
+    gradient all-reduces, memory and the step time of the busiest rank."""
+    D, P, E, K, B = spec.dp, spec.ep, spec.experts, spec.top_k, spec.batch
+    busiest = max(pred["comm"]["ranks"], key=lambda r: r["sent"]["activation"])
+    par, link = pred["params"], pred["link"]
+    shown = spec.widths if len(spec.widths) <= 8 else spec.widths[:3] + ["..."] + spec.widths[-2:]
+    lines = [
+        f"simpar plan (mixture of experts): MLP {'-'.join(map(str, shown))}, {spec.n_layers - 2} MoE "
+        f"layer(s) of {E} experts, top-{K}, global batch {B}, dp {D} x ep {P}, {spec.precision} "
+        f"{spec.optimizer}, hardware {hw.name}",
+        *hardware_note(hw),
+        f"capacity per expert: ceil(C*K*B/E) = ceil({spec.capacity_factor:g}*{K}*{B}/{E}) = "
+        f"{pred['capacity']} tokens",
+        f"routing: {pred['routing']} (an imbalance u above C is capped at C: the expert drops the rest)",
+        "all-to-all per MoE layer per rank, balanced: 4 x (P-1)/P x (B/D) x K x width x bytes "
+        f"(dispatch, combine and their gradients); the busiest rank (rank {busiest['rank']}) per step:",
+    ]
+    for op in ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad"):
+        entry = busiest["by_op"].get(f"activation/{op}")
+        if entry:
+            lines.append(f"  {op:<22} {fmt_bytes(entry['sent']):>10} in {entry['messages']} messages")
+    for op, what in (
+        ("grad-allreduce", f"{par['non_expert']:,} non-expert parameters over {D} ranks"),
+        ("expert-grad-allreduce", f"{par['experts_per_rank']:,} expert parameters over {D // P} ranks"),
+    ):
+        entry = busiest["by_op"].get(f"model/{op}")
+        if entry:
+            lines.append(f"  {op:<22} {fmt_bytes(entry['sent']):>10} ({what})")
+    mem = pred["memory"]["ranks"][0]
+    lines.append(
+        f"memory per rank: params {fmt_bytes(mem['params'])}, grads {fmt_bytes(mem['grads'])}, optimizer "
+        f"{fmt_bytes(mem['optimizer'])}; its experts {fmt_bytes(par['experts_per_rank'] * spec.prec.param)}"
+        f" = 1/{P} of {fmt_bytes(par['experts_total'] * spec.prec.param)}"
+    )
+    t = pred["time"]
+    where = f" on {link['name']}" if link else ""
+    lines.append(
+        f"step time: {fmt_time(t['step_s'])} = compute {fmt_time(t['compute_s'])} + communication "
+        f"{fmt_time(t['comm_s'])}{where} (blocking, nothing overlapped)"
+    )
+    return "\n".join(lines)

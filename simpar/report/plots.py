@@ -83,7 +83,7 @@ def _prediction(metrics: dict) -> dict | None:
     except (KeyError, TypeError, AttributeError):  # a metrics file from another version: no config to
         return None  # predict from, so plot the measurement alone
     try:
-        return predict_from_config(cfg, world, steps=1)
+        return predict_from_config(cfg, world, steps=1, routing=metrics.get("moe"))  # MoE: as routed
     except SimparError:  # a layout the cost model declines; any other error is a bug in it and shows
         return None
 
@@ -96,16 +96,31 @@ def _traffic_label(name: str, m: dict) -> str:
     return f"{name} (modeled)" if modeled_ops(m) else name
 
 
+def _alltoall_per_step(m: dict) -> float:
+    """Bytes per step of expert parallelism's all-to-all ops (activation/ep-*), all ranks together."""
+    ops = (
+        v["sent"] for r in m["comm"]["ranks"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")
+    )
+    return sum(ops) / max(m["steps"], 1)
+
+
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
     names = [_traffic_label(n, m) for n, m in results]
     bottom = [0.0] * len(results)
+    a2a = [_alltoall_per_step(m) for _, m in results]
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
-        if not any(vals):  # no layout moves this category: no bars, so no legend entry either
-            continue
-        ax.bar(names, vals, bottom=bottom, color=CAT_COLOURS[cat], label=cat)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        if cat == "activation":  # expert parallelism's all-to-all gets a segment of its own
+            vals = [v - a for v, a in zip(vals, a2a)]
+        if any(vals):  # no layout moves this category: no bars, so no legend entry either
+            ax.bar(names, vals, bottom=bottom, color=CAT_COLOURS[cat], label=cat)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        if cat == "activation" and any(a2a):
+            ax.bar(
+                names, a2a, bottom=bottom, color=CAT_COLOURS[cat], hatch="//", label="activation: all-to-all"
+            )
+            bottom = [b + v for b, v in zip(bottom, a2a)]
     predicted = [(i, _prediction(m)) for i, (_, m) in enumerate(results)]
     xs = [i for i, p in predicted if p and p["comm"]["per_step"]]
     ys = [sum(p["comm"]["per_step"].values()) for _, p in predicted if p and p["comm"]["per_step"]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..costmodel import hardware
 from ..units import fmt_bytes
 from .metrics import CATS, bytes_verdict, modeled_ops
@@ -44,6 +46,8 @@ def print_summary(m: dict) -> None:
         )
     mm = m["memory"]["max"]
     print("memory per rank (max): " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mm.items()))
+    if m.get("moe"):
+        print_moe(m["moe"])
     pred = m.get("predicted")
     if pred is not None:
         bad = m.get("prediction_mismatches") or []
@@ -85,4 +89,26 @@ def print_summary(m: dict) -> None:
         print(
             f"cost model: {verdict}; step time predicted {1000 * pred['time']['step_s']:.2f} ms "
             f"vs measured median {1000 * m['time']['step_s_median']:.2f} ms ({profile})"
+        )
+
+
+def print_moe(moe: dict) -> None:
+    """Tokens each expert kept (mean per step), drops per step, and the all-to-all vs balanced routing."""
+    steps = max(len(moe["tokens_per_expert"]), 1)
+    print(
+        f"experts: {moe['experts']} per MoE layer, top-{moe['top_k']}, capacity {moe['capacity']} "
+        f"tokens per expert (factor {moe['capacity_factor']:g}), ep {moe['ep']}"
+    )
+    for k, layer in enumerate(moe["layers"]):
+        kept = np.mean([step[k] for step in moe["tokens_per_expert"]], axis=0)
+        dropped = sum(step[k] for step in moe["dropped"]) / steps
+        print(
+            f"  layer {layer}: tokens per expert (mean per step) {' '.join(f'{t:.1f}' for t in kept)}; "
+            f"dropped {dropped:.1f} per step"
+        )
+    a2a = moe.get("activation_per_step")
+    if a2a:
+        print(
+            f"  all-to-all per step (all ranks): {fmt_bytes(a2a['measured'])} as routed, "
+            f"{fmt_bytes(a2a['balanced'])} if routing were balanced"
         )

@@ -1,0 +1,50 @@
+"""Pairwise-exchange all-to-all with pieces of any size (MPI_Alltoallv's job), on counted messages.
+
+Rank r of p holds one piece for every rank q (`send[q]`, any number of rows, possibly none) and
+receives one piece from every rank (`recv[q]`, sized by the caller: in expert parallelism every
+rank knows every size from the exchanged routing histogram, so no size messages are needed).
+
+Pairwise exchange (Thakur, Rabenseifner & Gropp 2005, sec. 3.4, for long messages): in step
+j = 1 .. p-1 rank r sends send[(r+j) % p] to rank (r+j) % p and receives recv[(r-j) % p] from rank
+(r-j) % p; its own piece is copied, not sent. Every step pairs each rank with one sender and one
+receiver, so no link carries two messages at once.
+
+Cost of rank r: sum over q != r of send[q] elements, in exactly p-1 messages (an empty piece is
+still sent and counted, as in every simpar collective, so message counts never depend on the data);
+p-1 rounds. Balanced pieces of m elements each: (p-1) m sent per rank -- (p-1)/p of what it holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..comm import Communicator
+from .base import Rounds, new_tag, run
+
+
+def pairwise_alltoall_rounds(
+    comm: Communicator, send: list[np.ndarray], recv: list[np.ndarray], category: str, op: str
+) -> Rounds:
+    p, r = comm.size, comm.rank
+    recv[r][...] = send[r]
+    if p == 1:
+        return
+    tag = new_tag(comm)
+    for j in range(1, p):
+        to, frm = (r + j) % p, (r - j) % p
+        yield [
+            comm.irecv(recv[frm], frm, category, op, tag),  # receive posted first (see base.Pending)
+            comm.isend(send[to], to, category, op, tag),
+        ]
+
+
+def alltoall(
+    comm: Communicator, send: list[np.ndarray], recv_rows: list[int], category: str, op: str
+) -> list[np.ndarray]:
+    """Exchange pieces of rows: send[q] goes to rank q; returns the pieces received, recv_rows[q]
+    rows from rank q, each in a fresh buffer (never aliasing a later receive)."""
+    width, dtype = send[0].shape[1:], send[0].dtype
+    send = [np.ascontiguousarray(s) for s in send]
+    recv = [np.empty((n, *width), dtype) for n in recv_rows]
+    run(pairwise_alltoall_rounds(comm, send, recv, category, op), comm.name)
+    return recv

@@ -1,0 +1,221 @@
+"""Mixture of experts with expert parallelism, in closed form: parallel/expert.py's rules written again.
+
+D data-parallel ranks, cut into groups of P consecutive ranks (expert parallelism); rank d is ep rank
+j = d mod P of the group starting at d - j and holds experts j*E/P .. (j+1)*E/P - 1 of every MoE
+layer (the hidden-to-hidden layers 1 .. n-2). With kept[s][e] the assignments of rank s's rows that
+expert e keeps (capacity ceil(C K B / E), filled in global row order), per MoE layer and step:
+
+  ep-dispatch       rank d sends the rows of its kept assignments to experts on other ranks of its
+                    group: sum_{e not on d} kept[d][e] x d_in          (P-1 messages, pairwise all-to-all)
+  ep-combine        it returns what its experts computed for the group's other ranks:
+                    sum_{s in group, s != d} sum_{e on d} kept[s][e] x d_out          (P-1 messages)
+  ep-combine-grad   as ep-dispatch, d_out wide;  ep-dispatch-grad: as ep-combine, d_in wide
+  ep-histogram      (control) ring all-gather of D x E int64 counts over the dp group: (D-1) E x 8 B
+  grad-allreduce    the non-expert parameters (dense layers, routers) over the D dp ranks, one call
+  expert-grad-allreduce  this rank's E/P experts over its expert-data-parallel group (D/P ranks)
+
+Balanced routing (every rank's n_d K assignments spread evenly, no drops): each of the four
+all-to-alls moves (P-1)/P x n_d K rows per layer. An IMBALANCE u >= 1 (the hottest expert gets u
+times the mean load, the others of its rank the mean) makes its owner return (u + E/P - 1)/(E/P)
+times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
+times the mean), which is what the capacity factor buys.
+Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike.
+Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
+per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
+under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
+from .rank import Book, _book_root_scatter, layer_work, loss_bytes, optimizer_bytes
+from .spec import Spec
+
+OPS = ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad")
+CATEGORY = {
+    "ep-histogram": "control",
+    "grad-allreduce": "model",
+    "expert-grad-allreduce": "model",
+    "scatter-batch": "data",
+}
+
+
+def moe_layers(spec: Spec) -> list[int]:
+    return list(range(1, spec.n_layers - 1))
+
+
+def param_counts(spec: Spec) -> tuple[int, int]:
+    """(non-expert parameters: dense layers and routers; parameters of ONE rank's E/P experts)."""
+    W, moe = spec.widths, set(moe_layers(spec))
+    dense = sum(
+        W[i] * W[i + 1] + W[i + 1] if i not in moe else W[i] * spec.experts for i in range(spec.n_layers)
+    )
+    experts = sum((spec.experts // spec.ep) * (W[i] * W[i + 1] + W[i + 1]) for i in moe)
+    return dense, experts
+
+
+def balanced_kept(spec: Spec, imbalance: float = 1.0) -> list[list[float]]:
+    """kept[s][e] of one layer under balanced routing (fractional rows: an average, not a count);
+    with `imbalance` u, expert 0 takes min(u, C) times its share (the worst case for ep rank 0)."""
+    D, E, K = spec.dp, spec.experts, spec.top_k
+    hot = min(imbalance, spec.capacity_factor)
+    return [[chunk(spec.batch, D, s) * K / E * (hot if e == 0 else 1) for e in range(E)] for s in range(D)]
+
+
+def kept_in_row_order(H: list[list[int]], cap: int) -> list[list[int]]:
+    """Which assignments an expert keeps: H[s][e] chosen on rank s; an expert's cap slots go to the
+    global batch's rows in order, rank 0's first, so rank s keeps min(H[s][e], cap - those before)."""
+    kept, before = [], [0] * len(H[0])
+    for row in H:
+        kept.append([max(0, min(h, cap - b)) for h, b in zip(row, before)])
+        before = [b + h for b, h in zip(before, row)]
+    return kept
+
+
+def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
+    """Rows rank d sends per MoE layer in each all-to-all, from one layer's kept[s][e]."""
+    P, per = spec.ep, spec.experts // spec.ep
+    j, base = d % P, d - d % P
+    mine = range(j * per, (j + 1) * per)
+    out_rows = sum(kept[d][e] for e in range(spec.experts) if e not in mine)
+    back_rows = sum(kept[s][e] for s in range(base, base + P) if s != d for e in mine)
+    return {
+        "ep-dispatch": out_rows,
+        "ep-combine-grad": out_rows,
+        "ep-combine": back_rows,
+        "ep-dispatch-grad": back_rows,
+    }
+
+
+def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a step time, keyed like predict_from_config.
+    `routing`: the run's metrics["moe"] (routed_by_rank per step and layer) for exact bytes; without it,
+    balanced routing (times `imbalance`)."""
+    D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
+    layers = moe_layers(spec)
+    if routing is not None:  # the router's choices per rank; which of them fit is decided here, again
+        cap = math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E)
+        per_step = [[kept_in_row_order(H, cap) for H in step] for step in routing["routed_by_rank"]]
+        steps = len(per_step)
+    else:
+        per_step = [[balanced_kept(spec, imbalance)] * len(layers)] * steps
+    bpe = spec.prec.act
+    dense, experts = param_counts(spec)
+    opt = spec.prec.optimizer[(spec.optimizer, bool(spec.momentum))]
+    allreduce = ALLREDUCE[spec.collectives]
+    link = None
+    if hw is not None:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", spec.dp, spec.tp, spec.pp)
+    ranks, worst_s = [], 0.0
+    for d in range(D):
+        ops: dict[str, Cost] = {}
+
+        def add(op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        for step in per_step:
+            for layer, kept in zip(layers, step):
+                rows = rank_alltoall_rows(spec, kept, d)
+                for op in OPS:
+                    width = W[layer] if op in ("ep-dispatch", "ep-dispatch-grad") else W[layer + 1]
+                    n = rows[op] * width
+                    add(op, Cost(round(n), P - 1, 0, P - 1, math.ceil(n / max(P - 1, 1))), bpe)
+                add("ep-histogram", ring_allgather(D * E, D, d), 8)
+        add("grad-allreduce", allreduce(dense, D, d), spec.prec.grad, steps)
+        add("expert-grad-allreduce", allreduce(experts, D // P, d // P), spec.prec.grad, steps)
+        if d == 0 and spec.data_source == "root":  # rank 0 scatters the batches, as for any dp layout
+            book = Book()
+            _book_root_scatter(spec, book)
+            for c in book.ops.values():
+                add("scatter-batch", c, 1, steps)
+        cat = lambda op: CATEGORY.get(op, "activation")  # noqa: E731
+        sent = {c: 0 for c in ("data", "model", "activation")}
+        messages = dict(sent)
+        for op, c in ops.items():
+            if cat(op) in sent:
+                sent[cat(op)] += c.sent
+                messages[cat(op)] += c.messages
+        comm_s = (
+            0.0
+            if link is None
+            else sum(
+                c.rounds * link.alpha + c.round_elems * link.beta
+                for op, c in ops.items()
+                if CATEGORY.get(op) != "control"
+            )
+        )
+        worst_s = max(worst_s, comm_s / max(steps, 1))
+        ranks.append(
+            {
+                "rank": d,
+                "coords": {"pp": 0, "dp": d, "tp": 0},
+                "sent": sent,
+                "messages": messages,
+                "by_op": {
+                    f"{cat(op)}/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()
+                },
+            }
+        )
+    memory = [
+        {
+            "params": (dense + experts) * spec.prec.param,
+            "grads": (dense + experts) * spec.prec.grad,
+            "optimizer": (dense + experts) * opt,
+            "activations_peak": 0,
+        }
+        for _ in range(D)
+    ]
+    compute_s = step_compute_s(spec, hw) if hw is not None else 0.0
+    step_s = compute_s + worst_s
+    return {
+        "steps": steps,
+        "layout": f"dp{D}xep{P}" if P > 1 else (f"dp{D}" if D > 1 else "serial"),
+        "hardware": getattr(hw, "name", None),
+        "comm": {
+            "ranks": ranks,
+            "per_step": {
+                c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
+            },
+            "per_rank_per_step_max": {
+                c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
+            },
+        },
+        "memory": {"ranks": memory, "max": memory[0]},
+        "bubble": 0.0,
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": worst_s,
+            "samples_per_s": spec.batch / step_s if step_s > 0 else float("inf"),
+        },
+        "routing": "measured" if routing is not None else f"balanced x {imbalance:g}",
+        "link": None if link is None else {"name": link.name, "alpha_s": link.alpha, "bytes_per_s": link.bw},
+        "params": {"non_expert": dense, "experts_per_rank": experts, "experts_total": experts * P},
+        "capacity": math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E),
+    }
+
+
+def step_compute_s(spec: Spec, hw) -> float:
+    """Compute of the fullest rank's step, balanced routing without drops: per dense layer its rows,
+    per MoE layer the router on its rows and its E/P experts on (B/D) K rows in all (what a rank's
+    experts receive from its group); matmul FLOPs at the FLOP rate, the memory-bound rest
+    (rank.layer_work, the loss, the optimizer's sweeps) at the reduction's speed, and the profile's
+    overhead per layer call -- the accounting simclock charges (model.py, moe.py, optim.py)."""
+    D, P, E, K = spec.dp, spec.ep, spec.experts, spec.top_k
+    rows, moe = max(chunk(spec.batch, D, d) for d in range(D)), set(moe_layers(spec))
+    flops = elems = calls = 0
+    for i in range(spec.n_layers):
+        w = layer_work(spec, i, "full")
+        r, n_calls = (rows * K, E // P) if i in moe else (rows, 1)
+        flops += (w["fwd_flops"] + w["bwd_flops"]) * r + (6 * rows * spec.widths[i] * E if i in moe else 0)
+        elems += (w["fwd_elems"] + w["bwd_elems"]) * r + w["bwd_call_elems"] * n_calls
+        calls += n_calls
+    dense, experts = param_counts(spec)
+    moved = elems * spec.prec.act + loss_bytes(spec) * rows + optimizer_bytes(spec, dense + experts)
+    share = hw.compute_share(min(D, hw.devices_per_node))
+    return (flops / hw.flop_rate(spec.precision) + moved * hw.gamma / 3 + calls * hw.layer_overhead) / share

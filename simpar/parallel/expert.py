@@ -1,0 +1,300 @@
+"""Expert parallelism inside data parallelism (--experts E --ep P --dp D), as DeepSpeed-MoE and GShard.
+
+The D data-parallel ranks are cut into D/P EXPERT-PARALLEL groups of P consecutive ranks; each group
+holds all E experts of every MoE layer (simpar/moe.py), E/P per rank: ep rank j holds experts
+j*E/P .. (j+1)*E/P - 1. Ranks that hold the same experts (same j, one per ep group) form an
+EXPERT-DATA-PARALLEL group of D/P ranks. Everything outside the experts (dense layers, routers) is
+replicated on all D ranks, as in plain data parallelism. --ep 1 is data parallelism of the MoE
+model (D = 1: the serial MoE run); every layout computes the serial run's numbers.
+
+One MoE layer, forward, on every rank (its own rows, in global row order after lower dp ranks'):
+  1. route its rows (moe.route);
+  2. exchange the routing histograms over the dp group (a ring all-gather of D x E int64 counts,
+     `control/ep-histogram`): capacity is global -- an expert fills its slots in global row order --
+     so each rank needs the counts of all lower ranks; the counts also give every rank the size of
+     every piece it will receive, so no size messages follow, and f_e of the aux loss;
+  3. all-to-all `activation/ep-dispatch` over the ep group: the rows of kept assignments go to the
+     rank owning their expert (d_in wide), pieces ordered by expert, then row;
+  4. each expert runs on the rows it received (from all P ranks of its group);
+  5. all-to-all `activation/ep-combine`: the outputs (d_out wide) go back to their rows' ranks,
+     which sum gate * output per row.
+Backward mirrors it: `activation/ep-combine-grad` carries dL/dh (gate * dy, d_out wide) to the
+expert owners, `activation/ep-dispatch-grad` carries dL/dx of the expert inputs (d_in wide) back.
+
+Bytes per step for rank d (j = d mod P, group g), with kept[s][e] kept assignments of rank s to e:
+  ep-dispatch and ep-combine-grad: sum over experts e NOT on d of kept[d][e] rows (d_in, d_out wide)
+  ep-combine and ep-dispatch-grad: sum over ranks s != d of g, over e on d, of kept[s][e] rows
+  each in P-1 messages per layer (collectives/alltoall.py); balanced routing with no drops:
+  (P-1)/P x rows x K x width x bpe for each of the four.
+Gradients: the non-expert parameters all-reduced over the dp group (`model/grad-allreduce`, one
+call), the experts' over their expert-data-parallel group (`model/expert-grad-allreduce`), both
+after backward: no buckets and no overlap (--bucket-mb and --no-overlap do not apply), kept simple
+so that the all-to-alls stand out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import collectives
+from ..config import SimparError
+from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward
+from ..moe import (
+    aux_loss,
+    capacity,
+    histogram,
+    init_moe,
+    keep_mask,
+    kept_counts,
+    moe_layer_indices,
+    pack_flat,
+    route,
+    router_backward,
+)
+from ..precision import build_optimizer, loss_grad
+from .base import Strategy
+
+
+def pack(arrays: list, dtype):
+    """One flat parameter buffer and one gradient buffer for `arrays`; [(param view, grad view)]."""
+    total = sum(a.size for a in arrays)
+    params, grads, views, off = np.empty(total, dtype), np.zeros(total, dtype), [], 0
+    for a in arrays:
+        params[off : off + a.size] = a.reshape(-1)
+        views.append(
+            (params[off : off + a.size].reshape(a.shape), grads[off : off + a.size].reshape(a.shape))
+        )
+        off += a.size
+    return params, grads, views
+
+
+def split_rows(arr, counts):
+    return np.split(arr, np.cumsum(counts)[:-1])
+
+
+class MoELayer:
+    """One MoE layer on this rank: the replicated router and this rank's experts (see module doc)."""
+
+    def __init__(self, strategy, index: int, Wr, dWr, experts: dict):
+        cfg = strategy.cfg
+        self.s, self.index, self.Wr, self.dWr, self.experts = strategy, index, Wr, dWr, experts
+        self.E, self.K, self.C, self.alpha = cfg.experts, cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef
+        self.P = cfg.ep
+        self.per = self.E // self.P
+
+    def owned_by(self, q: int) -> range:
+        return range(q * self.per, (q + 1) * self.per)
+
+    def forward(self, x, N: int):
+        s, E, K, P = self.s, self.E, self.K, self.P
+        p, top, gates = route(x, self.Wr, K)
+        H = s.all_histograms(histogram(top, E))
+        cap = capacity(self.C, K, N, E)
+        kept = kept_counts(H, cap)
+        d, j = s.dp.rank, s.ep.rank
+        base = d - j
+        keep = keep_mask(top, E, cap, H[:d].sum(axis=0))
+        aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, N)
+        s.record(self.index, H, kept)
+        # assigned[e]: (rows, slots) of this rank's kept assignments to expert e, in row order
+        assigned = [np.nonzero((top == e) & keep) for e in range(E)]
+        # dispatch: to ep rank q the rows assigned to q's experts, expert by expert; from ep rank q
+        # come from_q[q][k] rows for this rank's k-th expert (known from the histograms: no size messages)
+        send = [np.concatenate([x[assigned[e][0]] for e in self.owned_by(q)]) for q in range(P)]
+        from_q = [[int(kept[base + q, e]) for e in self.owned_by(j)] for q in range(P)]
+        got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-dispatch")
+        got = [split_rows(g, c) for g, c in zip(got, from_q)]
+        outs, ectx, width = [[] for _ in range(P)], {}, self.experts[self.owned_by(j)[0]].W.shape[1]
+        for k, e in enumerate(self.owned_by(j)):
+            xe = np.concatenate([got[q][k] for q in range(P)])
+            h, ectx[e] = (
+                layer_forward(self.experts[e], xe) if len(xe) else (np.zeros((0, width), x.dtype), None)
+            )
+            for q, piece in enumerate(split_rows(h, [c[k] for c in from_q])):
+                outs[q].append(piece)
+        # combine: each expert's outputs go back where its rows came from; to_q[q]: rows this rank sent q
+        to_q = [[len(assigned[e][0]) for e in self.owned_by(q)] for q in range(P)]
+        outs = [np.concatenate(o) for o in outs]
+        back = collectives.alltoall(s.ep, outs, [sum(c) for c in to_q], "activation", "ep-combine")
+        y, hs = np.zeros((x.shape[0], width), x.dtype), {}
+        for q in range(P):
+            for e, h in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
+                rows, slots = assigned[e]
+                y[rows] += gates[rows, slots][:, None] * h
+                hs[e] = h
+        ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q)
+        held = x.nbytes + p.nbytes + sum(h.nbytes for h in hs.values())
+        held += sum(c.nbytes for c in ectx.values() if c is not None)
+        return y, aux, ctx, held
+
+    def backward(self, dy, ctx):
+        s, P, j = self.s, self.P, self.s.ep.rank
+        x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q = ctx
+        # the forward's two all-to-alls in reverse, with the same piece sizes: gate * dy to the experts
+        # (combine-grad), dL/d(expert input) back to the rows' ranks (dispatch-grad)
+        dgates, send = np.zeros(top.shape, x.dtype), []
+        for q in range(P):
+            pieces = []
+            for e in self.owned_by(q):
+                rows, slots = assigned[e]
+                dgates[rows, slots] = (dy[rows] * hs[e]).sum(axis=1)
+                pieces.append(gates[rows, slots][:, None] * dy[rows])
+            send.append(np.concatenate(pieces))
+        got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-combine-grad")
+        got = [split_rows(g, c) for g, c in zip(got, from_q)]
+        outs = [[] for _ in range(P)]
+        for k, e in enumerate(self.owned_by(j)):
+            dh = np.concatenate([got[q][k] for q in range(P)])
+            dxe = (
+                layer_backward(self.experts[e], ectx[e], dh)
+                if len(dh)
+                else np.zeros((0, x.shape[1]), x.dtype)
+            )
+            for q, piece in enumerate(split_rows(dxe, [c[k] for c in from_q])):
+                outs[q].append(piece)
+        back = collectives.alltoall(
+            s.ep, [np.concatenate(o) for o in outs], [sum(c) for c in to_q], "activation", "ep-dispatch-grad"
+        )
+        dx = np.zeros_like(x)
+        for q in range(P):
+            for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
+                dx[assigned[e][0]] += piece
+        return dx + router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr)
+
+
+class ExpertParallel(Strategy):
+    """Dense layers and routers replicated over the dp group; experts sharded over each ep group."""
+
+    def __init__(self, cfg, mesh):
+        super().__init__(cfg, mesh)
+        P, dtype, W = cfg.ep, cfg.compute_dtype(), cfg.layers
+        self.dp = mesh.dp_comm
+        d = self.dp.rank
+        self.ep = self.dp.split(color=d // P, key=d % P, name="ep")
+        self.edp = self.dp.split(color=d % P, key=d // P, name="edp")
+        moe, n, per = set(moe_layer_indices(cfg.n_layers)), cfg.n_layers, cfg.experts // P
+        self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
+        dense, experts = [], []
+        for i in range(n):
+            if i in moe:
+                Wr, full = init_moe(cfg.seed, i, W[i], W[i + 1], cfg.experts, dtype)
+                dense.append(Wr)
+                experts += [a for e in self.mine for a in full[e]]
+            else:
+                dense += list(init_layer(cfg.seed, i, W[i], W[i + 1], dtype))
+        self.dense, self.dense_grads, dviews = pack(dense, dtype)
+        self.expert_params, self.expert_grads, eviews = pack(experts, dtype)
+        self.layers = []
+        for i in range(n):
+            act = activation_of(i, n, cfg.activation)
+            if i in moe:
+                (Wr, dWr) = dviews.pop(0)
+                ex = {}
+                for e in self.mine:
+                    (We, dWe), (be, dbe) = eviews.pop(0), eviews.pop(0)
+                    ex[e] = Linear(i, We, be, dWe, dbe, act)
+                self.layers.append(MoELayer(self, i, Wr, dWr, ex))
+            else:
+                (Wv, dWv), (bv, dbv) = dviews.pop(0), dviews.pop(0)
+                self.layers.append(Linear(i, Wv, bv, dWv, dbv, act))
+        self.optimizer = build_optimizer(cfg)
+        self.routing = []  # per step: {layer index: (H, kept)}
+
+    def all_histograms(self, counts):
+        """Every dp rank's histogram (D x E), by a ring all-gather of counted messages (control)."""
+        D, E = self.dp.size, counts.size
+        H = np.zeros(D * E, np.int64)
+        H[self.dp.rank * E : (self.dp.rank + 1) * E] = counts
+        if D > 1:  # run here, off the collective streams: control traffic takes no simulated time
+            for requests in collectives.ring_allgather_rounds(self.dp, H, "control", "ep-histogram"):
+                MPI.Request.Waitall(requests)
+        return H.reshape(D, E)
+
+    def record(self, index, H, kept):
+        self.routing[-1][index] = (H, kept)
+
+    def train_step(self, micro_steps, global_batch: int) -> float:
+        self.dense_grads.fill(0)
+        self.expert_grads.fill(0)
+        self.watch.reset()
+        self.routing.append({})
+        (x, y), loss, contexts = micro_steps[0], 0.0, []  # config.moe_rules: no --grad-accum
+        for layer in self.layers:
+            if isinstance(layer, MoELayer):
+                x, aux, ctx, held = layer.forward(x, global_batch)
+                loss += aux
+            else:
+                x, ctx = layer_forward(layer, x)
+                held = ctx.nbytes
+            self.watch.check(layer.index, x)
+            self.meter.take(held)
+            contexts.append((ctx, held))
+        main, grad = loss_grad(self.optimizer, x, y, global_batch)
+        for layer, (ctx, held) in zip(reversed(self.layers), reversed(contexts)):
+            if isinstance(layer, MoELayer):
+                grad = layer.backward(grad, ctx)
+            else:
+                grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
+            self.meter.free(held)
+        for comm, buf, op in (
+            (self.dp, self.dense_grads, "grad-allreduce"),
+            (self.edp, self.expert_grads, "expert-grad-allreduce"),
+        ):
+            if comm.size > 1:
+                collectives.allreduce(comm, buf, "model", op, self.cfg.collectives)
+        self.optimizer.step(self.optimizer_params(), [self.dense_grads, self.expert_grads])
+        return loss + main
+
+    def routing_summary(self) -> dict:
+        """Per step and MoE layer: kept tokens per expert, drops, and kept per (dp rank, expert)."""
+        order = sorted(self.routing[0]) if self.routing else []
+        return {
+            "experts": self.cfg.experts,
+            "top_k": self.cfg.top_k,
+            "capacity_factor": self.cfg.capacity_factor,
+            "capacity": capacity(self.cfg.capacity_factor, self.cfg.top_k, self.cfg.batch, self.cfg.experts),
+            "ep": self.cfg.ep,
+            "layers": order,
+            "tokens_per_expert": [[step[i][1].sum(axis=0).tolist() for i in order] for step in self.routing],
+            "routed_per_expert": [[step[i][0].sum(axis=0).tolist() for i in order] for step in self.routing],
+            "dropped": [[int(step[i][0].sum() - step[i][1].sum()) for i in order] for step in self.routing],
+            "routed_by_rank": [[step[i][0].tolist() for i in order] for step in self.routing],
+            "kept_by_rank": [[step[i][1].tolist() for i in order] for step in self.routing],
+        }
+
+    def full_weights(self):
+        """Full shape on world rank 0: (W, b) per dense layer, (moe.pack_flat, empty) per MoE layer;
+        each ep group gathers its experts to its first rank (control traffic)."""
+        pieces = self.ep.gather_object(self.expert_params.copy(), root=0)
+        if self.mesh.world.rank != 0:
+            return None
+        out, at = [], [0] * self.ep.size  # where each ep rank's next expert starts in its flat piece
+        for layer in self.layers:
+            if not isinstance(layer, MoELayer):
+                out.append((layer.W.copy(), layer.b.copy()))
+                continue
+            d_in, d_out = self.cfg.layers[layer.index], self.cfg.layers[layer.index + 1]
+            experts = []
+            for q in range(self.ep.size):  # experts in global order: ep rank 0's, then rank 1's, ...
+                for _ in layer.owned_by(q):
+                    W = pieces[q][at[q] : at[q] + d_in * d_out].reshape(d_in, d_out)
+                    experts.append((W, pieces[q][at[q] + d_in * d_out : at[q] + d_in * d_out + d_out]))
+                    at[q] += d_in * d_out + d_out
+            out.append((pack_flat(layer.Wr, experts), np.zeros(0, self.dense.dtype)))
+        return out
+
+    def memory(self) -> dict:
+        n = self.dense.nbytes + self.expert_params.nbytes
+        return self.memory_of(
+            n, self.dense_grads.nbytes + self.expert_grads.nbytes, self.optimizer.state_nbytes()
+        )
+
+    def optimizer_params(self) -> list:
+        return [self.dense, self.expert_params]
+
+    def gather_full(self, local):
+        raise SimparError("checkpoints of --experts runs are not supported")  # config.moe_rules refuses them
+
+    def slice_full(self, full):
+        raise SimparError("checkpoints of --experts runs are not supported")

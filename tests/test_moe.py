@@ -1,0 +1,229 @@
+"""Mixture of experts (simpar/moe.py): the layer's backward against finite differences, capacity and
+the aux loss against the formulas written here; and (MPI) expert parallelism against the serial run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simpar import moe
+
+
+def _objective(x, Wr, experts, R, K, C, alpha, act):
+    """A scalar of the layer's output: sum(y * R) + the aux loss (so both paths are differentiated)."""
+    y, aux, ctx = moe.serial_forward(x, Wr, experts, K, C, alpha, act)
+    return float((y * R).sum()) + aux, y, ctx
+
+
+def test_backward_matches_finite_differences_with_drops():
+    rng = np.random.default_rng(0)
+    n, d_in, d_out, E, K, C, alpha = 12, 5, 4, 4, 2, 0.6, 0.3
+    x = rng.standard_normal((n, d_in))
+    Wr = rng.standard_normal((d_in, E))
+    experts = [(rng.standard_normal((d_in, d_out)), rng.standard_normal(d_out)) for _ in range(E)]
+    R = rng.standard_normal((n, d_out))
+    f0, y, ctx = _objective(x, Wr, experts, R, K, C, alpha, "tanh")
+    _, p, top, gates, _, parts = ctx
+    kept = sum(len(rows) for rows, *_ in parts)
+    cap = math.ceil(C * K * n / E)  # 4 slots per expert for 24 assignments: some must drop
+    assert kept < n * K and all(len(rows) <= cap for rows, *_ in parts)
+    np.testing.assert_allclose(gates.sum(axis=1), 1.0, rtol=1e-14)
+    dx, dWr, grads = moe.serial_backward(R, ctx, Wr, experts, "tanh")
+
+    def numeric(arr):
+        out, eps = np.zeros_like(arr), 1e-6
+        for idx in np.ndindex(arr.shape):
+            old = arr[idx]
+            arr[idx] = old + eps
+            hi = _objective(x, Wr, experts, R, K, C, alpha, "tanh")[0]
+            arr[idx] = old - eps
+            lo = _objective(x, Wr, experts, R, K, C, alpha, "tanh")[0]
+            arr[idx] = old
+            out[idx] = (hi - lo) / (2 * eps)
+        return out
+
+    np.testing.assert_allclose(dx, numeric(x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dWr, numeric(Wr), rtol=1e-6, atol=1e-8)
+    for (W, b), (dW, db) in zip(experts, grads):
+        np.testing.assert_allclose(dW, numeric(W), rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(db, numeric(b), rtol=1e-6, atol=1e-8)
+
+
+def test_capacity_keeps_earliest_rows_and_aux_loss_formula():
+    # Expert 0 chosen by every row: the first cap rows keep it, in global row order across ranks.
+    top = np.array([[0, 1], [0, 2], [0, 1], [0, 3], [0, 2]])
+    E, cap = 4, 3
+    keep = moe.keep_mask(top, E, cap, np.zeros(E, np.int64))
+    assert keep[:, 0].tolist() == [True, True, True, False, False] and keep[:, 1].all()
+    # The same rows split over two ranks (2 + 3 rows): rank 1 knows rank 0's counts.
+    H = np.stack([moe.histogram(top[:2], E), moe.histogram(top[2:], E)])
+    assert moe.kept_counts(H, cap).tolist() == [[2, 1, 1, 0], [1, 1, 1, 1]]
+    keep1 = moe.keep_mask(top[2:], E, cap, H[0])
+    assert (keep1 == keep[2:]).all()
+    # Switch eq. 4: alpha * E * sum f_e P_e; uniform routing gives alpha exactly.
+    p = np.full((6, 4), 0.25)
+    share, grad = moe.aux_loss(p, np.full(4, 0.25), alpha=0.01, N=6)
+    assert abs(share - 0.01) < 1e-15 and np.allclose(grad, 0.01 * 4 * 0.25 / 6)
+
+
+# -- expert parallelism on real ranks, against the serial MoE run ---------------------------------------
+
+MOE = ["--dtype", "float64", "--steps", "4", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.0"]
+E, K, B, D_IN = 4, 2, 64, 128  # the default digits model: MoE layers 1 and 2 are 128 -> 128
+
+
+def kept_from_routed(H, cap):
+    """Kept assignments per (dp rank, expert): an expert fills its cap slots in global row order, so
+    rank d keeps min(H[d][e], cap - (assignments to e on ranks before d)), never below 0."""
+    H = np.array(H)
+    before = np.vstack([np.zeros((1, H.shape[1]), int), np.cumsum(H, axis=0)[:-1]])
+    return np.minimum(H, np.maximum(cap - before, 0))
+
+
+def expected_alltoall_bytes(moe_metrics, D, P, d):
+    """Bytes rank d sends in each all-to-all over the run, from the routing histograms and the rule
+    of the README: rows of kept assignments to experts on other ranks of its ep group go out (ep-dispatch,
+    ep-combine-grad), rows its own experts kept for the other ranks go back (ep-combine, ep-dispatch-grad)."""
+    per, j, base = E // P, d % P, d - d % P
+    mine = set(range(j * per, (j + 1) * per))
+    cap = math.ceil(1.0 * K * B / E)
+    out = back = 0
+    for step in moe_metrics["routed_by_rank"]:
+        for H in step:
+            kept = kept_from_routed(H, cap)
+            out += sum(kept[d][e] for e in range(E) if e not in mine)
+            back += sum(kept[s][e] for s in range(base, base + P) if s != d for e in mine)
+    return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
+
+
+def first_step_histograms(D):
+    """The routing of layer 1 at step 1, reproduced here in NumPy: the first global batch, the initial
+    weights, relu(x W0 + b0) @ Wr, each row's top K, counted per dp rank's contiguous share of rows."""
+    from simpar.config import RunConfig
+    from simpar.data import global_batches, load_dataset
+    from simpar.model import init_layer
+
+    cfg = RunConfig(dtype="float64")
+    data = load_dataset(cfg)
+    _, rows = next(global_batches(len(data.x_train), B, 0, 1))
+    W0, b0 = init_layer(0, 0, 64, 128, np.float64)
+    Wr, _ = moe.init_moe(0, 1, 128, 128, E, np.float64)
+    logits = np.maximum(data.x_train[rows] @ W0 + b0, 0) @ Wr  # softmax keeps the order: top-k of logits
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :K]
+    return [np.bincount(part.reshape(-1), minlength=E).tolist() for part in np.array_split(top, D)]
+
+
+def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tmp_path):
+    from tests.conftest import assert_same_model, train_json
+
+    ref = serial(MOE)
+    dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E  # first and last layer, two routers
+    expert = 128 * 128 + 128  # one expert of layer 1 or 2
+    assert ref["params"] == dense + 2 * E * expert
+    sim = ["--clock", "sim", "--hardware", "dgx-h100"]  # same job, simulated time beside it
+    for n, layout in ((2, ["--dp", "2", "--ep", "2"]), (4, ["--dp", "4", "--ep", "2", *sim])):
+        run = train_json(n, MOE + layout, tmp_path, name=f"ep{n}")
+        D, P = n, 2
+        assert_same_model(run, ref, rtol=1e-12)
+        moe_run, moe_ref = run["moe"], ref["moe"]
+        assert moe_run["routed_by_rank"][0][0] == first_step_histograms(D)  # the metrics' counts are real
+        # Same tokens routed, kept and dropped as the serial run, step by step and layer by layer.
+        assert moe_run["tokens_per_expert"] == moe_ref["tokens_per_expert"]
+        assert moe_run["dropped"] == moe_ref["dropped"] and sum(map(sum, moe_ref["dropped"])) > 0
+        assert [[list(np.sum(H, axis=0)) for H in s] for s in moe_run["routed_by_rank"]] == moe_ref[
+            "routed_per_expert"
+        ]
+        for d, rank in enumerate(run["comm"]["ranks"]):
+            rows = expected_alltoall_bytes(moe_run, D, P, d)
+            for op, r in rows.items():
+                entry = rank["by_op"][f"activation/{op}"]
+                assert entry["sent"] == r * D_IN * 8, (n, d, op)
+                assert entry["messages"] == (P - 1) * 2 * 4  # 2 MoE layers x 4 steps
+            assert rank["sent"]["activation"] == sum(rows.values()) * D_IN * 8  # the four ops, nothing else
+            assert run["memory"]["ranks"][d]["params"] == (dense + 2 * (E // P) * expert) * 8
+            assert run["memory"]["ranks"][d]["optimizer"] == (dense + 2 * (E // P) * expert) * 8  # momentum
+            # histogram exchange: a ring all-gather of D x E int64 counts, (D-1) E x 8 B per layer
+            assert rank["by_op"]["control/ep-histogram"]["sent"] == (D - 1) * E * 8 * 2 * 4
+        assert run["prediction_mismatches"] == []
+        if n == 4:  # the cost model's step within 10% of the simulated clock's
+            simulated, predicted = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
+            assert abs(predicted - simulated) <= 0.1 * simulated, (predicted, simulated)
+
+
+def test_bad_moe_options_are_one_line_each():
+    import pytest
+
+    from simpar.config import RunConfig, SimparError, validate
+
+    cases = [
+        (dict(ep=2), 2, "--ep 2 shards experts: add --experts E"),
+        (dict(experts=1), 1, "--experts must be at least 2"),
+        (dict(experts=4, top_k=5), 1, "--top-k must be between 1 and --experts 4"),
+        (dict(experts=4, capacity_factor=0.0), 1, "--capacity-factor must be a positive number"),
+        (dict(experts=4, aux_loss_coef=-1.0), 1, "--aux-loss-coef must be a number >= 0"),
+        (dict(experts=4, layers=[64, 128, 10]), 1, "has none"),
+        (dict(experts=4, ep=3, dp=4), 4, "--ep 3 must divide --dp 4"),
+        (dict(experts=6, ep=4, dp=4), 4, "--experts 6 must be divisible by --ep 4"),
+        (dict(experts=4, tp=2), 2, "not with --tp"),
+        (dict(experts=4, zero=1), 2, "not with --zero"),
+        (dict(experts=4, arch="resmlp"), 1, "not with --arch resmlp"),
+        (dict(experts=4, grad_accum=2), 1, "not with --grad-accum"),
+    ]
+    for fields, world, message in cases:
+        with pytest.raises(SimparError, match=message):
+            validate(RunConfig(**fields), world)
+    # On the command line: one line, exit status 2, every rank ends, no traceback.
+    from tests.mpiutil import run_mpi
+
+    res = run_mpi(
+        2, ["train", "--experts", "4", "--ep", "2", "--pp", "2", "--steps", "1", "--quiet"], timeout=60
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert lines == ["simpar: error: --ep 2 must divide --dp 1 (EP inside DP)"], res.stderr
+
+
+def test_plan_predicts_balanced_all_to_all_and_expert_memory(capsys):
+    import json
+
+    from simpar.cli.plan import plan_main
+
+    args = ["--batch", "64", "--dp", "4", "--experts", "4", "--top-k", "2", "--ep", "2", "--json"]
+    plan_main(args + ["--hardware", "ib-cluster"])
+    pred = json.loads(capsys.readouterr().out)
+    D, P, bpe, h, layers = 4, 2, 4, 128, 2
+    balanced = (P - 1) / P * (B / D) * K * h * bpe * layers  # per rank per step, each of the four ops
+    for rank in pred["comm"]["ranks"]:
+        for op in ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad"):
+            assert rank["by_op"][f"activation/{op}"]["sent"] == balanced
+        assert rank["sent"]["activation"] == 4 * balanced
+    dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E
+    assert pred["memory"]["ranks"][0]["params"] == (dense + 2 * (E // P) * (128 * 128 + 128)) * bpe
+    # An imbalance of 3 is capped at the capacity factor C = 1.25: the hot expert's owner returns
+    # (C + E/P - 1)/(E/P) times the balanced rows in ep-combine.
+    plan_main(args + ["--imbalance", "3", "--capacity-factor", "1.25"])
+    hot = json.loads(capsys.readouterr().out)["comm"]["ranks"][0]["by_op"]["activation/ep-combine"]["sent"]
+    assert hot == round(balanced * (1.25 + 1) / 2)
+    import pytest
+
+    from simpar.config import SimparError
+
+    with pytest.raises(SimparError, match="--compare and --sweep do not cover --experts"):
+        plan_main(args + ["--compare", "--world", "4"])
+
+
+def test_cost_model_decides_capacity_itself(tmp_path):
+    """With the executor's capacity cut by one slot (tests/mutate_executor.py), the cost model -- which
+    applies its own ceil(C K N / E) to the run's routing histograms -- no longer agrees with the ledger."""
+    import json
+    from pathlib import Path
+
+    from tests.mpiutil import run_script
+
+    out = tmp_path / "capacity.json"
+    argv = ["capacity", *MOE, "--dp", "2", "--ep", "2", "--quiet", "--metrics-out", str(out)]
+    res = run_script(2, Path(__file__).with_name("mutate_executor.py"), argv, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bad = json.loads(out.read_text())["prediction_mismatches"]
+    assert any(" activation: measured" in line for line in bad), bad
