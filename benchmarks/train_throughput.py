@@ -1,6 +1,8 @@
 """Training throughput: simpar data parallelism on 2 ranks vs PyTorch DDP (gloo, CPU), same MLP.
 
     python benchmarks/train_throughput.py [--ranks 2] [--steps 30] [--repeats 3] [--json]
+    python benchmarks/train_throughput.py --layouts serial,dp,tp,pp     # every layout, same model
+
 
 Same work on both sides: MLP 784-1024-1024-10, ReLU, float32, batch 256 per rank, plain SGD,
 synthetic inputs, one compute thread per process. Reported: median samples/s over the timed steps
@@ -53,17 +55,41 @@ def gemm_rate(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
-def simpar_rate(ranks: int, steps: int, kernels: str) -> float:
+# --layouts: the same model and global batch (ranks x 256) on one rank and on `ranks` ranks split three ways.
+LAYOUTS = {
+    "serial": [],
+    "dp": [],  # --dp is the default: all ranks
+    "tp": ["--tp", "{ranks}"],
+    "pp": ["--pp", "{ranks}", "--microbatches", "8", "--schedule", "1f1b"],
+}
+PP_MICROBATCHES = 8
+
+
+def layout_limit(layout: str, ranks: int, gemm: float) -> float:
+    """Compute-bound samples/s of a layout: its ranks x the single-thread GEMM rate / FLOPs per sample,
+    times (1 - bubble) for the pipeline ((S-1)/(M+S-1) of 1F1B's step is idle, Narayanan et al. 2021)."""
+    if layout == "serial":
+        return gemm / flops_per_sample()
+    limit = ranks * gemm / flops_per_sample()
+    if layout == "pp":
+        limit *= 1 - (ranks - 1) / (PP_MICROBATCHES + ranks - 1)
+    return limit
+
+
+def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp") -> float:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     from simpar.launch import run
 
+    world = 1 if layout == "serial" else ranks
+    extra = [a.format(ranks=ranks) for a in LAYOUTS[layout]]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "m.json")
         res = run(
-            ranks,
+            world,
             [
                 "train",
+                *extra,
                 "--dataset",
                 "synthetic",
                 "--samples",
@@ -164,7 +190,15 @@ def main(argv=None) -> int:
         help="interpreter that has torch (e.g. another venv's python)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--layouts",
+        default=None,
+        help="comma list of serial,dp,tp,pp: samples/s of each on the same model and global batch, "
+        "with each one's compute-bound limit (no PyTorch run)",
+    )
     args = ap.parse_args(argv)
+    if args.layouts:
+        return compare_layouts(args)
 
     simpar = statistics.median(simpar_rate(args.ranks, args.steps, args.kernels) for _ in range(args.repeats))
     torch_runs = [torch_rate(args.ranks, args.steps, args.torch_python) for _ in range(args.repeats)]
@@ -203,6 +237,36 @@ def main(argv=None) -> int:
         f"({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
         f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {simpar / limit:.0%}"
     )
+    return 0
+
+
+def compare_layouts(args) -> int:
+    gemm = gemm_rate()
+    rows = []
+    for layout in args.layouts.split(","):
+        if layout not in LAYOUTS:
+            known = ", ".join(LAYOUTS)
+            raise SystemExit(f"train_throughput: unknown layout {layout!r} (choose from {known})")
+        rate = statistics.median(
+            simpar_rate(args.ranks, args.steps, args.kernels, layout) for _ in range(args.repeats)
+        )
+        rows.append((layout, rate, layout_limit(layout, args.ranks, gemm)))
+    if args.json:
+        print(json.dumps([{"layout": a, "samples_per_s": r, "compute_bound": lim} for a, r, lim in rows]))
+        return 0
+    print(
+        f"MLP {'-'.join(map(str, LAYERS))}, float32, global batch {PER_RANK_BATCH * args.ranks}, "
+        f"{args.kernels} kernels, median of {args.repeats} runs x {args.steps} steps; "
+        f"GEMM {gemm / 1e9:.1f} GFLOP/s on one thread"
+    )
+    serial = dict((a, r) for a, r, _ in rows).get("serial")
+    for layout, rate, limit in rows:
+        ranks = 1 if layout == "serial" else args.ranks
+        vs = f"   {rate / serial:4.2f}x serial" if serial and layout != "serial" else ""
+        print(
+            f"  {layout:>6} on {ranks} rank(s): {rate:8.0f} samples/s = {rate / limit:4.0%} of its "
+            f"compute-bound limit {limit:8.0f}{vs}"
+        )
     return 0
 
 
