@@ -145,7 +145,12 @@ def memory_by_layout(ax, results) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.margins(y=0.08)
     ax.set_ylabel("bytes held by the fullest rank")
-    ax.set_title("Memory of the fullest rank by kind, measured from its arrays (no prediction drawn)")
+    ax.set_title(
+        "Memory of the fullest rank by kind, measured from its arrays (no prediction drawn)\n"
+        "activations: a dp rank keeps 1/p of the rows; a tp rank keeps every row (its column slice, plus "
+        "the full-width input of each layer)",
+        fontsize=9,
+    )
     _bytes_axis(ax)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()

@@ -148,6 +148,13 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
         f"{clock}, step {step}: bubble {this_step:.1%} "
         f"(all steps{' but the first' if len(compute_steps) > 1 else ''}: {overall:.1%}), "
         f"{len(ranks)} ranks"
+        + (
+            "\nmeasured idle also holds message time, Python and MPI overheads and ranks waiting for a "
+            "core; the ideal below has free messages"
+            if clock == "measured" and has_ideal
+            else ""
+        ),
+        fontsize=9,
     )
     top.legend(
         handles=[Patch(color=COLOURS[k], label=k) for k in ("forward", "backward", "comm", "allreduce")],
