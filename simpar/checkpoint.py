@@ -1,7 +1,8 @@
 """Checkpoints on disk: full-shape training state in plain files, never visible half-written.
 
     D/step-000040/
-        params.npz      W0, b0, W1, b1, ...                              full shape
+        params.npz      W0, b0, W1, b1, ...                              full shape (--arch resmlp:
+                        a residual block's Wi is its flat vector, bi empty; resmlp.BlockUnit)
         optimizer.npz   velocity.W0, velocity.b0, ... (SGD with momentum)  full shape, like params
                         m.W0, v.W0, ... (Adam)
         manifest.json   format, step, sampler position, optimizer name and scalars (Adam's t),
@@ -54,6 +55,7 @@ STALE = (".tmp-step-", ".trash-step-")  # what a killed writer can leave behind
 # optimizer) and the sampler (seed, batch). Learning rate, momentum, layout, grad-accum may change.
 MUST_MATCH = (
     ("layers", "--layers"),
+    ("arch", "--arch"),
     ("activation", "--activation"),
     ("dtype", "--dtype"),
     ("optimizer", "--optimizer"),
@@ -238,12 +240,15 @@ def load(path: str) -> tuple[dict, FullState]:
     for name, meta in manifest["files"].items():
         arrays[name] = _read_npz(os.path.join(path, name), meta)
     layers, dtype = manifest["model"]["layers"], np.dtype(manifest["model"]["dtype"])
+    n = len(layers) - 1
+    blocks = manifest["model"].get("arch") == "resmlp"  # a residual block: W its flat vector, b empty
 
     def pair(source: dict, prefix: str, i: int, where: str):
         out = []
+        block = blocks and 0 < i < n - 1
         for key, shape in (
-            (f"{prefix}W{i}", (layers[i], layers[i + 1])),
-            (f"{prefix}b{i}", (layers[i + 1],)),
+            (f"{prefix}W{i}", (2 * layers[i] ** 2 + 4 * layers[i],) if block else (layers[i], layers[i + 1])),
+            (f"{prefix}b{i}", (0,) if block else (layers[i + 1],)),
         ):
             a = source.get(key)
             if a is None or a.shape != shape or a.dtype != dtype:
@@ -254,7 +259,6 @@ def load(path: str) -> tuple[dict, FullState]:
             out.append(a)
         return tuple(out)
 
-    n = len(layers) - 1
     where_p, where_o = os.path.join(path, "params.npz"), os.path.join(path, "optimizer.npz")
     params = [pair(arrays["params.npz"], "", i, where_p) for i in range(n)]
     slots = {

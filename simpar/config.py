@@ -136,9 +136,15 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"{cfg.layers}",
         )
         _require(
-            cfg.tp == 1 and cfg.pp == 1 and not cfg.mixed,
-            "--arch resmlp runs serial, --dp and --zero layouts in float32/float64 "
-            "(not --tp, --pp, --precision)",
+            cfg.tp == 1 and not cfg.mixed,
+            "--arch resmlp runs serial, --dp, --zero and --pp layouts in float32/float64 "
+            "(not --tp, --precision)",
+        )
+        # Selective recomputation keeps each layer's matmul output z (recompute.py); a block's
+        # Context is not laid out that way. Full recomputation re-runs the units' forward: it works.
+        _require(
+            cfg.recompute != "selective",
+            "--arch resmlp recomputes with --recompute full (or none); selective keeps an MLP layer's z",
         )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1); layouts whose

@@ -109,7 +109,7 @@ def layer_backward(
 ) -> np.ndarray | None:
     """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx.
     Inside `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
-    if _DEFERRED:
+    if _DEFERRED is not None:  # (an empty list too: the first layer of a B pass defers its W half)
         return backward_input(layer, ctx, dy, need_dx, bias)
     dx, dW, db = kernels.active().linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
     layer.dW += dW
@@ -140,6 +140,12 @@ class deferred_weight_grads:
     def __exit__(self, *exc) -> None:
         global _DEFERRED
         _DEFERRED = self.saved
+
+
+def pending_weight_passes() -> list | None:
+    """Inside deferred_weight_grads, the list W halves are queued on (resmlp's blocks queue theirs
+    too); None outside it."""
+    return _DEFERRED
 
 
 def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: bool = True):

@@ -54,7 +54,12 @@ def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_
         info = {
             "layout": layout_name(cfg),
             "world_size": world.size,
-            "model": {"layers": cfg.layers, "activation": cfg.activation, "dtype": cfg.dtype},
+            "model": {
+                "layers": cfg.layers,
+                "arch": cfg.arch,
+                "activation": cfg.activation,
+                "dtype": cfg.dtype,
+            },
             "optimizer": cfg.optimizer,
             "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),
             "rng": None,  # no random numbers are drawn after start (checkpoint.py)

@@ -88,11 +88,15 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             held_row[c] += z_l if spec.recompute == "selective" else 0
     if spec.recompute == "none":
         held_row = act_row
-    if spec.arch == "resmlp":  # units, not layers (tp = pp = 1): their own FLOPs and kept arrays
-        works = [layer_work(spec, i, "full") for i in range(*shape.bounds[mine[0]])]
-        fwd, bwd = sum(w["fwd_flops"] for w in works), sum(w["bwd_flops"] for w in works)
-        act_row = {c: sum(w["act_row"] for w in works) for c in mine}
-        held_row = act_row
+    if spec.arch == "resmlp":  # units, not layers (tp = 1): their own FLOPs and kept arrays
+        fwd = bwd = 0
+        for c in mine:
+            works = [layer_work(spec, i, "full") for i in range(*shape.bounds[c])]
+            fwd += sum(w["fwd_flops"] for w in works)
+            bwd += sum(w["bwd_flops"] for w in works)
+            act_row[c] = sum(w["act_row"] for w in works)
+            # --recompute full keeps the chunk's input only (selective is refused for resmlp)
+            held_row[c] = W[shape.bounds[c][0]] if spec.recompute == "full" else act_row[c]
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
             (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
@@ -276,7 +280,9 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
     output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
     LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
     LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
-    and s (1). The same accounting simclock is charged with (resmlp.BlockUnit)."""
+    and s (1). Split for zero-bubble schedules, the W half is the two dW matmuls (as many FLOPs as
+    the forward) and four row sums (db1, db2, dgamma, dbeta: w_elems 4d); the B half the rest. The
+    same accounting simclock is charged with (resmlp.BlockUnit)."""
     W, n = spec.widths, spec.n_layers
     if 0 < i < n - 1:
         d = W[i]
@@ -286,6 +292,7 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
             "fwd_elems": 17 * d,
             "bwd_elems": 17 * d,
             "bwd_call_elems": 3 * (2 * d * d + 4 * d),
+            "w_elems": 4 * d,
             "act_row": 5 * d + 1,
         }
     a, b = W[i], W[i + 1]
@@ -295,6 +302,7 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
         "fwd_elems": 2 * b,
         "bwd_elems": b,
         "bwd_call_elems": 3 * a * b + 3 * b,
+        "w_elems": b,  # db's row sum, as an MLP layer's
         "act_row": a,
     }
 

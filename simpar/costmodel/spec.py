@@ -188,11 +188,11 @@ def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
     The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
     stage holds the fewest parameters; among equally good splits, later stages take as many layers as
     they can. Found here by bisection on that largest stage (`_min_bottleneck`), then filled from the
-    back; `--stage-layers` overrides it.
+    back; `--stage-layers` overrides it. For resmlp the "layers" are its units, each weighed by
+    its parameters (unit_sizes: a block's 2d^2 + 4d).
     """
     counts = spec.stage_layers or balanced_counts(
-        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])],
-        n_chunks(spec.schedule, spec.pp, spec.virtual_stages),
+        unit_sizes(spec), n_chunks(spec.schedule, spec.pp, spec.virtual_stages)
     )
     bounds, lo = [], 0
     for c in counts:
@@ -322,8 +322,8 @@ class Shape:
             ]
             for (lo, hi), ks in zip(bounds, kinds)
         ]
-        if spec.arch == "resmlp":  # tp = pp = 1: one stage of whole units
-            sizes = [unit_sizes(spec)]
+        if spec.arch == "resmlp":  # tp = 1: each chunk's whole units
+            sizes = [unit_sizes(spec)[lo:hi] for lo, hi in bounds]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
         chunks = [stage_chunks(spec.schedule, spec.pp, spec.virtual_stages, s) for s in range(spec.pp)]
         return cls(bounds, kinds, sizes, buckets, chunks)

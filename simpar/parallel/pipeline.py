@@ -41,8 +41,9 @@ from ..data import distributed_sampler, micro_steps
 from ..model import deferred_weight_grads, softmax_cross_entropy
 from ..optim import make_optimizer
 from . import recompute
-from .base import HeldBytes, SerialStack, Strategy
+from .base import HeldBytes, Strategy
 from .data import GradientBuckets
+from .resstack import make_stack
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
@@ -94,7 +95,7 @@ class PipelineParallel(Strategy):
         self.kind = SCHEDULES[cfg.schedule]
         self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
         self.C = self.S * self.V  # model chunks; chunk c runs on rank kind.rank_of(c)
-        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers)
+        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers, arch=cfg.arch)
         self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
         self.chunks = chunks_of(self.steps)
         self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
@@ -129,7 +130,7 @@ class PipelineParallel(Strategy):
             from .tensor import TensorParallelStack
 
             return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        return SerialStack(cfg, list(range(lo, hi)))
+        return make_stack(cfg, lo, hi)  # an MLP's layers, or resmlp's units (resstack.py)
 
     @property
     def is_first(self) -> bool:

@@ -1,9 +1,11 @@
-"""The whole model as units (resmlp.py) on one rank: SerialStack's interface for any --arch.
+"""Consecutive units (resmlp.py) on one rank: SerialStack's interface for any --arch.
 
-Data parallelism and ZeRO-1 run this stack for --arch resmlp. Parameters and gradients live in one
-flat buffer each (ParamStore), a unit's slice of them being its flat vector, so the gradient buckets
-and ZeRO-1's chunks see the model exactly as they see an MLP. `store.layers` holds one entry per unit
-for them: a projection's (W, b) views, a block's flat vector as W with an empty b.
+Data parallelism and ZeRO-1 run this stack with every unit for --arch resmlp; a pipeline stage runs
+it with the units of its chunk (partition.py cuts the model into runs of units). Parameters and
+gradients live in one flat buffer each (ParamStore), a unit's slice of them being its flat vector,
+so the gradient buckets and ZeRO-1's chunks see the model exactly as they see an MLP. `store.layers`
+holds one entry per unit for them: a projection's (W, b) views, a block's flat vector as W with an
+empty b.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from ..resmlp import BlockUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack
 
 
-class UnitStack:
-    def __init__(self, cfg):
-        self.units = build_units(cfg)
+class UnitStack(SerialStack):
+    """The units `unit_indices` of the model (default: all). full_pieces / flat_from_full are SerialStack's:
+    store.layers has a (W, b) view pair per unit, so a block's (flat, empty) lines up with the
+    full-shape list the checkpoints and full_weights use."""
+
+    def __init__(self, cfg, unit_indices: list[int] | None = None):
+        every = build_units(cfg)
+        self.units = every if unit_indices is None else [every[i] for i in unit_indices]
         dtype = cfg.compute_dtype()
         total = sum(u.size for u in self.units)
         self.store = ParamStore(np.empty(total, dtype), np.zeros(total, dtype))
@@ -45,15 +52,16 @@ class UnitStack:
 
     def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
         for u, (p, g), ctx in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
-            grad = u.backward(p, g, ctx, grad, need_dx=u.index > 0)
+            grad = u.backward(p, g, ctx, grad, need_dx=u.index > 0)  # B half only if deferring
             meter.free(ctx.nbytes)
             if on_layer_done is not None:
                 on_layer_done(u.index)
         return grad
 
 
-def make_stack(cfg):
-    """All of the model on this rank: SerialStack for the MLP (unchanged), UnitStack for resmlp."""
+def make_stack(cfg, lo: int = 0, hi: int | None = None):
+    """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp."""
+    indices = list(range(lo, cfg.n_layers if hi is None else hi))
     if cfg.arch == "resmlp":
-        return UnitStack(cfg)
-    return SerialStack(cfg, list(range(cfg.n_layers)))
+        return UnitStack(cfg, indices)
+    return SerialStack(cfg, indices)
