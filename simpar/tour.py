@@ -33,15 +33,10 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "mixed-fp16": 32 * 2.0**-11, "mi
 def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     """(name, overrides) of every layout to show on this many ranks, the serial reference first."""
     n = world_size
-    # resmlp runs every layout but tensor parallelism (config.validate)
-    hidden_ok = lambda t: cfg.arch == "mlp" and all(w % t == 0 for w in cfg.layers[1:-1])
+    # resmlp and mixed precision run every layout but tensor parallelism (config.validate)
+    tp_ok = cfg.arch == "mlp" and not cfg.mixed
+    hidden_ok = lambda t: tp_ok and all(w % t == 0 for w in cfg.layers[1:-1])
     candidates = [("serial", dict(dp=1))]
-    if n > 1 and cfg.mixed:  # mixed precision runs dp and ZeRO only (config.validate)
-        return (
-            candidates
-            + [(f"dp{n}", dict(dp=n))]
-            + [(f"dp{n}-zero{s}", dict(dp=n, zero=s)) for s in (1, 2, 3)]
-        )
     if n > 1:
         candidates.append((f"dp{n}", dict(dp=n)))
         for stage in (1, 2, 3):

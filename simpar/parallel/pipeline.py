@@ -38,8 +38,8 @@ import numpy as np
 
 from .. import trace
 from ..data import distributed_sampler, micro_steps
-from ..model import deferred_weight_grads, softmax_cross_entropy
-from ..optim import make_optimizer
+from ..model import deferred_weight_grads
+from ..precision import build_optimizer, loss_grad, wire
 from . import recompute
 from .base import HeldBytes, Strategy
 from .data import GradientBuckets
@@ -100,12 +100,16 @@ class PipelineParallel(Strategy):
         self.chunks = chunks_of(self.steps)
         self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
         self.stores = [self.stacks[c].store for c in self.chunks]
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)  # this rank's layers only
+        # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
+        # over the pp group on skipping an overflowed step (precision.py).
+        self.optimizer = build_optimizer(cfg, mesh.pp_comm)
+        self.pp_comm = wire(mesh.pp_comm, cfg)  # bfloat16 messages travel as uint16 views
+        dp_comm = wire(mesh.dp_comm, cfg)  # ONE wrapper: it keeps the tag counter all chunks' buckets share
         self.buckets = {
-            c: GradientBuckets(st.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
+            c: GradientBuckets(st.store, dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
             for c, st in self.stacks.items()
         }
-        self.dtype = np.dtype(cfg.dtype)
+        self.dtype = cfg.compute_dtype()
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
         # A chunk's gradients are final in its last backward (or W pass): that one feeds the DP buckets.
         self.last_grad_step = {
@@ -185,7 +189,7 @@ class PipelineParallel(Strategy):
         for step in self.steps:
             self._handlers[type(step)](step, flight)
         with trace.span("wait sends", "comm"):
-            self.mesh.pp_comm.waitall([request for request, _ in flight.sends])
+            self.pp_comm.waitall([request for request, _ in flight.sends])
         flight.sends.clear()
 
     # -- the step handlers ---------------------------------------------------------------------------
@@ -211,8 +215,8 @@ class PipelineParallel(Strategy):
             if step.chunk == self.C - 1:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
                 # the micro-batches' (and dp ranks') gradients add up to the serial gradient.
-                share, flight.grads[key] = softmax_cross_entropy(
-                    y, flight.labels.pop(step.mb), flight.global_batch
+                share, flight.grads[key] = loss_grad(
+                    self.optimizer, y, flight.labels.pop(step.mb), flight.global_batch
                 )
                 flight.loss += share
             else:
@@ -269,7 +273,7 @@ class PipelineParallel(Strategy):
     def _send(self, flight: InFlight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
         with trace.span(name, "comm"):
-            request = self.mesh.pp_comm.isend(buf, dest, "activation", op, tag)
+            request = self.pp_comm.isend(buf, dest, "activation", op, tag)
         flight.sends.append((request, buf))  # MPI reads buf until the request completes: keep it
 
     def _recv(self, shape: tuple, source: int, op: str, tag: int, name: str) -> np.ndarray:
@@ -279,7 +283,7 @@ class PipelineParallel(Strategy):
         # the classic pipeline bug. np.empty per message makes that impossible.
         buf = np.empty(shape, dtype=self.dtype)
         with trace.span(name, "comm"):
-            return self.mesh.pp_comm.recv(buf, source, "activation", op, tag)
+            return self.pp_comm.recv(buf, source, "activation", op, tag)
 
     def _send_act(self, step: SendAct, flight: InFlight) -> None:
         mb, c = step.mb, step.chunk
