@@ -140,12 +140,6 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "--arch resmlp runs serial, --dp, --zero and --pp layouts in float32/float64 "
             "(not --tp, --precision)",
         )
-        # Selective recomputation keeps each layer's matmul output z (recompute.py); a block's
-        # Context is not laid out that way. Full recomputation re-runs the units' forward: it works.
-        _require(
-            cfg.recompute != "selective",
-            "--arch resmlp recomputes with --recompute full (or none); selective keeps an MLP layer's z",
-        )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). A pipeline's
         # stages vote on skipping a step; tensor parallelism's f and g are not wired for halves yet.

@@ -103,6 +103,14 @@ class BlockContext:
         self.arrays = arrays
 
     @property
+    def x(self):  # the block's input (as model.Context's)
+        return self.arrays[0]
+
+    @property
+    def z1(self):  # W1 LN(x) + b1
+        return self.arrays[4]
+
+    @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
@@ -145,6 +153,17 @@ class BlockUnit:
             clock.stream((8 + 4 + 2 + 3) * r * self.d * bpe)
             clock.layer_call()
         return x + v, BlockContext(x, xh, s, h, z1, u)
+
+    def rebuild_context(self, flat, x, z1) -> BlockContext:
+        """What forward kept, from the block's input x and W1's output z1 (--recompute selective,
+        parallel/resstack.py): LayerNorm and u = act(z1) again, ~8 + 2 passes over rows x d."""
+        g, beta, *_ = self.views(flat)
+        h, (xh, s) = layernorm_forward(x, g, beta)
+        u = ACTIVATIONS[self.act][0](z1)
+        clock = simclock.active()
+        if clock is not None:
+            clock.stream((8 + 2) * x.shape[0] * self.d * x.itemsize)
+        return BlockContext(x, xh, s, h, z1, u)
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
         """dx, with every parameter's gradient added into gflat. Inside model.deferred_weight_grads

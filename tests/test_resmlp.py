@@ -97,7 +97,6 @@ def test_data_parallel_and_zero_match_serial(tmp_path, serial, n, zero, extra):
     [
         (["--arch", "resmlp", "--tp", "2"], "--arch resmlp runs serial, --dp, --zero and --pp"),
         (["--arch", "resmlp", "--layers", "64,128,96,10"], "equal hidden widths"),
-        (["--arch", "resmlp", "--pp", "2", "--recompute", "selective"], "recomputes with --recompute full"),
     ],
 )
 def test_unsupported_layouts_are_one_line(args, message):

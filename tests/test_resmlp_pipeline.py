@@ -5,9 +5,9 @@ to the fused backward, and the stages are the parameter-balanced split of the UN
 trying every split. Over MPI, each schedule (naive, gpipe, 1f1b, interleaved, zb-h1) at S = 2 and 4
 (interleaved at S = 2 only: S = 4 would need 8 units), and --dp 2 --pp 2, trains the serial model
 (float64 1e-12, one float32 run 1e-5); every boundary moves rows x d x bpe forward and back per
-micro-batch; each rank's activation peak is the cost model's; on the simulated clock the cost
-model's step time agrees. Checkpoints cross layouts: saved by dp2 x pp2, resumed on dp2, whose own
-checkpoint is resumed on pp2 with zb-h1.
+micro-batch; each rank's activation peak is the cost model's (also under --recompute full and
+selective); on the simulated clock the cost model's step time agrees. Checkpoints cross layouts: saved
+by dp2 x pp2, resumed on dp2, whose own checkpoint is resumed on pp2 with zb-h1.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ import numpy as np
 import pytest
 
 from simpar import costmodel as cm
+from simpar.config import RunConfig
 from simpar.model import deferred_weight_grads
+from simpar.parallel import recompute
+from simpar.parallel.base import HeldBytes, NonFiniteWatch
 from simpar.parallel.partition import partition_layers
+from simpar.parallel.resstack import UnitStack
 from simpar.resmlp import BlockUnit, LinearUnit
 from tests.conftest import assert_same_model, split_sizes, train_json
 
@@ -93,6 +97,24 @@ def test_backward_halves_add_up_to_the_fused_backward(act):
     assert len(pending) == 1 and not grads.any()
 
 
+def test_selective_recompute_rebuilds_what_the_forward_kept():
+    """A chunk [projection, block, block] keeps its input x (64 per row), the projection's output and
+    block 1's (96 each: the next units' inputs) and both blocks' z1 (96 each); the backward's rebuilt
+    Contexts equal the forward's array for array."""
+    stack = UnitStack(RunConfig(layers=LAYERS, arch="resmlp", dtype="float64"), [0, 1, 2])
+    x = np.random.default_rng(2).standard_normal((5, 64))
+    _, contexts = stack.forward(x, HeldBytes(), NonFiniteWatch())
+    saved = recompute.save("selective", x, contexts)
+    assert saved.held == 5 * (64 + 4 * D) * 8
+    rebuilt = recompute.restore("selective", saved, stack)
+    assert recompute.context_bytes(rebuilt) == recompute.context_bytes(contexts)
+    for old, new in zip(contexts, rebuilt):
+        old = old.arrays if hasattr(old, "arrays") else (old.x, old.z, old.y)
+        new = new.arrays if hasattr(new, "arrays") else (new.x, new.z, new.y)
+        for a, b in zip(old, new):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_stages_are_runs_of_units_balanced_by_parameters():
     for widths in (LAYERS, [64, 32, 32, 32, 10], [8, 64, 64, 64, 64, 64, 64, 100], [784, 16, 16, 16, 10]):
         for parts in range(1, len(widths)):
@@ -143,10 +165,14 @@ SIM = ["--clock", "sim", "--hardware", "dgx-h100"]
 LAYOUTS = [  # (ranks, options, float32?); S = 2 and 4 for each schedule, extras folded in
     (2, ["--pp", "2", "--schedule", "naive"], False),
     (4, ["--pp", "4", "--schedule", "naive", "--microbatches", "3"], True),
-    (2, ["--pp", "2", "--schedule", "gpipe", "--grad-accum", "2"], False),
+    (2, ["--pp", "2", "--schedule", "gpipe", "--grad-accum", "2", "--recompute", "selective"], False),
     (4, ["--pp", "4", "--schedule", "gpipe", "--recompute", "full"], False),
     (4, ["--pp", "4", "--schedule", "1f1b", "--recompute", "full", *SIM], False),
-    (2, ["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "3", *SIM], False),
+    (
+        2,
+        ["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "3", "--recompute", "selective", *SIM],
+        False,
+    ),
     (4, ["--pp", "4", "--schedule", "zb-h1", *SIM], False),
 ]
 

@@ -91,12 +91,19 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     if spec.arch == "resmlp":  # units, not layers (tp = 1): their own FLOPs and kept arrays
         fwd = bwd = 0
         for c in mine:
-            works = [layer_work(spec, i, "full") for i in range(*shape.bounds[c])]
+            lo, hi = shape.bounds[c]
+            works = [layer_work(spec, i, "full") for i in range(lo, hi)]
             fwd += sum(w["fwd_flops"] for w in works)
             bwd += sum(w["bwd_flops"] for w in works)
             act_row[c] = sum(w["act_row"] for w in works)
-            # --recompute full keeps the chunk's input only (selective is refused for resmlp)
-            held_row[c] = W[shape.bounds[c][0]] if spec.recompute == "full" else act_row[c]
+            held_row[c] = {  # what --recompute keeps from the forward to the backward, per row
+                "none": act_row[c],
+                "full": W[lo],  # the chunk's input
+                # + each block's z1 and every unit's output but the chunk's last
+                "selective": W[lo]
+                + sum(W[i] for i in range(lo, hi) if 0 < i < spec.n_layers - 1)
+                + sum(W[i + 1] for i in range(lo, hi - 1)),
+            }[spec.recompute]
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
             (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
@@ -293,6 +300,7 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
             "bwd_elems": 17 * d,
             "bwd_call_elems": 3 * (2 * d * d + 4 * d),
             "w_elems": 4 * d,
+            "act_elems": 10 * d,  # --recompute selective redoes LayerNorm (8) and act(z1) (2)
             "act_row": 5 * d + 1,
         }
     a, b = W[i], W[i + 1]
@@ -303,6 +311,7 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
         "bwd_elems": b,
         "bwd_call_elems": 3 * a * b + 3 * b,
         "w_elems": b,  # db's row sum, as an MLP layer's
+        "act_elems": 0,  # selective keeps its output z: nothing to redo
         "act_row": a,
     }
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import Linear, ParamStore
-from ..resmlp import BlockUnit, build_units
+from ..model import Context, Linear, ParamStore
+from ..resmlp import BlockContext, BlockUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack
 
 
@@ -57,6 +57,42 @@ class UnitStack(SerialStack):
             if on_layer_done is not None:
                 on_layer_done(u.index)
         return grad
+
+
+# -- --recompute selective for units (recompute.py calls these for a chunk that holds a block) -------
+# Keep what the matmuls produced, recompute the cheap rest (Korthikanti et al. 2022, sec. 4.2): the
+# chunk's input; each unit's output but the last (it is the next unit's input: a projection's z, a
+# block's x + v); each block's z1 = W1 LN(x) + b1. The backward rebuilds LayerNorm's xh, s, h and
+# u = act(z1). Every kept array is inside the rebuilt Contexts, as recompute.py's meter assumes; the
+# chunk's last projection keeps its z as the backward's (unused) z, y, uncounted like the MLP's logits.
+
+
+def save_selective(x, contexts: list) -> tuple[list, int]:
+    """(per unit: (z or z1, its output or None), bytes held) for recompute.Saved."""
+    kept, held = [], x.nbytes
+    for k, ctx in enumerate(contexts):
+        out = contexts[k + 1].x if k + 1 < len(contexts) else None
+        if isinstance(ctx, BlockContext):
+            z1 = ctx.z1
+            kept.append((z1, out))
+            held += z1.nbytes + (out.nbytes if out is not None else 0)
+        else:  # a projection: its output IS its z (no activation)
+            kept.append((ctx.z, None))
+            held += ctx.z.nbytes if out is not None else 0
+    return kept, held
+
+
+def restore_selective(x, kept: list, stack: UnitStack) -> list:
+    """The chunk's Contexts again from save_selective's arrays (numbers equal to the forward's)."""
+    contexts = []
+    for unit, (p, _), (z, out) in zip(stack.units, stack.flats, kept):
+        if isinstance(unit, BlockUnit):
+            contexts.append(unit.rebuild_context(p, x, z))
+            x = out
+        else:
+            contexts.append(Context(x, z, z))
+            x = z
+    return contexts
 
 
 def make_stack(cfg, lo: int = 0, hi: int | None = None):
