@@ -135,11 +135,7 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got "
             f"{cfg.layers}",
         )
-        _require(
-            cfg.tp == 1 and not cfg.mixed,
-            "--arch resmlp runs serial, --dp, --zero and --pp layouts in float32/float64 "
-            "(not --tp, --precision)",
-        )
+        _require(cfg.tp == 1, "--arch resmlp runs serial, --dp, --zero and --pp layouts (not --tp)")
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). A pipeline's
         # stages vote on skipping a step; tensor parallelism's f and g are not wired for halves yet.

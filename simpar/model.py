@@ -148,7 +148,7 @@ def pending_weight_passes() -> list | None:
     return _DEFERRED
 
 
-def _wide(a: np.ndarray) -> np.ndarray:
+def wide(a: np.ndarray) -> np.ndarray:
     """A half array (--precision mixed-*) upcast to float32; any other array as it is."""
     return a.astype(np.float32) if a.dtype.itemsize < 4 else a
 
@@ -157,8 +157,8 @@ def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: 
     """The B half: dz through the activation, dx = dz W^T; queues the W half in _DEFERRED. Half
     precision computes in float32 from the half inputs and rounds dx (and the W half dW, db) back,
     as precision.HalfKernels does for the fused backward."""
-    dz = ACTIVATIONS[layer.act][1](_wide(dy), _wide(ctx.z), _wide(ctx.y))
-    dx = (dz @ _wide(layer.W).T).astype(dy.dtype, copy=False) if need_dx else None
+    dz = ACTIVATIONS[layer.act][1](wide(dy), wide(ctx.z), wide(ctx.y))
+    dx = (dz @ wide(layer.W).T).astype(dy.dtype, copy=False) if need_dx else None
     r, (a, b) = dy.shape[0], layer.W.shape
     clock = simclock.active()
     if clock is not None:
@@ -171,7 +171,7 @@ def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: 
 
 def backward_weight(layer: Linear, x, dz, bias: bool = True) -> None:
     """The W half: dW += x^T dz, db += sum(dz) (the clock: as charge_backward's remaining terms)."""
-    layer.dW += (_wide(x).T @ dz).astype(layer.dW.dtype, copy=False)
+    layer.dW += (wide(x).T @ dz).astype(layer.dW.dtype, copy=False)
     if bias:
         layer.db += dz.sum(axis=0).astype(layer.db.dtype, copy=False)
     clock = simclock.active()

@@ -44,24 +44,33 @@ from .model import (
     layer_forward,
     pending_weight_passes,
     predict,
+    wide,
 )
 
 EPS = 1e-5
 
 
 def layernorm_forward(x, gamma, beta):
+    """(y, (xh, s)). Half precision (--precision mixed-*): computed in float32 from the half inputs,
+    every result rounded back once, as precision.HalfKernels does for the matmuls."""
+    half = x.dtype
+    x, gamma, beta = wide(x), wide(gamma), wide(beta)
     mu = x.mean(axis=1, keepdims=True)
     s = np.sqrt(x.var(axis=1, keepdims=True) + x.dtype.type(EPS))
     xh = (x - mu) / s
-    return gamma * xh + beta, (xh, s)
+    return (gamma * xh + beta).astype(half, copy=False), (
+        xh.astype(half, copy=False),
+        s.astype(half, copy=False),
+    )
 
 
 def layernorm_backward(dy, cache, gamma):
-    """(dx, dgamma, dbeta); the derivation is in the module docstring."""
-    xh, s = cache
-    g = dy * gamma
+    """(dx, dgamma, dbeta); the derivation is in the module docstring. Half: as layernorm_forward."""
+    half = dy.dtype
+    (xh, s), dy = map(wide, cache), wide(dy)
+    g = dy * wide(gamma)
     dx = (g - g.mean(axis=1, keepdims=True) - xh * (g * xh).mean(axis=1, keepdims=True)) / s
-    return dx, (dy * xh).sum(axis=0), dy.sum(axis=0)
+    return tuple(a.astype(half, copy=False) for a in (dx, (dy * xh).sum(axis=0), dy.sum(axis=0)))
 
 
 class LinearUnit:
@@ -199,14 +208,18 @@ class BlockUnit:
     # act' 3, LN's dx 8, residual 2 passes over rows x d; W: the two dW matmuls, four row sums 4,
     # accumulating 3 per parameter).
     def backward_input(self, flat, gflat, ctx, dy, need_dx: bool = True):
-        """The B half: (dL/dx, the W half as a closure over what it needs: dy, dz1, dh)."""
+        """The B half: (dL/dx, the W half as a closure over what it needs: dy, dz1, dh). Half
+        precision rounds du, dh and dx to half where the fused backward's kernels do, so B + W
+        compute the same numbers."""
         g, _, W1, _, W2, _ = self.views(flat)
-        x, xh, s, h, z1, u = ctx.arrays
-        du = dy @ W2.T
+        x, xh, s, h, z1, u = map(wide, ctx.arrays)
+        half = dy.dtype
+        du = wide((wide(dy) @ wide(W2).T).astype(half, copy=False))
         dz1 = ACTIVATIONS[self.act][1](du, z1, u)
-        dh = dz1 @ W1.T
-        gh = dh * g  # LayerNorm's dx (module docstring) without its dgamma, dbeta
+        dh = wide((dz1 @ wide(W1).T).astype(half, copy=False))
+        gh = dh * wide(g)  # LayerNorm's dx (module docstring) without its dgamma, dbeta
         dx = (gh - gh.mean(axis=1, keepdims=True) - xh * (gh * xh).mean(axis=1, keepdims=True)) / s
+        dx = dx.astype(half, copy=False)
         clock = simclock.active()
         if clock is not None:
             r = dy.shape[0]
@@ -218,19 +231,23 @@ class BlockUnit:
     def backward_weight(self, gflat, ctx, dy, dz1, dh) -> None:
         """The W half: add the six parameter gradients (+=: micro-batches add up)."""
         dg, dbeta, dW1, db1, dW2, db2 = self.views(gflat)
-        x, xh, s, h, z1, u = ctx.arrays
-        dW2 += u.T @ dy
-        db2 += dy.sum(axis=0)
-        dW1 += h.T @ dz1
-        db1 += dz1.sum(axis=0)
-        dg += (dh * xh).sum(axis=0)
-        dbeta += dh.sum(axis=0)
+        x, xh, s, h, z1, u = map(wide, ctx.arrays)
+        dy, half = wide(dy), gflat.dtype
+        for acc, new in (
+            (dW2, u.T @ dy),
+            (db2, dy.sum(axis=0)),
+            (dW1, h.T @ dz1),
+            (db1, dz1.sum(axis=0)),
+            (dg, (dh * xh).sum(axis=0)),
+            (dbeta, dh.sum(axis=0)),
+        ):
+            acc += new.astype(half, copy=False)  # half: rounded once, as HalfKernels' dW, db
         clock = simclock.active()
         if clock is not None:
             r = dy.shape[0]
             clock.matmul(self.d, r, self.d)
             clock.matmul(self.d, r, self.d)
-            clock.stream((4 * r * self.d + 3 * self.size) * dy.itemsize)
+            clock.stream((4 * r * self.d + 3 * self.size) * half.itemsize)
 
     def weights(self, flat):
         return (flat.copy(), np.empty(0, flat.dtype))  # one flat vector per block (b: empty)

@@ -95,7 +95,10 @@ def test_data_parallel_and_zero_match_serial(tmp_path, serial, n, zero, extra):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--arch", "resmlp", "--tp", "2"], "--arch resmlp runs serial, --dp, --zero and --pp"),
+        (
+            ["--arch", "resmlp", "--tp", "2"],
+            "--arch resmlp runs serial, --dp, --zero and --pp layouts (not --tp)",
+        ),
         (["--arch", "resmlp", "--layers", "64,128,96,10"], "equal hidden widths"),
     ],
 )

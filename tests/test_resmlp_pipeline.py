@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 import pytest
 
+import kernels
 from simpar import costmodel as cm
 from simpar.config import RunConfig
 from simpar.model import deferred_weight_grads
@@ -24,6 +25,7 @@ from simpar.parallel import recompute
 from simpar.parallel.base import HeldBytes, NonFiniteWatch
 from simpar.parallel.partition import partition_layers
 from simpar.parallel.resstack import UnitStack
+from simpar.precision import HalfKernels
 from simpar.resmlp import BlockUnit, LinearUnit
 from tests.conftest import assert_same_model, split_sizes, train_json
 
@@ -88,6 +90,21 @@ def test_backward_halves_add_up_to_the_fused_backward(act):
             np.testing.assert_allclose(dx_b, dx, rtol=1e-12, atol=1e-14)
         else:
             assert dx is None and dx_b is None
+    # Half precision: B and W round where the fused backward's HalfKernels do: the same numbers.
+    saved = kernels.active()
+    kernels.install(HalfKernels(kernels.load("numpy"), np.float16))
+    try:
+        flat = block.init(3, np.float16)
+        x, dy = (rng.standard_normal((4, 7)).astype(np.float16) for _ in range(2))
+        _, ctx = block.forward(flat, x)
+        fused, split = np.zeros(block.size, np.float16), np.zeros(block.size, np.float16)
+        dx = block.backward(flat, fused, ctx, dy)
+        dx_b, weight_pass = block.backward_input(flat, split, ctx, dy)
+        weight_pass()
+        np.testing.assert_array_equal(dx_b, dx)
+        np.testing.assert_array_equal(split, fused)
+    finally:
+        kernels.install(saved)
     # What the zb-h1 pipeline does: backward inside deferred_weight_grads queues one W pass per unit.
     flat = block.init(3, np.float64)
     _, ctx = block.forward(flat, x := rng.standard_normal((4, 7)))
@@ -135,7 +152,7 @@ def rows_on(dp_rank: int, dp: int, accum: int) -> int:
 
 def check_run(m: dict, *, dp: int = 1, pp: int, V: int = 1, accum: int = 1, steps: int = STEPS):
     """Bytes to the closed form, memory and time to the cost model, for a run of `steps` steps."""
-    bpe = 8 if m["config"]["dtype"] == "float64" else 4
+    bpe = 2 if m["config"]["precision"] != "fp32" else 8 if m["config"]["dtype"] == "float64" else 4
     C = pp * V  # model chunks: rank s holds s, s + S, ...; every boundary carries the d-wide stream
     bounds = unit_split(LAYERS, C)
     params = unit_params(LAYERS)
@@ -187,6 +204,40 @@ def test_each_schedule_trains_the_serial_model(tmp_path, serial, n, layout, f32)
     V = int(opt.get("--virtual-stages", 1))
     check_run(m, pp=int(opt["--pp"]), V=V, accum=int(opt.get("--grad-accum", 1)))
     assert ref["losses"][-1] < ref["losses"][0]
+
+
+# 16 units of roundoff of the half format: layouts add the same half gradients in other orders
+# (tests/test_mixed.py explains the tolerance). SGD: Adam would turn the roundoff in a tiny
+# gradient into a full step of lr.
+TOL = {"mixed-fp16": 16 * 2.0**-11, "mixed-bf16": 16 * 2.0**-8}
+HALF = [*COMMON[:-4], "--lr", "0.05"]
+
+
+@pytest.mark.parametrize(
+    "precision,n,layout",
+    [
+        ("mixed-fp16", 4, ["--pp", "4", "--schedule", "zb-h1"]),
+        (
+            "mixed-bf16",
+            4,
+            ["--dp", "2", "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "3"]
+            + ["--recompute", "selective"],
+        ),
+    ],
+)
+def test_residual_blocks_in_half_precision(tmp_path, serial, precision, n, layout):
+    """LayerNorm and the B/W halves compute in float32 from half inputs and round once, as the
+    matmuls do (precision.HalfKernels): 2-byte boundaries, 2 + 2 + K bytes per parameter, the same
+    model as serial at the same precision."""
+    ref = serial([*HALF, "--precision", precision])
+    m = train_json(n, [*HALF, "--precision", precision, *layout], tmp_path)
+    assert_same_model(m, ref, TOL[precision])
+    assert ref["prediction_mismatches"] == [] and m["precision"]["skipped_steps"] == 0
+    opt = dict(zip(layout[::2], layout[1::2]))
+    dp, V = int(opt.get("--dp", 1)), int(opt.get("--virtual-stages", 1))
+    check_run(m, dp=dp, pp=int(opt["--pp"]), V=V)
+    for r in m["memory"]["ranks"]:
+        assert r["optimizer"] == 4 * r["params"]  # SGD with momentum: float32 master + velocity, K = 8
 
 
 def test_checkpoints_cross_layouts(tmp_path, serial):
