@@ -3,7 +3,7 @@
 In-process: a unit's backward split into its B half (dL/dx) and W half (the weight gradients) adds up
 to the fused backward, and the stages are the parameter-balanced split of the UNITS, found here by
 trying every split. Over MPI, each schedule (naive, gpipe, 1f1b, interleaved, zb-h1) at S = 2 and 4
-(interleaved at S = 2 only: S = 4 would need 8 units), and --dp 2 --pp 2, trains the serial model
+(interleaved at S = 4 on a model of 8 units), and --dp 2 --pp 2, trains the serial model
 (float64 1e-12, one float32 run 1e-5); every boundary moves rows x d x bpe forward and back per
 micro-batch; each rank's activation peak is the cost model's (also under --recompute full and
 selective); on the simulated clock the cost model's step time agrees. Checkpoints cross layouts: saved
@@ -150,20 +150,23 @@ def rows_on(dp_rank: int, dp: int, accum: int) -> int:
     return sum(split_sizes(k_rows, dp)[dp_rank] for k_rows in split_sizes(BATCH, accum))
 
 
-def check_run(m: dict, *, dp: int = 1, pp: int, V: int = 1, accum: int = 1, steps: int = STEPS):
+def check_run(
+    m: dict, *, dp: int = 1, pp: int, V: int = 1, accum: int = 1, steps: int = STEPS, widths=LAYERS
+):
     """Bytes to the closed form, memory and time to the cost model, for a run of `steps` steps."""
+    d_model = widths[1]
     bpe = 2 if m["config"]["precision"] != "fp32" else 8 if m["config"]["dtype"] == "float64" else 4
     C = pp * V  # model chunks: rank s holds s, s + S, ...; every boundary carries the d-wide stream
-    bounds = unit_split(LAYERS, C)
-    params = unit_params(LAYERS)
+    bounds = unit_split(widths, C)
+    params = unit_params(widths)
     assert m["params"] == sum(params)
     for r in m["comm"]["ranks"]:
         s, d = r["coords"]["pp"], r["coords"]["dp"]
         chunks = range(s, C, pp)
         rows = rows_on(d, dp, accum)
         ops = r["by_op"]
-        act = sum(c < C - 1 for c in chunks) * steps * rows * D * bpe
-        grad = sum(c > 0 for c in chunks) * steps * rows * D * bpe
+        act = sum(c < C - 1 for c in chunks) * steps * rows * d_model * bpe
+        grad = sum(c > 0 for c in chunks) * steps * rows * d_model * bpe
         assert ops.get("activation/pp-send-act", {}).get("sent", 0) == act
         assert ops.get("activation/pp-send-grad", {}).get("sent", 0) == grad
         # dp = 2: a ring all-reduce of N elements sends N from each rank, per step
@@ -204,6 +207,16 @@ def test_each_schedule_trains_the_serial_model(tmp_path, serial, n, layout, f32)
     V = int(opt.get("--virtual-stages", 1))
     check_run(m, pp=int(opt["--pp"]), V=V, accum=int(opt.get("--grad-accum", 1)))
     assert ref["losses"][-1] < ref["losses"][0]
+
+
+def test_interleaved_on_four_stages(tmp_path, serial):
+    """S = 4, V = 2: eight chunks, one unit each (a model of 6 blocks), micro-batches in groups of 4."""
+    widths = [64, 48, 48, 48, 48, 48, 48, 48, 10]
+    args = [*F64]
+    args[args.index("--layers") + 1] = ",".join(map(str, widths))
+    m = train_json(4, [*args, "--pp", "4", "--schedule", "interleaved", "--virtual-stages", "2"], tmp_path)
+    assert_same_model(m, serial(args), 1e-12)
+    check_run(m, pp=4, V=2, widths=widths)
 
 
 # 16 units of roundoff of the half format: layouts add the same half gradients in other orders
