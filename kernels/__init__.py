@@ -5,6 +5,8 @@ A backend is an object with
     linear_act_forward(x, W, b, act)                      -> (z, y)      z = x@W + b, y = act(z)
     linear_act_backward(dy, x, W, z, y, act, need_dx)     -> (dx, dW, db)
     reduce_add(dst, src)                                  dst += src (in place; inside collectives)
+    sgd_update(w, g, v, lr, momentum)                     the optimizers' elementwise updates, in place
+    adam_update(w, g, m, v, lr, beta1, beta2, eps, m_scale, v_scale)   (reference.py has the math)
 
 `b` may be None (no bias). `act` is one of "relu", "tanh", "gelu", "none".
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import ACTIVATIONS, linear_backward, linear_forward
+from .reference import ACTIVATIONS, adam_update, linear_backward, linear_forward, sgd_update
 
 
 class NumpyKernels:
@@ -36,6 +38,9 @@ class NumpyKernels:
     @staticmethod
     def reduce_add(dst, src):
         np.add(dst, src, out=dst)
+
+    sgd_update = staticmethod(sgd_update)
+    adam_update = staticmethod(adam_update)
 
 
 _BACKENDS = {"numpy": NumpyKernels}

@@ -26,6 +26,7 @@ import math
 import numpy as np
 from numba import cuda, from_dtype
 
+from . import reference
 from .reference import GELU_A, GELU_C
 
 TILE = 16  # 16 x 16 = 256 threads per block
@@ -219,3 +220,7 @@ class CudaKernels:
     linear_act_forward = staticmethod(linear_act_forward)
     linear_act_backward = staticmethod(linear_act_backward)
     reduce_add = staticmethod(reduce_add)
+    # The optimizers update host arrays: NumPy's reference (a device-resident optimizer would need the
+    # parameters to live on the GPU between calls, which this host-in/host-out backend does not do).
+    sgd_update = staticmethod(reference.sgd_update)
+    adam_update = staticmethod(reference.adam_update)

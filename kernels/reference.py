@@ -82,3 +82,28 @@ def linear_backward(dz, x, W, need_dx=True):
     """(dx, dW, db) for z = x @ W + b. The first layer skips dx (nothing upstream wants it)."""
     dx = dz @ W.T if need_dx else None
     return dx, x.T @ dz, dz.sum(axis=0)
+
+
+# -- optimizer updates (elementwise, in place; simpar/optim.py holds the state and calls these) --------
+
+
+def sgd_update(w, g, v, lr, momentum):
+    """SGD with heavy-ball momentum, as PyTorch's:  v <- mu*v + g ;  w <- w - lr*v  (v is None: w -= lr*g).
+    Every constant is cast to w's dtype first, so float32 stays float32 (no silent float64 promotion)."""
+    t = w.dtype.type
+    if v is not None:
+        v *= t(momentum)
+        v += g
+        g = v
+    w -= t(lr) * g
+
+
+def adam_update(w, g, m, v, lr, beta1, beta2, eps, m_scale, v_scale):
+    """Adam (Kingma & Ba 2015, Algorithm 1): m, v moving averages of g and g^2; m_scale = 1/(1-beta1^t) and
+    v_scale = 1/(1-beta2^t) the bias corrections;  w <- w - lr * m*m_scale / (sqrt(v*v_scale) + eps)."""
+    t = w.dtype.type
+    m *= t(beta1)
+    m += t(1 - beta1) * g
+    v *= t(beta2)
+    v += t(1 - beta2) * (g * g)
+    w -= t(lr) * (m * t(m_scale)) / (np.sqrt(v * t(v_scale)) + t(eps))

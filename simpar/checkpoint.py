@@ -55,8 +55,8 @@ STALE = (".tmp-step-", ".trash-step-")  # what a killed writer can leave behind
 # optimizer) and the sampler (seed, batch). Learning rate, momentum, layout, grad-accum may change.
 MUST_MATCH = (
     ("layers", "--layers"),
-    ("arch", "--arch"),
     ("activation", "--activation"),
+    ("arch", "--arch"),
     ("dtype", "--dtype"),
     ("optimizer", "--optimizer"),
     ("dataset", "--dataset"),
@@ -241,15 +241,17 @@ def load(path: str) -> tuple[dict, FullState]:
         arrays[name] = _read_npz(os.path.join(path, name), meta)
     layers, dtype = manifest["model"]["layers"], np.dtype(manifest["model"]["dtype"])
     n = len(layers) - 1
-    blocks = manifest["model"].get("arch") == "resmlp"  # a residual block: W its flat vector, b empty
+    blocks = manifest["model"].get("arch") == "resmlp"
+
+    def shapes(i: int) -> tuple[tuple, tuple]:
+        """W_i and b_i; a resmlp block is one flat vector (2d^2 + 4d) with an empty b (resmlp.py)."""
+        if blocks and 0 < i < n - 1:
+            return (2 * layers[i] ** 2 + 4 * layers[i],), (0,)
+        return (layers[i], layers[i + 1]), (layers[i + 1],)
 
     def pair(source: dict, prefix: str, i: int, where: str):
         out = []
-        block = blocks and 0 < i < n - 1
-        for key, shape in (
-            (f"{prefix}W{i}", (2 * layers[i] ** 2 + 4 * layers[i],) if block else (layers[i], layers[i + 1])),
-            (f"{prefix}b{i}", (0,) if block else (layers[i + 1],)),
-        ):
+        for key, shape in zip((f"{prefix}W{i}", f"{prefix}b{i}"), shapes(i)):
             a = source.get(key)
             if a is None or a.shape != shape or a.dtype != dtype:
                 got = "missing" if a is None else f"{a.dtype}{list(a.shape)}"

@@ -55,6 +55,7 @@ class RunConfig:
     # layout
     dp: int | None = None  # None: whatever is left of the world after tp*pp
     tp: int = 1
+    sp: bool = False  # sequence parallelism: resmlp's rows split over the tp group (parallel/restensor.py)
     pp: int = 1
     zero: int = 0
     schedule: str = "1f1b"
@@ -135,7 +136,11 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got "
             f"{cfg.layers}",
         )
-        _require(cfg.tp == 1, "--arch resmlp runs serial, --dp, --zero and --pp layouts (not --tp)")
+        _require(
+            cfg.tp == 1 or cfg.pp == 1,
+            "--arch resmlp runs serial, --dp, --zero, --tp and --pp layouts, but not --tp with --pp "
+            "(restensor.py shards the whole model, not a pipeline chunk)",
+        )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). A pipeline's
         # stages vote on skipping a step; tensor parallelism's f and g are not wired for halves yet.
@@ -219,6 +224,18 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         hidden = cfg.layers[1:-1]
         bad = [w for w in hidden if w % cfg.tp]
         _require(not bad, f"hidden widths {bad} are not divisible by --tp {cfg.tp}")
+    if cfg.sp:
+        _require(
+            cfg.arch == "resmlp" and cfg.tp > 1,
+            "--sp splits the rows of resmlp's residual stream over the tp group: use it with "
+            "--arch resmlp and --tp > 1",
+        )
+        rows = cfg.dp * cfg.grad_accum * cfg.tp
+        _require(
+            cfg.batch % rows == 0,
+            f"--sp splits every micro-step's rows evenly over --tp {cfg.tp}: --batch {cfg.batch} must be a "
+            f"multiple of dp*grad-accum*tp = {rows}",
+        )
     if cfg.pp > 1:
         _require(
             cfg.pp <= cfg.n_layers,
@@ -309,10 +326,10 @@ def schedule_problem(schedule: str, S: int, M: int, V: int, n_layers: int | None
 
 
 def layout_name(layout) -> str:
-    """dp4, dp2xzero1, tp2, pp2-1f1b, dp2xtp2, ... ("serial" for one rank). `layout` is anything with
+    """dp4, dp2xzero1, tp2, tp2-sp, pp2-1f1b, dp2xtp2, ... ("serial" for one rank). `layout` is anything with
     dp, tp, pp, zero and schedule attributes: a RunConfig or the cost model's Spec."""
     parts = [f"dp{layout.dp}"] if layout.dp and layout.dp > 1 else []
     parts += [f"zero{layout.zero}"] if layout.zero else []
-    parts += [f"tp{layout.tp}"] if layout.tp > 1 else []
+    parts += [f"tp{layout.tp}" + ("-sp" if getattr(layout, "sp", False) else "")] if layout.tp > 1 else []
     parts += [f"pp{layout.pp}-{layout.schedule}"] if layout.pp > 1 else []
     return "x".join(parts) or "serial"

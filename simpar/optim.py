@@ -4,11 +4,18 @@ Because every update is elementwise, it does not matter how the parameters are g
 flat buffer (data parallelism), a tensor-parallel shard, or a ZeRO slice of 1/p of the model all
 get exactly the numbers the serial run gets. The optimizer state (momentum, Adam moments) lives
 beside the shard it updates -- which is precisely what ZeRO-1 exploits to cut memory.
+
+The update itself is the kernel backend's (kernels/reference.py has the math): NumPy's makes a
+temporary per operation, the Numba backend's is one fused sweep with the same bits. The simulated
+clock charges the reference's sweeps either way (_charge): it models the algorithm on the target
+machine, not which kernel this CPU happened to run.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+import kernels
 
 from . import simclock
 
@@ -21,15 +28,14 @@ class SGD:
         self.velocity: dict[int, np.ndarray] = {}
 
     def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+        update = kernels.active().sgd_update  # the math: kernels/reference.py
         for i, (w, g) in enumerate(zip(params, grads)):
+            v = None
             if self.momentum:
                 v = self.velocity.get(i)
                 if v is None:
                     v = self.velocity[i] = np.zeros_like(w)
-                v *= w.dtype.type(self.momentum)
-                v += g
-                g = v
-            w -= w.dtype.type(self.lr) * g
+            update(w, g, v, self.lr, self.momentum)
         _charge(params, 10 if self.momentum else 6)
 
     def state_nbytes(self) -> int:
@@ -58,18 +64,12 @@ class Adam:
 
     def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
         self.t += 1
+        m_scale, v_scale = 1 / (1 - self.beta1**self.t), 1 / (1 - self.beta2**self.t)
+        update = kernels.active().adam_update  # the math: kernels/reference.py
         for i, (w, g) in enumerate(zip(params, grads)):
-            t = w.dtype.type
             if i not in self.m:
                 self.m[i], self.v[i] = np.zeros_like(w), np.zeros_like(w)
-            m, v = self.m[i], self.v[i]
-            m *= t(self.beta1)
-            m += t(1 - self.beta1) * g
-            v *= t(self.beta2)
-            v += t(1 - self.beta2) * (g * g)
-            m_hat_scale = t(1 / (1 - self.beta1**self.t))
-            v_hat_scale = t(1 / (1 - self.beta2**self.t))
-            w -= t(self.lr) * (m * m_hat_scale) / (np.sqrt(v * v_hat_scale) + t(self.eps))
+            update(w, g, self.m[i], self.v[i], self.lr, self.beta1, self.beta2, self.eps, m_scale, v_scale)
         _charge(params, 20)
 
     def state_nbytes(self) -> int:

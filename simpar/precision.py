@@ -76,6 +76,12 @@ class HalfKernels:
     def reduce_add(dst, src):
         np.add(dst, src, out=dst)  # NumPy adds float16 and bfloat16 elementwise, rounding each sum
 
+    def sgd_update(self, *args):  # the optimizer works on the float32 masters: the inner backend's
+        self.inner.sgd_update(*args)
+
+    def adam_update(self, *args):
+        self.inner.adam_update(*args)
+
 
 def scaled_loss_grad(logits, labels, global_batch: int, scale: float):
     """Softmax cross-entropy of half logits, computed in float32 (exp and log of half numbers lose

@@ -12,10 +12,11 @@ block, so gradients reach the first layers undiminished however deep the stack.
 The model is a list of UNITS, each with one flat parameter vector: LinearUnit (W then b) for the
 projections, BlockUnit (gamma, beta, W1, b1, W2, b2) for a block of width d (2d^2 + 4d parameters).
 Data parallelism and ZeRO only need a unit's size, its forward and its backward on flat vectors, so
-they run either architecture (parallel/zero.py, parallel/resstack.py). Pipeline parallelism cuts the
-list of units into stages (parallel/partition.py) and sends the residual stream, rows x d, between
-them; its zero-bubble schedule splits each unit's backward into a B half (dL/dx) and a W half (the
-weight gradients): backward_input / backward_weight below.
+they run either architecture (parallel/zero.py, parallel/resstack.py). Tensor parallelism splits
+each block's W1 by columns and W2 by rows, and --sp its rows (parallel/restensor.py). Pipeline
+parallelism cuts the list of units into stages (parallel/partition.py) and sends the residual
+stream, rows x d, between them; its zero-bubble schedule splits each unit's backward into a B half
+(dL/dx) and a W half (the weight gradients): backward_input / backward_weight below.
 
 LayerNorm (Ba et al. 2016) over the d features of each row, and its backward:
     mu = mean(x),  s = sqrt(var(x) + eps),  xh = (x - mu) / s,  y = gamma * xh + beta

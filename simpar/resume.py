@@ -56,9 +56,9 @@ def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_
             "world_size": world.size,
             "model": {
                 "layers": cfg.layers,
-                "arch": cfg.arch,
                 "activation": cfg.activation,
                 "dtype": cfg.dtype,
+                "arch": cfg.arch,
             },
             "optimizer": cfg.optimizer,
             "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),

@@ -259,6 +259,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             cfg,
             dp=1,
             tp=1,
+            sp=False,
             pp=1,
             zero=0,
             stage_layers=None,

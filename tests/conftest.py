@@ -96,7 +96,6 @@ def assert_same_model(run: dict, ref: dict, rtol: float) -> None:
         assert W.shape == Wr.shape and b.shape == br.shape, f"layer {i}: shapes differ"
         assert W.dtype == Wr.dtype and b.dtype == br.dtype, f"layer {i}: dtypes differ"
         w_err = np.abs(W - Wr).max() / np.abs(Wr).max()
-        # (a resmlp block's b is empty: its parameters are all in W)
-        b_err = np.abs(b - br).max() / max(np.abs(br).max(), 1e-3) if br.size else 0.0
+        b_err = np.abs(b - br).max() / max(np.abs(br).max(), 1e-3) if br.size else 0.0  # resmlp blocks: no b
         assert w_err <= rtol, f"layer {i}: W off by {w_err:.3g} relative"
         assert b_err <= rtol, f"layer {i}: b off by {b_err:.3g} relative"

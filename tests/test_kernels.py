@@ -147,6 +147,39 @@ def test_reduce_add(n, dtype, seed):
     np.testing.assert_array_equal(buf[::2], expected)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.sampled_from([(0,), (7,), (33, 5), (300,)]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    momentum=st.sampled_from([0.0, 0.9]),
+    step=st.integers(1, 50),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_fused_optimizer_updates_are_the_references_bit_for_bit(shape, dtype, momentum, step, seed):
+    """The Numba optimizer sweeps do NumPy's operations in NumPy's order and type: identical bits, not
+    just close ones (a float64 constant sneaking into a float32 update would break this)."""
+    rng = np.random.default_rng(seed)
+    w, g, v = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    v2 = np.abs(v)  # Adam's second moment is never negative
+    ref, fused = [w.copy(), v.copy()], [w.copy(), v.copy()]
+    kernels.NumpyKernels.sgd_update(ref[0], g, ref[1] if momentum else None, 0.05, momentum)
+    cpu.NumbaKernels.sgd_update(fused[0], g, fused[1] if momentum else None, 0.05, momentum)
+    for a, b in zip(ref, fused):
+        assert a.dtype == dtype and b.dtype == dtype
+        np.testing.assert_array_equal(a, b)
+    scales = (1 / (1 - 0.9**step), 1 / (1 - 0.999**step))
+    ref, fused = [w.copy(), v.copy(), v2.copy()], [w.copy(), v.copy(), v2.copy()]
+    kernels.NumpyKernels.adam_update(ref[0], g, ref[1], ref[2], 1e-3, 0.9, 0.999, 1e-8, *scales)
+    cpu.NumbaKernels.adam_update(fused[0], g, fused[1], fused[2], 1e-3, 0.9, 0.999, 1e-8, *scales)
+    for a, b in zip(ref, fused):
+        assert b.dtype == dtype
+        np.testing.assert_array_equal(a, b)
+    strided = w.reshape(-1)[::2].copy(), g.reshape(-1)[::2]  # a non-contiguous g falls back to NumPy
+    expect = strided[0] - dtype(0.05) * strided[1]
+    cpu.NumbaKernels.sgd_update(strided[0], strided[1], None, 0.05, 0.0)
+    np.testing.assert_array_equal(strided[0], expect)
+
+
 def test_load_numba_through_the_package():
     backend = kernels.load("numba")
     assert backend is cpu.NumbaKernels and backend.name == "numba"

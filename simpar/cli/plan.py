@@ -32,7 +32,7 @@ from ..costmodel import hardware
 
 # factorizations is not used here: the lessons import it from this module
 from ..costmodel.compare import explain, factorizations, fits_in, rank_layouts  # noqa: F401
-from ..report.plan import describe_model, format_plan, hardware_note, print_compare  # noqa: F401
+from ..report.plan import describe_model, format_plan, hardware_note, print_compare, sp_saving  # noqa: F401
 from ..units import fmt_si as fmt_bytes
 from ..units import fmt_time, parse_bytes, parse_count
 from .base import Parser
@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-source", default="local", help="local | root")
     g.add_argument("--precision", default="fp32", help="fp32 | fp64 | mixed (2-byte params/grads, K=12 Adam)")
     g.add_argument("--optimizer", default="sgd", help="sgd | adam")
-    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks; dp, --zero, --pp)")
+    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks)")
+    g.add_argument(
+        "--sp",
+        action="store_true",
+        help="sequence parallelism (resmlp with --tp): LN/residual rows split over tp",
+    )
     g.add_argument("--momentum", type=float, default=0.9)
     g = p.add_argument_group("hardware and output")
     g.add_argument(
@@ -150,6 +155,7 @@ def spec_from_args(a) -> cm.Spec:
         optimizer=a.optimizer,
         momentum=a.momentum,
         arch=a.arch,
+        sp=a.sp,
     )
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 
@@ -175,6 +181,8 @@ def plan_main(argv: list[str]) -> int:
         print(json.dumps(pred, indent=1, default=str))
     else:
         print(format_plan(pred, hw, limit, spec.widths))
+        if spec.arch == "resmlp" and spec.tp > 1:
+            print(sp_saving(spec, pred, cm.predict(cm.Spec(**dict(spec.__dict__, sp=not spec.sp)), hw)))
     return 0
 
 

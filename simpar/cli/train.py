@@ -44,7 +44,7 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         "--arch",
         default=d.arch,
         choices=ARCHS,
-        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --pp)",
+        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp or --pp)",
     )
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     g.add_argument(
@@ -84,6 +84,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     if not tour:
         g.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / (tp*pp))")
         g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
+        g.add_argument(
+            "--sp",
+            action="store_true",
+            help="sequence parallelism (--arch resmlp, --tp > 1): LayerNorm and the residual on a 1/tp "
+            "share of the rows; g a reduce-scatter, f an all-gather",
+        )
         g.add_argument("--pp", type=int, default=1, help="pipeline stages")
         g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (with data parallelism)")
         g.add_argument(
@@ -185,6 +191,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         grad_accum=args.grad_accum,
         dp=getattr(args, "dp", None),
         tp=getattr(args, "tp", 1),
+        sp=getattr(args, "sp", False),
         pp=getattr(args, "pp", 1),
         zero=getattr(args, "zero", 0),
         stage_layers=getattr(args, "stage_layers", None),

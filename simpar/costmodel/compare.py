@@ -33,16 +33,19 @@ COMPONENTS = (
 
 
 def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tuple[list[dict], int]:
-    """Every valid dp x tp x pp (x ZeRO stage) of `world` ranks, predicted and ranked: layouts that fit
-    the memory `limit` first, then by step time. Returns (ranked predictions, invalid factorizations)."""
+    """Every valid dp x tp x pp (x ZeRO stage; resmlp: with and without --sp) of `world` ranks, predicted
+    and ranked: layouts that fit the memory `limit` first, then by step time. Returns (ranked
+    predictions, invalid factorizations)."""
     if not world or world < 1:
         raise SimparError("--compare needs --world N (the number of ranks to split)")
     if world > 1 << 20:
         raise SimparError(f"--world {world} is too large (at most {1 << 20})")
     cands, invalid = [], 0
     for dp, tp, pp in factorizations(world):
-        for zero in (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,):
-            d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero)
+        zeros = (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,)
+        sps = (False, True) if spec.arch == "resmlp" and tp > 1 else (False,)  # sequence parallel or not
+        for zero, sp in ((z, s) for z in zeros for s in sps):
+            d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero, sp=sp)
             try:
                 s = check(Spec(**d))
             except SimparError:

@@ -37,6 +37,7 @@ from collections import Counter
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .order import alive_window, peak_alive
+from .resblocks import block_collectives, row_share, sharded, sharded_unit_work, sp_grad_allreduces
 from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
 
 CATS = ("data", "model", "activation")
@@ -88,7 +89,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             held_row[c] += z_l if spec.recompute == "selective" else 0
     if spec.recompute == "none":
         held_row = act_row
-    if spec.arch == "resmlp":  # units, not layers (tp = 1): their own FLOPs and kept arrays
+    if spec.arch == "resmlp":  # units, not layers (--tp: resblocks.py): their own FLOPs and kept arrays
         fwd = bwd = 0
         for c in mine:
             lo, hi = shape.bounds[c]
@@ -111,6 +112,10 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 if kind == "column" and i > 0:  # f: backward all-reduce of dL/dX (none at layer 0)
                     cost = allreduce(b * W[i], spec.tp, t)
                     book.add("activation", "tp-f-allreduce", "tp", cost, prec.act, times)
+                elif kind == "block":  # resmlp under --tp: g / f, or --sp's gathers and scatters
+                    for phase in ("forward", "backward"):
+                        for op, cost in block_collectives(spec, b, i, t, phase):
+                            book.add("activation", op, "tp", cost, prec.act, times)
                 elif kind == "row":  # g: forward all-reduce of the partial products (again if recomputed)
                     cost = allreduce(b * W[i + 1], spec.tp, t)
                     again = 2 if spec.recompute == "full" else 1
@@ -123,6 +128,9 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 book.add(
                     "activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times
                 )
+
+    for cost in sp_grad_allreduces(spec, t):  # --sp: partial gradients of the row-shard parameters
+        book.add("model", "sp-grad-allreduce", "tp", cost, prec.grad)
 
     # Gradients / parameters over the data-parallel group.
     p = spec.dp
@@ -163,7 +171,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                 "grads": (S_r + held) * prec.grad,
                 "optimizer": S_r * opt_bpp,
             }
-    memory["activations_peak"] = activations_peak(spec, s, rows, act_row, held_row) * prec.act
+    memory["activations_peak"] = int(activations_peak(spec, s, rows, act_row, held_row) * prec.act)
 
     if rank == 0 and spec.data_source == "root":
         _book_root_scatter(spec, book)
@@ -179,16 +187,18 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
         "messages": messages,
         "ops": book.ops,
         "memory": memory,
-        "flops": {
-            "forward": fwd * total_rows,
-            "backward": bwd * total_rows,
-            "recompute": fwd * total_rows if spec.recompute == "full" else 0,  # the forward again
+        "flops": {  # int: under --sp a projection's per-row share is a Fraction, its total whole
+            "forward": int(fwd * total_rows),
+            "backward": int(bwd * total_rows),
+            "recompute": int(fwd * total_rows) if spec.recompute == "full" else 0,  # the forward again
         },
-        "elementwise_bytes": sum(
-            elementwise_bytes(spec, *shape.bounds[c], shape.kinds[c], rows, 0) for c in mine
-        )
-        + sum(recompute_elems(spec, *shape.bounds[c], shape.kinds[c]) for c in mine) * total_rows * prec.act
-        + optimizer_passes(spec) * updated * prec.param,
+        "elementwise_bytes": int(
+            sum(elementwise_bytes(spec, *shape.bounds[c], shape.kinds[c], rows, 0) for c in mine)
+            + sum(recompute_elems(spec, *shape.bounds[c], shape.kinds[c]) for c in mine)
+            * total_rows
+            * prec.act
+            + optimizer_passes(spec) * updated * prec.param
+        ),
         "params_updated": updated,
         "layers": (shape.bounds[mine[0]][0], shape.bounds[mine[-1]][1]),
         "chunks": mine,
@@ -264,6 +274,8 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
     activation. (The same accounting the simulated clock charges: simpar/model.py.)
     """
+    if sharded(spec):
+        return sharded_unit_work(spec, i)
     if spec.arch == "resmlp":
         return resmlp_unit_work(spec, i)
     W, t = spec.widths, spec.tp
@@ -346,8 +358,11 @@ def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list
 
 def loss_bytes(spec: Spec) -> int:
     """Bytes the loss moves per row of the last stage: LOSS_ELEMS sweeps over the classes, in the
-    activations' type -- float32 under mixed precision (the half logits are upcast first)."""
-    return LOSS_ELEMS * spec.widths[-1] * (4 if spec.precision == "mixed" else spec.prec.act)
+    activations' type -- float32 under mixed precision (the half logits are upcast first). Under
+    --sp each tp rank computes the loss of its 1/t of the rows (resblocks.row_share)."""
+    return (
+        LOSS_ELEMS * spec.widths[-1] * (4 if spec.precision == "mixed" else spec.prec.act) * row_share(spec)
+    )
 
 
 def optimizer_bytes(spec: Spec, updated: int) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..config import SimparError
 from .collectives import chunk
 from .order import n_chunks, stage_chunks
+from .resblocks import local_unit_sizes, unit_kinds
 
 # -- precisions ---------------------------------------------------------------------------------------
 
@@ -86,6 +87,7 @@ class Spec:
     momentum: float = 0.9
     activation: str = "relu"
     arch: str = "mlp"
+    sp: bool = False  # sequence parallelism (resmlp under --tp): costmodel/resblocks.py
 
     @property
     def world(self) -> int:
@@ -128,6 +130,7 @@ class Spec:
             momentum=cfg.momentum,
             activation=cfg.activation,
             arch=getattr(cfg, "arch", "mlp"),
+            sp=getattr(cfg, "sp", False),
         )
 
 
@@ -159,6 +162,7 @@ def check(spec: Spec) -> Spec:
         data_source=spec.data_source,
         activation=spec.activation,
         arch=spec.arch,
+        sp=spec.sp,
     )
     validate(cfg, spec.world)
     return spec
@@ -322,8 +326,10 @@ class Shape:
             ]
             for (lo, hi), ks in zip(bounds, kinds)
         ]
-        if spec.arch == "resmlp":  # tp = 1: each chunk's whole units
-            sizes = [unit_sizes(spec)[lo:hi] for lo, hi in bounds]
+        if spec.arch == "resmlp":  # each chunk's units; with --tp (pp = 1) blocks split (resblocks.py)
+            sizes = [local_unit_sizes(spec)[lo:hi] for lo, hi in bounds]
+            if spec.tp > 1:
+                kinds = [unit_kinds(spec)]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
         chunks = [stage_chunks(spec.schedule, spec.pp, spec.virtual_stages, s) for s in range(spec.pp)]
         return cls(bounds, kinds, sizes, buckets, chunks)

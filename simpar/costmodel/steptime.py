@@ -31,6 +31,7 @@ from __future__ import annotations
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .order import stage_order  # noqa: F401  (re-exported: the recurrence's order)
 from .rank import layer_work, loss_bytes, optimizer_bytes
+from .resblocks import block_collectives, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers, micro_rows
 
 
@@ -63,6 +64,8 @@ class RankCosts:
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
         self.optimizer_s = optimizer_bytes(spec, rank_pred["params_updated"]) * self.stream
+        # --sp's gradient all-reduces over tp: once per step, counted with the optimizer
+        self.optimizer_s += sum(self._seconds(c, spec.prec.grad) for c in sp_grad_allreduces(spec, self.t))
         self._memo: dict = {}  # (what, rows) -> seconds: micro-batches come in a few sizes only
 
     def _cached(self, what: str, r: int, fn):
@@ -79,6 +82,15 @@ class RankCosts:
             else 0.0
         )
 
+    def _seconds(self, cost: Cost, elem_bytes: int) -> float:
+        return seconds(to_bytes(cost, elem_bytes), self.links["tp"], self.hw.gamma) if cost.messages else 0.0
+
+    def _block(self, r: int, i: int, phase: str) -> float:
+        """resmlp under --tp: a block's g (forward) or f (backward), or --sp's gather + scatter."""
+        return sum(
+            self._seconds(c, self.spec.prec.act) for _, c in block_collectives(self.spec, r, i, self.t, phase)
+        )
+
     def forward(self, r: int, loss: bool = True) -> float:
         return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
 
@@ -88,6 +100,8 @@ class RankCosts:
             out += r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
+            elif kind == "block":
+                out += self._block(r, i, "forward")
         if loss and self.hi == self.spec.n_layers:
             out += r * loss_bytes(self.spec) * self.stream
         return out
@@ -113,6 +127,7 @@ class RankCosts:
                 + (r * w["bwd_elems"] + w["bwd_call_elems"]) * bpe * self.stream
             )
             f = self._tp(r * W[i]) if kind == "column" and i > 0 else 0.0
+            f = self._block(r, i, "backward") if kind == "block" else f
             out.append((compute, f))
         return out
 

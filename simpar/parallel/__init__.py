@@ -3,6 +3,7 @@
   data.py      data parallelism (DDP): gradient buckets all-reduced while backward still runs
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
+  restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1)
 
 `build_strategy` picks the one a RunConfig asks for; all share the interface in base.py.
@@ -23,6 +24,10 @@ def build_strategy(cfg, mesh):
     if cfg.tp > 1:
         from .tensor import TensorParallel
 
+        if cfg.arch == "resmlp":  # residual blocks, and --sp
+            from .restensor import ResTensorStack
+
+            return TensorParallel(cfg, mesh, stack=ResTensorStack(cfg, mesh))
         return TensorParallel(cfg, mesh)
     from .data import DataParallel
 

@@ -13,33 +13,40 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Context, Linear, ParamStore
-from ..resmlp import BlockContext, BlockUnit, build_units
-from .base import HeldBytes, NonFiniteWatch, SerialStack
+from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units
+from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
-class UnitStack(SerialStack):
-    """The units `unit_indices` of the model (default: all). full_pieces / flat_from_full are SerialStack's:
-    store.layers has a (W, b) view pair per unit, so a block's (flat, empty) lines up with the
-    full-shape list the checkpoints and full_weights use."""
+def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
+    """(store, [(params, grads) per unit]): one flat buffer each for params and grads, unit after unit,
+    params set from `initial(unit)`. store.layers: a projection's (W, b) views, anything else (a
+    block, or this rank's share of one) as its flat vector W with an empty b."""
+    total = sum(u.size for u in units)
+    store = ParamStore(np.empty(total, dtype), np.zeros(total, dtype))
+    flats, offset = [], 0
+    for u in units:
+        p = store.params[offset : offset + u.size]
+        g = store.grads[offset : offset + u.size]
+        p[...] = initial(u)
+        flats.append((p, g))
+        if isinstance(u, LinearUnit):
+            (W, b), (dW, db) = u.views(p), u.views(g)
+        else:
+            W, b, dW, db = p, p[:0], g, g[:0]
+        store.layers.append(Linear(u.index, W, b, dW, db, getattr(u, "act", "none")))
+        offset += u.size
+    return store, flats
+
+
+class UnitStack:
+    """The units `unit_indices` of the model (default: all), SerialStack's interface."""
 
     def __init__(self, cfg, unit_indices: list[int] | None = None):
         every = build_units(cfg)
         self.units = every if unit_indices is None else [every[i] for i in unit_indices]
         dtype = cfg.compute_dtype()
-        total = sum(u.size for u in self.units)
-        self.store = ParamStore(np.empty(total, dtype), np.zeros(total, dtype))
-        self.flats, offset = [], 0
-        for u in self.units:
-            p = self.store.params[offset : offset + u.size]
-            g = self.store.grads[offset : offset + u.size]
-            p[...] = u.init(cfg.seed, dtype)  # from (seed, unit) on the full shape, as every layout
-            self.flats.append((p, g))
-            if isinstance(u, BlockUnit):
-                W, b, dW, db = p, p[:0], g, g[:0]
-            else:
-                (W, b), (dW, db) = u.views(p), u.views(g)
-            self.store.layers.append(Linear(u.index, W, b, dW, db, getattr(u, "act", "none")))
-            offset += u.size
+        # from (seed, unit) on the full shape, as every layout
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
 
     def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):
         contexts = []
@@ -57,6 +64,14 @@ class UnitStack(SerialStack):
             if on_layer_done is not None:
                 on_layer_done(u.index)
         return grad
+
+    # -- checkpoints: the same layout as SerialStack's (a block's flat vector as W, b empty) --------
+    def full_pieces(self, flat: np.ndarray | None = None):
+        flat = self.store.params if flat is None else flat
+        return [(i, W.copy(), b.copy()) for i, W, b in store_views(self.store, flat)]
+
+    def flat_from_full(self, full: list) -> np.ndarray:
+        return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
 
 
 # -- --recompute selective for units (recompute.py calls these for a chunk that holds a block) -------

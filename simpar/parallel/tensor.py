@@ -194,15 +194,23 @@ class TensorParallel(Strategy):
     dp > 1 each DP all-reduce carries only this rank's shard, summed with the same-position shards
     of the other replicas; with dp = 1 that step simply sends nothing."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
+        # `stack`: another split of the model with this interface (restensor.py for --arch resmlp)
+        self.stack = stack or TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
         self.replicas = DataParallel(cfg, mesh, stack=self.stack)
         # One meter and one watch: those of the step that runs the stack; and its optimizer.
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
         self.optimizer = self.replicas.optimizer
 
     def train_step(self, micro_steps, global_batch: int) -> float:
+        if self.cfg.sp:  # sequence parallel: this rank's 1/t of each micro-step's rows, end to end
+            t, k = self.mesh.tp, self.mesh.tp_index
+            micro_steps = [
+                (x[k * len(x) // t : (k + 1) * len(x) // t], y[k * len(y) // t : (k + 1) * len(y) // t])
+                for x, y in micro_steps
+            ]
+            return self.replicas.train_step(micro_steps, global_batch)  # a loss share per row shard
         loss = self.replicas.train_step(micro_steps, global_batch)
         # Every tp rank computed the same logits; report the loss once per tp group, or the
         # world-wide sum would count it t times.

@@ -137,6 +137,22 @@ def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None)
     return "\n".join(lines)
 
 
+def sp_saving(spec, pred: dict, other: dict) -> str:
+    """resmlp under --tp: the activation memory and bytes with and without --sp, side by side (`pred`
+    is the plan for `spec`, `other` the same with --sp flipped)."""
+    with_sp, without = (pred, other) if spec.sp else (other, pred)
+    act = [p["memory"]["max"]["activations_peak"] for p in (without, with_sp)]
+    sent = [p["comm"]["per_rank_max"]["activation"] for p in (without, with_sp)]
+    return (
+        f"\nsequence parallelism (--sp, Korthikanti et al. 2022): activations per rank {fmt_bytes(act[0])} "
+        f"without, {fmt_bytes(act[1])} with ({act[1] / act[0]:.0%}: LayerNorm, residual and projections "
+        f"keep 1/{spec.tp} of the rows); activation bytes per rank {fmt_bytes(sent[0])} vs "
+        f"{fmt_bytes(sent[1])} "
+        "(reduce-scatter + all-gather = all-reduce), plus the sp gradient all-reduce "
+        f"{fmt_bytes(with_sp['comm']['per_rank_max']['model'] - without['comm']['per_rank_max']['model'])}"
+    )
+
+
 # -- --sweep ---------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,104 @@
+"""The residual MLP under tensor and sequence parallelism, in closed form: parallel/restensor.py's
+rules written down again (this file imports none of it).
+
+t = --tp ranks, k = this rank's tp index, d = the residual width, dl = d/t, r = the rows of one
+micro-batch on this data-parallel rank, share = the part of them the LayerNorm/residual region and
+the projections see: 1, or 1/t under --sp (config.validate makes t divide r).
+
+  sizes on one tp rank   block: gamma, beta, b2 (3d) + W1[:, cols], W2[cols, :] (2 d dl) + b1[cols] (dl);
+                         projections whole (replicated)
+  per block per micro-step (Megatron-LM sec. 3 Fig. 3a; Korthikanti et al. 2022 sec. 4.2.2):
+    --tp        g: all-reduce of r*d in forward ("tp-g-allreduce"), f: all-reduce of r*d in backward
+                ("tp-f-allreduce"); --collectives picks the algorithm
+    --tp --sp   f-bar: all-gather of r*d forward, reduce-scatter backward; g-bar: reduce-scatter
+                forward, all-gather backward; ring: "sp-gather" twice and "sp-scatter" twice. A ring
+                reduce-scatter plus a ring all-gather send 2N - c_k - c_(k+1) elements: one all-reduce.
+    --sp, once per step: all-reduce over tp (category model, "sp-grad-allreduce") of each block's
+                gamma and beta (2d) and of each projection's parameters: they saw 1/t of the rows
+  kept for backward, per row of a micro-batch:
+    block       x, xh (2d) and s (1) on share*r rows; h (d), z1 and u (2 dl) on all r rows
+    projection  its input (fan_in) on share*r rows
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from .collectives import ALLREDUCE, Cost, ring_allgather, ring_reduce_scatter
+
+
+def sharded(spec) -> bool:
+    """Does this spec run resmlp's blocks split over a tp group (parallel/restensor.py)?"""
+    return spec.arch == "resmlp" and spec.tp > 1
+
+
+def row_share(spec) -> Fraction:
+    """The part of a micro-batch's rows one rank's LayerNorm, residual, projections and loss see."""
+    return Fraction(1, spec.tp) if getattr(spec, "sp", False) else Fraction(1)
+
+
+def is_block(spec, i: int) -> bool:
+    return 0 < i < spec.n_layers - 1
+
+
+def unit_kinds(spec) -> list[str]:
+    """Per unit: "replicated" projections around "block"s."""
+    return ["block" if is_block(spec, i) else "replicated" for i in range(spec.n_layers)]
+
+
+def local_unit_sizes(spec) -> list[int]:
+    """Parameters of each unit on one tp rank (see the module docstring)."""
+    W, t = spec.widths, spec.tp
+    return [
+        3 * W[i] + 2 * W[i] * (W[i] // t) + W[i] // t if is_block(spec, i) else W[i] * W[i + 1] + W[i + 1]
+        for i in range(spec.n_layers)
+    ]
+
+
+def sharded_unit_work(spec, i: int) -> dict:
+    """rank.layer_work for unit i on one tp rank, per row of a micro-batch (Fractions under --sp).
+
+    A block: two r x d x dl matmuls forward, four backward; forward LayerNorm 8, b2 2, the residual 3
+    elements per feature on the shared rows, b1 and act 4 per column of this rank; backward LN' 10
+    and the residual 2 on the shared rows, b2's row sum 1 on all rows (it sums the gathered dL/dy),
+    act' 3 and b1's row sum 1 per column. A projection: as rank.resmlp_unit_work, on share*r rows.
+    (The same accounting parallel/restensor.py charges the simulated clock with.)"""
+    W, s = spec.widths, row_share(spec)
+    if is_block(spec, i):
+        d = W[i]
+        dl = d // spec.tp
+        return {
+            "fwd_flops": 4 * d * dl,
+            "bwd_flops": 8 * d * dl,
+            "fwd_elems": 13 * d * s + 4 * dl,
+            "bwd_elems": 12 * d * s + d + 4 * dl,
+            "bwd_call_elems": 3 * local_unit_sizes(spec)[i],
+            "act_row": (2 * d + 1) * s + d + 2 * dl,
+        }
+    a, b = W[i], W[i + 1]
+    return {
+        "fwd_flops": 2 * a * b * s,
+        "bwd_flops": 2 * a * b * (1 if i == 0 else 2) * s,
+        "fwd_elems": 2 * b * s,
+        "bwd_elems": b * s,
+        "bwd_call_elems": 3 * a * b + 3 * b,
+        "act_row": a * s,
+    }
+
+
+def block_collectives(spec, rows: int, i: int, k: int, phase: str) -> list[tuple[str, Cost]]:
+    """[(op, tp rank k's Cost)] of block i's collectives on a micro-batch of `rows` rows in
+    `phase` ("forward" or "backward"); see the module docstring."""
+    n, t = rows * spec.widths[i], spec.tp
+    if getattr(spec, "sp", False):
+        return [("sp-gather", ring_allgather(n, t, k)), ("sp-scatter", ring_reduce_scatter(n, t, k))]
+    op = "tp-g-allreduce" if phase == "forward" else "tp-f-allreduce"
+    return [(op, ALLREDUCE[spec.collectives](n, t, k))]
+
+
+def sp_grad_allreduces(spec, k: int) -> list[Cost]:
+    """--sp: tp rank k's Cost of each once-a-step gradient all-reduce (none without --sp)."""
+    if not getattr(spec, "sp", False):
+        return []
+    sizes = [2 * spec.widths[i] if is_block(spec, i) else n for i, n in enumerate(local_unit_sizes(spec))]
+    return [ALLREDUCE[spec.collectives](n, spec.tp, k) for n in sizes]
