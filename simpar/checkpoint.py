@@ -1,7 +1,8 @@
 """Checkpoints on disk: full-shape training state in plain files, never visible half-written.
 
     D/step-000040/
-        params.npz      W0, b0, W1, b1, ...                              full shape
+        params.npz      W0, b0, W1, b1, ...                              full shape (--arch resmlp:
+                        a residual block's Wi is its flat vector, bi empty; resmlp.BlockUnit)
         optimizer.npz   velocity.W0, velocity.b0, ... (SGD with momentum)  full shape, like params
                         m.W0, v.W0, ... (Adam)
         manifest.json   format, step, sampler position, optimizer name and scalars (Adam's t),

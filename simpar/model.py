@@ -142,10 +142,23 @@ class deferred_weight_grads:
         _DEFERRED = self.saved
 
 
+def pending_weight_passes() -> list | None:
+    """Inside deferred_weight_grads, the list W halves are queued on (resmlp's blocks queue theirs
+    too); None outside it."""
+    return _DEFERRED
+
+
+def wide(a: np.ndarray) -> np.ndarray:
+    """A half array (--precision mixed-*) upcast to float32; any other array as it is."""
+    return a.astype(np.float32) if a.dtype.itemsize < 4 else a
+
+
 def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: bool = True):
-    """The B half: dz through the activation, dx = dz W^T; queues the W half in _DEFERRED."""
-    dz = ACTIVATIONS[layer.act][1](dy, ctx.z, ctx.y)
-    dx = dz @ layer.W.T if need_dx else None
+    """The B half: dz through the activation, dx = dz W^T; queues the W half in _DEFERRED. Half
+    precision computes in float32 from the half inputs and rounds dx (and the W half dW, db) back,
+    as precision.HalfKernels does for the fused backward."""
+    dz = ACTIVATIONS[layer.act][1](wide(dy), wide(ctx.z), wide(ctx.y))
+    dx = (dz @ wide(layer.W).T).astype(dy.dtype, copy=False) if need_dx else None
     r, (a, b) = dy.shape[0], layer.W.shape
     clock = simclock.active()
     if clock is not None:
@@ -158,14 +171,14 @@ def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: 
 
 def backward_weight(layer: Linear, x, dz, bias: bool = True) -> None:
     """The W half: dW += x^T dz, db += sum(dz) (the clock: as charge_backward's remaining terms)."""
-    layer.dW += x.T @ dz
+    layer.dW += (wide(x).T @ dz).astype(layer.dW.dtype, copy=False)
     if bias:
-        layer.db += dz.sum(axis=0)
+        layer.db += dz.sum(axis=0).astype(layer.db.dtype, copy=False)
     clock = simclock.active()
     if clock is not None:
         r, (a, b) = dz.shape[0], layer.W.shape
         clock.matmul(a, r, b)
-        clock.stream((r * b + 3 * a * b + (3 * b if bias else 0)) * dz.itemsize)
+        clock.stream((r * b + 3 * a * b + (3 * b if bias else 0)) * layer.dW.itemsize)
 
 
 def bias_act_forward(z: np.ndarray, b: np.ndarray, act: str) -> np.ndarray:

@@ -24,10 +24,12 @@ master copy as optimizer state, so ZeRO's sharding of the optimizer shards the m
 Compute: NumPy has no fast float16 (or any bfloat16) matmul -- it would loop in C without BLAS. So
 HalfKernels computes each layer in float32 from the half inputs and rounds the results (z, y, dx,
 dW, db) back to half: the stored and communicated numbers are exactly half precision; only the
-internal accumulation is wider, as on tensor cores (half inputs, float32 accumulators).
+internal accumulation is wider, as on tensor cores (half inputs, float32 accumulators). resmlp's
+LayerNorm and the zero-bubble B/W halves (model.py, resmlp.py) follow the same rule.
 
-Layouts: serial, --dp and --zero 1/2/3 (the overflow verdict is agreed over the data-parallel group,
-since a ZeRO rank sees only its shard of the gradients). tp/pp are refused by config.validate.
+Layouts: serial, --dp, --zero 1/2/3 and --pp (the overflow verdict is agreed over the group whose
+ranks hold different gradients: ZeRO's dp group, each rank a shard; the pipeline's pp group, each
+stage its layers, the last one applying the loss scale). tp is refused by config.validate.
 """
 
 from __future__ import annotations

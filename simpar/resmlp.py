@@ -13,7 +13,10 @@ The model is a list of UNITS, each with one flat parameter vector: LinearUnit (W
 projections, BlockUnit (gamma, beta, W1, b1, W2, b2) for a block of width d (2d^2 + 4d parameters).
 Data parallelism and ZeRO only need a unit's size, its forward and its backward on flat vectors, so
 they run either architecture (parallel/zero.py, parallel/resstack.py). Tensor parallelism splits
-each block's W1 by columns and W2 by rows, and --sp its rows (parallel/restensor.py).
+each block's W1 by columns and W2 by rows, and --sp its rows (parallel/restensor.py). Pipeline
+parallelism cuts the list of units into stages (parallel/partition.py) and sends the residual
+stream, rows x d, between them; its zero-bubble schedule splits each unit's backward into a B half
+(dL/dx) and a W half (the weight gradients): backward_input / backward_weight below.
 
 LayerNorm (Ba et al. 2016) over the d features of each row, and its backward:
     mu = mean(x),  s = sqrt(var(x) + eps),  xh = (x - mu) / s,  y = gamma * xh + beta
@@ -33,24 +36,42 @@ import numpy as np
 import kernels
 
 from . import simclock
-from .model import Linear, init_layer, layer_backward, layer_forward, predict
+from .model import (
+    ACTIVATIONS,
+    Linear,
+    deferred_weight_grads,
+    init_layer,
+    layer_backward,
+    layer_forward,
+    pending_weight_passes,
+    predict,
+    wide,
+)
 
 EPS = 1e-5
 
 
 def layernorm_forward(x, gamma, beta):
+    """(y, (xh, s)). Half precision (--precision mixed-*): computed in float32 from the half inputs,
+    every result rounded back once, as precision.HalfKernels does for the matmuls."""
+    half = x.dtype
+    x, gamma, beta = wide(x), wide(gamma), wide(beta)
     mu = x.mean(axis=1, keepdims=True)
     s = np.sqrt(x.var(axis=1, keepdims=True) + x.dtype.type(EPS))
     xh = (x - mu) / s
-    return gamma * xh + beta, (xh, s)
+    return (gamma * xh + beta).astype(half, copy=False), (
+        xh.astype(half, copy=False),
+        s.astype(half, copy=False),
+    )
 
 
 def layernorm_backward(dy, cache, gamma):
-    """(dx, dgamma, dbeta); the derivation is in the module docstring."""
-    xh, s = cache
-    g = dy * gamma
+    """(dx, dgamma, dbeta); the derivation is in the module docstring. Half: as layernorm_forward."""
+    half = dy.dtype
+    (xh, s), dy = map(wide, cache), wide(dy)
+    g = dy * wide(gamma)
     dx = (g - g.mean(axis=1, keepdims=True) - xh * (g * xh).mean(axis=1, keepdims=True)) / s
-    return dx, (dy * xh).sum(axis=0), dy.sum(axis=0)
+    return tuple(a.astype(half, copy=False) for a in (dx, (dy * xh).sum(axis=0), dy.sum(axis=0)))
 
 
 class LinearUnit:
@@ -75,6 +96,12 @@ class LinearUnit:
         (W, b), (dW, db) = self.views(flat), self.views(gflat)
         return layer_backward(Linear(self.index, W, b, dW, db, self.act), ctx, dy, need_dx)
 
+    def backward_input(self, flat, gflat, ctx, dy, need_dx: bool):
+        """The B half (model.backward_input): (dx, the W half as a closure that adds dW, db)."""
+        with deferred_weight_grads() as pending:
+            dx = self.backward(flat, gflat, ctx, dy, need_dx)
+        return dx, pending[0]
+
     def weights(self, flat):
         return tuple(v.copy() for v in self.views(flat))
 
@@ -84,6 +111,14 @@ class BlockContext:
 
     def __init__(self, *arrays):
         self.arrays = arrays
+
+    @property
+    def x(self):  # the block's input (as model.Context's)
+        return self.arrays[0]
+
+    @property
+    def z1(self):  # W1 LN(x) + b1
+        return self.arrays[4]
 
     @property
     def nbytes(self) -> int:
@@ -129,7 +164,25 @@ class BlockUnit:
             clock.layer_call()
         return x + v, BlockContext(x, xh, s, h, z1, u)
 
+    def rebuild_context(self, flat, x, z1) -> BlockContext:
+        """What forward kept, from the block's input x and W1's output z1 (--recompute selective,
+        parallel/resstack.py): LayerNorm and u = act(z1) again, ~8 + 2 passes over rows x d."""
+        g, beta, *_ = self.views(flat)
+        h, (xh, s) = layernorm_forward(x, g, beta)
+        u = ACTIVATIONS[self.act][0](z1)
+        clock = simclock.active()
+        if clock is not None:
+            clock.stream((8 + 2) * x.shape[0] * self.d * x.itemsize)
+        return BlockContext(x, xh, s, h, z1, u)
+
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
+        """dx, with every parameter's gradient added into gflat. Inside model.deferred_weight_grads
+        (a zero-bubble pipeline's B pass) only backward_input runs; its W half is queued there."""
+        pending = pending_weight_passes()
+        if pending is not None:
+            dx, weight_pass = self.backward_input(flat, gflat, ctx, dy)
+            pending.append(weight_pass)
+            return dx
         g, beta, W1, b1, W2, b2 = self.views(flat)
         dg, dbeta, dW1, db1, dW2, db2 = self.views(gflat)
         x, xh, s, h, z1, u = ctx.arrays
@@ -147,6 +200,55 @@ class BlockUnit:
                 clock.matmul(r, self.d, self.d)
             clock.stream(((3 + 10 + 2 + 2) * r * self.d + 3 * self.size) * bpe)
         return dy + dx  # the identity path carries dy straight through
+
+    # -- the backward in two halves (zero-bubble pipelines, Qi et al. 2023, sec. 2) ------------------
+    #   B: du = dy W2^T, dz1 = act'(du), dh = dz1 W1^T, LayerNorm's dx; dy + dx  (the critical path)
+    #   W: dW2 += u^T dy, db2 += sum dy, dW1 += h^T dz1, db1 += sum dz1, dgamma += sum dh*xh,
+    #      dbeta += sum dh                                                   (nobody waits for it)
+    # Together the same arithmetic as backward, and the same clock charges (B: the two dx matmuls,
+    # act' 3, LN's dx 8, residual 2 passes over rows x d; W: the two dW matmuls, four row sums 4,
+    # accumulating 3 per parameter).
+    def backward_input(self, flat, gflat, ctx, dy, need_dx: bool = True):
+        """The B half: (dL/dx, the W half as a closure over what it needs: dy, dz1, dh). Half
+        precision rounds du, dh and dx to half where the fused backward's kernels do, so B + W
+        compute the same numbers."""
+        g, _, W1, _, W2, _ = self.views(flat)
+        x, xh, s, h, z1, u = map(wide, ctx.arrays)
+        half = dy.dtype
+        du = wide((wide(dy) @ wide(W2).T).astype(half, copy=False))
+        dz1 = ACTIVATIONS[self.act][1](du, z1, u)
+        dh = wide((dz1 @ wide(W1).T).astype(half, copy=False))
+        gh = dh * wide(g)  # LayerNorm's dx (module docstring) without its dgamma, dbeta
+        dx = (gh - gh.mean(axis=1, keepdims=True) - xh * (gh * xh).mean(axis=1, keepdims=True)) / s
+        dx = dx.astype(half, copy=False)
+        clock = simclock.active()
+        if clock is not None:
+            r = dy.shape[0]
+            clock.matmul(r, self.d, self.d)
+            clock.matmul(r, self.d, self.d)
+            clock.stream((3 + 8 + 2) * r * self.d * dy.itemsize)
+        return dy + dx, lambda: self.backward_weight(gflat, ctx, dy, dz1, dh)
+
+    def backward_weight(self, gflat, ctx, dy, dz1, dh) -> None:
+        """The W half: add the six parameter gradients (+=: micro-batches add up)."""
+        dg, dbeta, dW1, db1, dW2, db2 = self.views(gflat)
+        x, xh, s, h, z1, u = map(wide, ctx.arrays)
+        dy, half = wide(dy), gflat.dtype
+        for acc, new in (
+            (dW2, u.T @ dy),
+            (db2, dy.sum(axis=0)),
+            (dW1, h.T @ dz1),
+            (db1, dz1.sum(axis=0)),
+            (dg, (dh * xh).sum(axis=0)),
+            (dbeta, dh.sum(axis=0)),
+        ):
+            acc += new.astype(half, copy=False)  # half: rounded once, as HalfKernels' dW, db
+        clock = simclock.active()
+        if clock is not None:
+            r = dy.shape[0]
+            clock.matmul(self.d, r, self.d)
+            clock.matmul(self.d, r, self.d)
+            clock.stream((4 * r * self.d + 3 * self.size) * half.itemsize)
 
     def weights(self, flat):
         return (flat.copy(), np.empty(0, flat.dtype))  # one flat vector per block (b: empty)

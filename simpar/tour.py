@@ -33,33 +33,30 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "mixed-fp16": 32 * 2.0**-11, "mi
 def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     """(name, overrides) of every layout to show on this many ranks, the serial reference first."""
     n = world_size
-    hidden_ok = lambda t: all(w % t == 0 for w in cfg.layers[1:-1])
+    res = cfg.arch == "resmlp"  # its tensor parallelism (restensor.py) also runs with --sp, not with --pp
+    # mixed precision runs every layout but tensor parallelism (config.validate)
+    hidden_ok = lambda t: not cfg.mixed and all(w % t == 0 for w in cfg.layers[1:-1])
+    sp_ok = lambda dp, tp: res and cfg.batch % (dp * cfg.grad_accum * tp) == 0
     candidates = [("serial", dict(dp=1))]
-    if n > 1 and (cfg.mixed or cfg.arch == "resmlp"):  # these run dp and ZeRO (config.validate)
-        candidates += [(f"dp{n}", dict(dp=n))] + [(f"dp{n}-zero{s}", dict(dp=n, zero=s)) for s in (1, 2, 3)]
-        if cfg.arch == "resmlp" and not cfg.mixed:  # and tensor parallelism, with and without --sp
-            for dp, tp in ((1, n), (n // 2, 2)) if n % 2 == 0 and n > 2 else ((1, n),):
-                name = f"dp{dp}xtp{tp}" if dp > 1 else f"tp{tp}"
-                if hidden_ok(tp):
-                    candidates.append((name, dict(dp=dp, tp=tp)))
-                    if cfg.batch % (dp * cfg.grad_accum * tp) == 0:
-                        candidates.append((f"{name}-sp", dict(dp=dp, tp=tp, sp=True)))
-        return candidates
     if n > 1:
         candidates.append((f"dp{n}", dict(dp=n)))
         for stage in (1, 2, 3):
             candidates.append((f"dp{n}-zero{stage}", dict(dp=n, zero=stage)))
         if hidden_ok(n):
             candidates.append((f"tp{n}", dict(dp=1, tp=n)))
+            if sp_ok(1, n):
+                candidates.append((f"tp{n}-sp", dict(dp=1, tp=n, sp=True)))
         if n <= cfg.n_layers:
             candidates.append((f"pp{n}-gpipe", dict(dp=1, pp=n, schedule="gpipe")))
             candidates.append((f"pp{n}-1f1b", dict(dp=1, pp=n, schedule="1f1b")))
         if n % 2 == 0 and n > 2:
             if hidden_ok(2):
                 candidates.append((f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2)))
+                if sp_ok(n // 2, 2):
+                    candidates.append((f"dp{n // 2}xtp2-sp", dict(dp=n // 2, tp=2, sp=True)))
             if 2 <= cfg.n_layers:
                 candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
-            if hidden_ok(2) and n == 4:
+            if hidden_ok(2) and n == 4 and not res:
                 candidates.append(("tp2xpp2", dict(dp=1, tp=2, pp=2)))
     return candidates
 

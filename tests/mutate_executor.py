@@ -23,11 +23,11 @@ original_offsets = base.offsets
 original_capacity = moe.capacity
 
 
-def unbalanced_partition(widths, S, stage_layers=None):
+def unbalanced_partition(widths, S, stage_layers=None, arch="mlp"):
     """One layer on each stage but the last, which takes the rest, whatever the parameter counts."""
     if stage_layers is None:
         stage_layers = [1] * (S - 1) + [len(widths) - S]
-    return original_partition(widths, S, stage_layers)
+    return original_partition(widths, S, stage_layers, arch)
 
 
 def remainder_first(n: int, p: int) -> list[int]:

@@ -201,6 +201,44 @@ def test_overflowing_steps_are_skipped_alike_everywhere(runs):
         assert m["prediction_mismatches"] == []
 
 
+@pytest.mark.parametrize(
+    "precision,n,layout",
+    [  # float16 with an overflowing scale: the stages vote, so all skip the same steps
+        ("mixed-fp16", 4, ("--pp", "4", "--schedule", "zb-h1", "--loss-scale", str(2.0**21))),
+        ("mixed-bf16", 4, ("--dp", "2", "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2")),
+    ],
+)
+def test_pipeline_at_half_precision(runs, precision, n, layout):
+    """Pipeline stages in half precision: 2-byte activations and gradients between them (rows x 128
+    x 2 bytes per boundary each way), the loss scale applied on the last stage, and the overflow vote
+    over the pp group; the same model as serial at the same precision (TOL).
+
+    The M = 4 micro-batches add their half gradients (+=), as serial --grad-accum 4 does over the
+    same 16-row parts; the plain serial gradient is one float32 matmul rounded once. Near float16's
+    limit that decides which steps overflow (serial skips steps 1, 2, 4 of this scale, --grad-accum 4
+    steps 1, 2, 3), so the overflow case is held to --grad-accum 4."""
+    scale = list(layout[layout.index("--loss-scale") :]) if "--loss-scale" in layout else []
+    ref = runs(1, "--precision", precision, *(["--grad-accum", "4", *scale] if scale else []))
+    m = runs(n, "--precision", precision, *layout)
+    assert m["precision"]["skipped_at"] == ref["precision"]["skipped_at"]
+    assert_same_model(m, ref, TOL[precision])
+    assert m["prediction_mismatches"] == []
+    opt = dict(zip(layout[::2], layout[1::2]))
+    S, dp, V = int(opt["--pp"]), int(opt.get("--dp", 1)), int(opt.get("--virtual-stages", 1))
+    C = S * V  # one layer per chunk here: every boundary is a hidden width, 128
+    for r in m["comm"]["ranks"]:
+        mine = range(r["coords"]["pp"], C, S)
+        per_boundary = STEPS * (64 // dp) * 128 * 2
+        assert r["by_op"].get("activation/pp-send-act", {}).get("sent", 0) == per_boundary * sum(
+            c < C - 1 for c in mine
+        )
+        assert r["by_op"].get("activation/pp-send-grad", {}).get("sent", 0) == per_boundary * sum(
+            c > 0 for c in mine
+        )
+    got = [r["activations_peak"] for r in m["memory"]["ranks"]]
+    assert got == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]]
+
+
 def test_bfloat16_batches_scattered_from_root(runs):
     local = runs(3, "--precision", "mixed-bf16", "--zero", "0")
     root = runs(3, "--precision", "mixed-bf16", "--zero", "0", "--data-source", "root")
@@ -219,7 +257,7 @@ def test_simulated_clock_charges_two_bytes(runs):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--precision", "mixed-fp16", "--tp", "2"], "serial, --dp and --zero layouts only"),
+        (["--precision", "mixed-fp16", "--tp", "2"], "serial, --dp, --zero and --pp layouts (not --tp)"),
         (["--precision", "mixed-bf16", "--dtype", "float64"], "float32 master"),
         (["--precision", "mixed-bf16", "--collectives", "mpi"], "cannot sum bfloat16"),
         (["--precision", "fp8"], "invalid choice"),

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-source", default="local", help="local | root")
     g.add_argument("--precision", default="fp32", help="fp32 | fp64 | mixed (2-byte params/grads, K=12 Adam)")
     g.add_argument("--optimizer", default="sgd", help="sgd | adam")
-    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks; dp, --zero, --tp)")
+    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks)")
     g.add_argument(
         "--sp",
         action="store_true",

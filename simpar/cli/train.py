@@ -44,7 +44,7 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         "--arch",
         default=d.arch,
         choices=ARCHS,
-        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp)",
+        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp or --pp)",
     )
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     if not tour:  # the tour's layouts include tp and pp, which MoE does not support
@@ -72,7 +72,7 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         default=d.precision,
         choices=PRECISIONS,
         help="fp32: all in --dtype; mixed-fp16|mixed-bf16: half weights, activations, gradients and "
-        "messages, float32 master weights and optimizer state, dynamic loss scaling (dp and --zero)",
+        "messages, float32 master weights and optimizer state, dynamic loss scaling (dp, --zero, --pp)",
     )
     g.add_argument(
         "--loss-scale",

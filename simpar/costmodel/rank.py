@@ -92,11 +92,22 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             held_row[c] += z_l if spec.recompute == "selective" else 0
     if spec.recompute == "none":
         held_row = act_row
-    if spec.arch == "resmlp":  # units, not layers (pp = 1): their own FLOPs and kept arrays
-        works = [layer_work(spec, i, "full") for i in range(*shape.bounds[mine[0]])]
-        fwd, bwd = sum(w["fwd_flops"] for w in works), sum(w["bwd_flops"] for w in works)
-        act_row = {c: sum(w["act_row"] for w in works) for c in mine}
-        held_row = act_row
+    if spec.arch == "resmlp":  # units, not layers (--tp: resblocks.py): their own FLOPs and kept arrays
+        fwd = bwd = 0
+        for c in mine:
+            lo, hi = shape.bounds[c]
+            works = [layer_work(spec, i, "full") for i in range(lo, hi)]
+            fwd += sum(w["fwd_flops"] for w in works)
+            bwd += sum(w["bwd_flops"] for w in works)
+            act_row[c] = sum(w["act_row"] for w in works)
+            held_row[c] = {  # what --recompute keeps from the forward to the backward, per row
+                "none": act_row[c],
+                "full": W[lo],  # the chunk's input
+                # + each block's z1 and every unit's output but the chunk's last
+                "selective": W[lo]
+                + sum(W[i] for i in range(lo, hi) if 0 < i < spec.n_layers - 1)
+                + sum(W[i + 1] for i in range(lo, hi - 1)),
+            }[spec.recompute]
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
             (lo, hi), kinds = shape.bounds[c], shape.kinds[c]
@@ -294,7 +305,9 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
     output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
     LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
     LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
-    and s (1). The same accounting simclock is charged with (resmlp.BlockUnit)."""
+    and s (1). Split for zero-bubble schedules, the W half is the two dW matmuls (as many FLOPs as
+    the forward) and four row sums (db1, db2, dgamma, dbeta: w_elems 4d); the B half the rest. The
+    same accounting simclock is charged with (resmlp.BlockUnit)."""
     W, n = spec.widths, spec.n_layers
     if 0 < i < n - 1:
         d = W[i]
@@ -304,6 +317,8 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
             "fwd_elems": 17 * d,
             "bwd_elems": 17 * d,
             "bwd_call_elems": 3 * (2 * d * d + 4 * d),
+            "w_elems": 4 * d,
+            "act_elems": 10 * d,  # --recompute selective redoes LayerNorm (8) and act(z1) (2)
             "act_row": 5 * d + 1,
         }
     a, b = W[i], W[i + 1]
@@ -313,6 +328,8 @@ def resmlp_unit_work(spec: Spec, i: int) -> dict:
         "fwd_elems": 2 * b,
         "bwd_elems": b,
         "bwd_call_elems": 3 * a * b + 3 * b,
+        "w_elems": b,  # db's row sum, as an MLP layer's
+        "act_elems": 0,  # selective keeps its output z: nothing to redo
         "act_row": a,
     }
 

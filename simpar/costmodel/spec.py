@@ -204,11 +204,11 @@ def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
     The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
     stage holds the fewest parameters; among equally good splits, later stages take as many layers as
     they can. Found here by bisection on that largest stage (`_min_bottleneck`), then filled from the
-    back; `--stage-layers` overrides it.
+    back; `--stage-layers` overrides it. For resmlp the "layers" are its units, each weighed by
+    its parameters (unit_sizes: a block's 2d^2 + 4d).
     """
     counts = spec.stage_layers or balanced_counts(
-        [a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:])],
-        n_chunks(spec.schedule, spec.pp, spec.virtual_stages),
+        unit_sizes(spec), n_chunks(spec.schedule, spec.pp, spec.virtual_stages)
     )
     bounds, lo = [], 0
     for c in counts:
@@ -338,8 +338,8 @@ class Shape:
             ]
             for (lo, hi), ks in zip(bounds, kinds)
         ]
-        if spec.arch == "resmlp":  # pp = 1: one stage of units, blocks split over tp (resblocks.py)
-            sizes = [local_unit_sizes(spec)]
+        if spec.arch == "resmlp":  # each chunk's units; with --tp (pp = 1) blocks split (resblocks.py)
+            sizes = [local_unit_sizes(spec)[lo:hi] for lo, hi in bounds]
             if spec.tp > 1:
                 kinds = [unit_kinds(spec)]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]

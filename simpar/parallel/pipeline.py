@@ -40,12 +40,13 @@ import numpy as np
 
 from .. import trace
 from ..data import distributed_sampler, micro_steps
-from ..model import deferred_weight_grads, softmax_cross_entropy
-from ..optim import make_optimizer
+from ..model import deferred_weight_grads
+from ..precision import build_optimizer, loss_grad, wire
 from . import recompute
-from .base import HeldBytes, SerialStack, Strategy
+from .base import HeldBytes, Strategy
 from .data import GradientBuckets
 from .pipeline_comms import StageMessages
+from .resstack import make_stack
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
@@ -92,17 +93,21 @@ class PipelineParallel(StageMessages, Strategy):
         self.kind = SCHEDULES[cfg.schedule]
         self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
         self.C = self.kind.chunks(self.S, self.V)  # model chunks; chunk c runs on rank kind.rank_of(c)
-        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers)
+        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers, arch=cfg.arch)
         self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
         self.chunks = chunks_of(self.steps)
         self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
         self.stores = [self.stacks[c].store for c in self.chunks]
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)  # this rank's layers only
+        # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
+        # over the pp group on skipping an overflowed step (precision.py).
+        self.optimizer = build_optimizer(cfg, mesh.pp_comm)
+        self.pp_comm = wire(mesh.pp_comm, cfg)  # bfloat16 messages travel as uint16 views
+        dp_comm = wire(mesh.dp_comm, cfg)  # ONE wrapper: it keeps the tag counter all chunks' buckets share
         self.buckets = {
-            c: GradientBuckets(st.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
+            c: GradientBuckets(st.store, dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
             for c, st in self.stacks.items()
         }
-        self.dtype = np.dtype(cfg.dtype)
+        self.dtype = cfg.compute_dtype()
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
         # A chunk's gradients are final in its last backward (or W pass): that one feeds the DP buckets.
         self.last_grad_step = {
@@ -127,7 +132,7 @@ class PipelineParallel(StageMessages, Strategy):
             from .tensor import TensorParallelStack
 
             return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        return SerialStack(cfg, list(range(lo, hi)))
+        return make_stack(cfg, lo, hi)  # an MLP's layers, or resmlp's units (resstack.py)
 
     @property
     def is_first(self) -> bool:
@@ -183,7 +188,7 @@ class PipelineParallel(StageMessages, Strategy):
         for step in self.steps:
             self._handlers[type(step)](step, flight)
         with trace.span("wait sends", "comm"):
-            self.mesh.pp_comm.waitall([request for request, _ in flight.sends])
+            self.pp_comm.waitall([request for request, _ in flight.sends])
         flight.sends.clear()
 
     # -- the step handlers ---------------------------------------------------------------------------
@@ -209,8 +214,8 @@ class PipelineParallel(StageMessages, Strategy):
             if step.chunk == self.C - 1:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
                 # the micro-batches' (and dp ranks') gradients add up to the serial gradient.
-                share, flight.grads[key] = softmax_cross_entropy(
-                    y, flight.labels.pop(step.mb), flight.global_batch
+                share, flight.grads[key] = loss_grad(
+                    self.optimizer, y, flight.labels.pop(step.mb), flight.global_batch
                 )
                 flight.loss += share
             else:

@@ -9,7 +9,8 @@ the next chunk and its input gradient the previous one, when those live on other
     RecvGrad(mb, c)  blocking recv of dL/d(output of (mb, c)) from chunk c+1's rank
 
 Which rank holds a chunk is the schedule's placement (Schedule.rank_of: c mod S, or zb-v's V). All
-of it goes over mesh.pp_comm in category "activation", so the ledger counts exactly these bytes.
+of it goes over the stage's pp communicator (self.pp_comm: mesh.pp_comm, with bfloat16 sent as
+uint16 views under --precision mixed-bf16) in category "activation", so the ledger counts exactly these bytes.
 A message is matched by its tag, 2*(mb*C + receiving chunk) + ACT / GRAD, so several chunks and
 micro-batches can be in flight between the same two ranks without mixing up. Sends are non-blocking:
 the buffer is kept in `flight.sends` until pipeline._run waits for them at the end of the pass
@@ -33,12 +34,12 @@ def message_tag(mb: int, chunk: int, chunks: int, direction: int) -> int:
 
 class StageMessages:
     """The four message steps of a pipeline stage (mixed into PipelineParallel, which provides
-    mesh, cfg, kind, S, C, bounds and dtype)."""
+    pp_comm, cfg, kind, S, C, bounds and dtype)."""
 
     def _send(self, flight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
         with trace.span(name, "comm"):
-            request = self.mesh.pp_comm.isend(buf, dest, "activation", op, tag)
+            request = self.pp_comm.isend(buf, dest, "activation", op, tag)
         flight.sends.append((request, buf))  # MPI reads buf until the request completes: keep it
 
     def _recv(self, shape: tuple, source: int, op: str, tag: int, name: str) -> np.ndarray:
@@ -48,7 +49,7 @@ class StageMessages:
         # the classic pipeline bug. np.empty per message makes that impossible.
         buf = np.empty(shape, dtype=self.dtype)
         with trace.span(name, "comm"):
-            return self.mesh.pp_comm.recv(buf, source, "activation", op, tag)
+            return self.pp_comm.recv(buf, source, "activation", op, tag)
 
     def _send_act(self, step: SendAct, flight) -> None:
         mb, c = step.mb, step.chunk

@@ -10,7 +10,8 @@ backward. With recomputation the forward keeps less and the backward first rebui
   selective  keep the chunk's input and every matmul output z; the backward recomputes the cheap
              elementwise part, y = act(z) (= the next layer's x), 2 bytes moved per element
              (Korthikanti et al. 2022, "Reducing activation recomputation", sec. 4.2 keeps the
-             expensive parts and recomputes the cheap ones; in an MLP that is the activation)
+             expensive parts and recomputes the cheap ones; in an MLP that is the activation;
+             in a chunk of resmlp units LayerNorm and the activation: resstack.save_selective)
 
 What the rank's meter holds (the metrics' activations_peak, predicted by costmodel/rank.py): `held`
 bytes from the forward to the backward; during the backward the rebuilt Contexts in full, `held`
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 
 from .. import simclock
 from ..model import ACTIVATIONS, Context
+from ..resmlp import BlockContext
+from . import resstack
 from .base import HeldBytes, NonFiniteWatch
 
 
@@ -32,14 +35,17 @@ class Saved:
     """What the forward of one (micro-batch, chunk) kept, and the bytes it holds."""
 
     x: object  # the chunk's input
-    zs: list | None  # selective: each layer's z (full: None)
+    zs: list | None  # selective: each layer's z (full: None); resmlp units: resstack.save_selective's
     held: int
+    units: bool = False  # zs came from resstack.save_selective
 
 
 def save(mode: str, x, contexts: list) -> Saved:
     """Keep the chunk input (full), or the input and the z's (selective), and drop the rest."""
     if mode == "full":
         return Saved(x, None, x.nbytes)
+    if any(isinstance(ctx, BlockContext) for ctx in contexts):
+        return Saved(x, *resstack.save_selective(x, contexts), units=True)
     zs = [ctx.z for ctx in contexts]
     counted = sum(ctx.z.nbytes for ctx in contexts if ctx.z is not ctx.y)  # logits: z IS the output
     return Saved(x, zs, x.nbytes + counted)
@@ -50,6 +56,8 @@ def restore(mode: str, saved: Saved, stack) -> list:
     selective applies each layer's activation to its kept z."""
     if mode == "full":
         return stack.forward(saved.x, HeldBytes(), NonFiniteWatch())[1]
+    if saved.units:
+        return resstack.restore_selective(saved.x, saved.zs, stack)
     contexts, x, clock = [], saved.x, simclock.active()
     for layer, z in zip(stack.store.layers, saved.zs):
         y = ACTIVATIONS[layer.act][0](z)

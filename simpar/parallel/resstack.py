@@ -1,17 +1,19 @@
-"""The whole model as units (resmlp.py) on one rank: SerialStack's interface for any --arch.
+"""Consecutive units (resmlp.py) on one rank: SerialStack's interface for any --arch.
 
-Data parallelism and ZeRO-1 run this stack for --arch resmlp. Parameters and gradients live in one
-flat buffer each (ParamStore), a unit's slice of them being its flat vector, so the gradient buckets
-and ZeRO-1's chunks see the model exactly as they see an MLP. `store.layers` holds one entry per unit
-for them: a projection's (W, b) views, a block's flat vector as W with an empty b.
+Data parallelism and ZeRO-1 run this stack with every unit for --arch resmlp; a pipeline stage runs
+it with the units of its chunk (partition.py cuts the model into runs of units). Parameters and
+gradients live in one flat buffer each (ParamStore), a unit's slice of them being its flat vector,
+so the gradient buckets and ZeRO-1's chunks see the model exactly as they see an MLP. `store.layers`
+holds one entry per unit for them: a projection's (W, b) views, a block's flat vector as W with an
+empty b.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..model import Linear, ParamStore
-from ..resmlp import LinearUnit, build_units
+from ..model import Context, Linear, ParamStore
+from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
@@ -37,8 +39,11 @@ def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
 
 
 class UnitStack:
-    def __init__(self, cfg):
-        self.units = build_units(cfg)
+    """The units `unit_indices` of the model (default: all), SerialStack's interface."""
+
+    def __init__(self, cfg, unit_indices: list[int] | None = None):
+        every = build_units(cfg)
+        self.units = every if unit_indices is None else [every[i] for i in unit_indices]
         dtype = cfg.compute_dtype()
         # from (seed, unit) on the full shape, as every layout
         self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
@@ -54,7 +59,7 @@ class UnitStack:
 
     def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
         for u, (p, g), ctx in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
-            grad = u.backward(p, g, ctx, grad, need_dx=u.index > 0)
+            grad = u.backward(p, g, ctx, grad, need_dx=u.index > 0)  # B half only if deferring
             meter.free(ctx.nbytes)
             if on_layer_done is not None:
                 on_layer_done(u.index)
@@ -69,8 +74,45 @@ class UnitStack:
         return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
 
 
-def make_stack(cfg):
-    """All of the model on this rank: SerialStack for the MLP (unchanged), UnitStack for resmlp."""
+# -- --recompute selective for units (recompute.py calls these for a chunk that holds a block) -------
+# Keep what the matmuls produced, recompute the cheap rest (Korthikanti et al. 2022, sec. 4.2): the
+# chunk's input; each unit's output but the last (it is the next unit's input: a projection's z, a
+# block's x + v); each block's z1 = W1 LN(x) + b1. The backward rebuilds LayerNorm's xh, s, h and
+# u = act(z1). Every kept array is inside the rebuilt Contexts, as recompute.py's meter assumes; the
+# chunk's last projection keeps its z as the backward's (unused) z, y, uncounted like the MLP's logits.
+
+
+def save_selective(x, contexts: list) -> tuple[list, int]:
+    """(per unit: (z or z1, its output or None), bytes held) for recompute.Saved."""
+    kept, held = [], x.nbytes
+    for k, ctx in enumerate(contexts):
+        out = contexts[k + 1].x if k + 1 < len(contexts) else None
+        if isinstance(ctx, BlockContext):
+            z1 = ctx.z1
+            kept.append((z1, out))
+            held += z1.nbytes + (out.nbytes if out is not None else 0)
+        else:  # a projection: its output IS its z (no activation)
+            kept.append((ctx.z, None))
+            held += ctx.z.nbytes if out is not None else 0
+    return kept, held
+
+
+def restore_selective(x, kept: list, stack: UnitStack) -> list:
+    """The chunk's Contexts again from save_selective's arrays (numbers equal to the forward's)."""
+    contexts = []
+    for unit, (p, _), (z, out) in zip(stack.units, stack.flats, kept):
+        if isinstance(unit, BlockUnit):
+            contexts.append(unit.rebuild_context(p, x, z))
+            x = out
+        else:
+            contexts.append(Context(x, z, z))
+            x = z
+    return contexts
+
+
+def make_stack(cfg, lo: int = 0, hi: int | None = None):
+    """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp."""
+    indices = list(range(lo, cfg.n_layers if hi is None else hi))
     if cfg.arch == "resmlp":
-        return UnitStack(cfg)
-    return SerialStack(cfg, list(range(cfg.n_layers)))
+        return UnitStack(cfg, indices)
+    return SerialStack(cfg, indices)
