@@ -58,6 +58,7 @@ MUST_MATCH = (
     ("activation", "--activation"),
     ("arch", "--arch"),
     ("dtype", "--dtype"),
+    ("precision", "--precision"),
     ("optimizer", "--optimizer"),
     ("dataset", "--dataset"),
     ("batch", "--batch"),

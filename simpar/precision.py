@@ -142,6 +142,24 @@ class MixedPrecisionOptimizer:
     def summary(self) -> dict:
         return {"loss_scale": self.scale, "skipped_steps": len(self.skipped), "skipped_at": self.skipped}
 
+    # Checkpoints: the float32 masters are one more slot beside the inner optimizer's (keyed by
+    # position like them, so ZeRO's shards gather and slice the same way), and the scaler's state
+    # is scalars. Resuming restores all of it: the run continues bit for bit.
+    def state_slots(self) -> dict[str, dict[int, np.ndarray]]:
+        return {"master": self.master, **self.inner.state_slots()}
+
+    def state_scalars(self) -> dict:
+        scaler = {"loss_scale": self.scale, "good_steps": self.good_steps, "steps": self.steps}
+        return {**self.inner.state_scalars(), **scaler, "skipped_at": list(self.skipped)}
+
+    def load_state(self, slots: dict, scalars: dict) -> None:
+        self.master = {i: np.asarray(a, np.float32) for i, a in slots.get("master", {}).items()}
+        self.inner.load_state({k: v for k, v in slots.items() if k != "master"}, scalars)
+        self.scale = float(scalars.get("loss_scale", self.scale))
+        self.good_steps = int(scalars.get("good_steps", 0))
+        self.steps = int(scalars.get("steps", 0))
+        self.skipped = [int(k) for k in scalars.get("skipped_at", [])]
+
 
 def build_optimizer(cfg, comm=None):
     """The run's optimizer: optim.py's as is, or wrapped for --precision mixed-*."""

@@ -267,3 +267,26 @@ def test_unsupported_combinations_are_one_line(args, message):
     res = run_mpi(2, ["train", "--steps", "1", *args], timeout=60)
     assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_checkpoints_keep_masters_moments_and_the_loss_scale(tmp_path):
+    """A mixed-precision checkpoint holds the float32 masters and Adam's moments as slots and the
+    scaler's state as scalars: resuming on the same sum order (any dp/ZeRO layout) continues bit for
+    bit, skipped steps included; on one rank, within TOL (another summation order, module docstring)."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--batch", "64", "--steps", "8", "--optimizer", "adam", "--lr", "0.005"]
+    common += ["--precision", "mixed-fp16", "--loss-scale", str(2.0**20)]  # overflows at first: skips
+    ref = train_json(
+        2, [*common, "--zero", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4"], tmp_path, "ref"
+    )
+    assert ref["precision"]["skipped_at"][:2] == [1, 2]
+    step4 = str(ckpt / "step-000004")
+    for n, layout, tol in ((2, ["--zero", "1"], 0.0), (1, [], TOL["mixed-fp16"])):
+        got = train_json(n, [*common, *layout, "--resume", step4], tmp_path, f"r{n}")
+        np.testing.assert_allclose(got["losses"], ref["losses"][4:], rtol=tol, atol=0)
+        assert got["precision"]["skipped_at"] == ref["precision"]["skipped_at"]
+        assert got["precision"]["loss_scale"] == ref["precision"]["loss_scale"]
+        a, b = flat(got["weights"]).astype(np.float64), flat(ref["weights"]).astype(np.float64)
+        assert np.abs(a - b).max() <= tol * np.abs(b).max()
+    bad = run_mpi(1, ["train", *common[:-4], "--resume", step4], timeout=60)  # fp32 from a mixed one
+    assert bad.returncode == 2 and "--precision" in bad.stderr and "Traceback" not in bad.stderr

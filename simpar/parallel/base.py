@@ -111,8 +111,9 @@ class Strategy(ABC):
         elsewhere; every rank must call it (control traffic)."""
 
     @abstractmethod
-    def slice_full(self, full: list) -> list[np.ndarray]:
-        """Full-shape [(W, b), ...] -> fresh arrays laid out like optimizer_params(); no traffic."""
+    def slice_full(self, full: list, dtype=None) -> list[np.ndarray]:
+        """Full-shape [(W, b), ...] -> fresh arrays laid out like optimizer_params(), in `dtype` (by
+        default the parameters'); no traffic."""
 
     def load_params(self, full: list) -> None:
         """Set this rank's parameters from full shape. Strategies that hold more than they update
@@ -131,12 +132,21 @@ class Strategy(ABC):
                 slots[name] = self.gather_full([by_position[i] for i in range(positions)])
         if self.mesh.world.rank != 0:
             return None
+        # --precision mixed-*: the half weights are stored as float32 (exactly: every half number is
+        # one), so a checkpoint is in --dtype like every other; the float32 masters are a slot.
+        params = [
+            (W.astype(self.cfg.dtype, copy=False), b.astype(self.cfg.dtype, copy=False)) for W, b in params
+        ]
         return FullState(params, slots, self.optimizer.state_scalars())
 
     def load_full_state(self, state: FullState) -> None:
         """Every rank takes its slice of the same full-shape state: no traffic."""
         self.load_params(state.params)
-        slots = {name: dict(enumerate(self.slice_full(full))) for name, full in state.slots.items()}
+        # Each slot in its own type: float32 masters and moments stay float32 under mixed precision.
+        slots = {
+            name: dict(enumerate(self.slice_full(full, full[0][0].dtype)))
+            for name, full in state.slots.items()
+        }
         self.optimizer.load_state(slots, state.scalars)
 
     def memory_of(self, params: int, grads: int, optimizer: int) -> dict:
@@ -194,9 +204,10 @@ class SerialStack:
         flat = self.store.params if flat is None else flat
         return [(i, W.copy(), b.copy()) for i, W, b in store_views(self.store, flat)]
 
-    def flat_from_full(self, full: list) -> np.ndarray:
-        """A fresh array laid out like store.params, cut from full-shape [(W, b), ...]."""
-        return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
+    def flat_from_full(self, full: list, dtype=None) -> np.ndarray:
+        """A fresh array laid out like store.params, cut from full-shape [(W, b), ...] (in `dtype`, by
+        default the parameters'; mixed precision's float32 optimizer state keeps float32)."""
+        return flatten([full[layer.index] for layer in self.store.layers], dtype or self.store.params.dtype)
 
 
 def store_views(store: ParamStore, flat: np.ndarray) -> list:

@@ -141,5 +141,5 @@ class DataParallel(Strategy):
             return None  # replicas are identical: rank 0 has it all, nothing moves
         return [(W, b) for _, W, b in self.stack.full_pieces(local[0])]
 
-    def slice_full(self, full):
-        return [self.stack.flat_from_full(full)]
+    def slice_full(self, full, dtype=None):
+        return [self.stack.flat_from_full(full, dtype)]

@@ -296,5 +296,5 @@ class ExpertParallel(Strategy):
     def gather_full(self, local):
         raise SimparError("checkpoints of --experts runs are not supported")  # config.moe_rules refuses them
 
-    def slice_full(self, full):
+    def slice_full(self, full, dtype=None):
         raise SimparError("checkpoints of --experts runs are not supported")

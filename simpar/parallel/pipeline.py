@@ -314,5 +314,5 @@ class PipelineParallel(StageMessages, Strategy):
         by_layer = {index: (W, b) for part in gathered if part for index, W, b in part}
         return [by_layer[i] for i in range(self.cfg.n_layers)]
 
-    def slice_full(self, full):
-        return [self.stacks[c].flat_from_full(full) for c in self.chunks]
+    def slice_full(self, full, dtype=None):
+        return [self.stacks[c].flat_from_full(full, dtype) for c in self.chunks]

@@ -70,8 +70,8 @@ class UnitStack:
         flat = self.store.params if flat is None else flat
         return [(i, W.copy(), b.copy()) for i, W, b in store_views(self.store, flat)]
 
-    def flat_from_full(self, full: list) -> np.ndarray:
-        return flatten([full[layer.index] for layer in self.store.layers], self.store.params.dtype)
+    def flat_from_full(self, full: list, dtype=None) -> np.ndarray:
+        return flatten([full[layer.index] for layer in self.store.layers], dtype or self.store.params.dtype)
 
 
 # -- --recompute selective for units (recompute.py calls these for a chunk that holds a block) -------

@@ -225,10 +225,10 @@ class ResTensorStack:
                 out.append((u.index, *u.weights(shards[0][n])))
         return out
 
-    def flat_from_full(self, full: list) -> np.ndarray:
+    def flat_from_full(self, full: list, dtype=None) -> np.ndarray:
         """A fresh array laid out like store.params: this rank's share of each full-shape unit."""
         parts = []
         for u in self.units:
             W, b = full[u.index]
             parts.append(u.cut(W) if isinstance(u, ShardedBlock) else np.concatenate((W.reshape(-1), b)))
-        return np.concatenate(parts).astype(self.store.params.dtype, copy=False)
+        return np.concatenate(parts).astype(dtype or self.store.params.dtype, copy=False)

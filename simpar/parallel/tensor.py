@@ -182,10 +182,10 @@ class TensorParallelStack:
             out.append((layer.index, W, b))
         return out
 
-    def flat_from_full(self, full: list) -> np.ndarray:
+    def flat_from_full(self, full: list, dtype=None) -> np.ndarray:
         """A fresh array laid out like store.params: this rank's shard of each full-shape layer."""
         pairs = [self._shard(kind, *full[layer.index]) for layer, kind in zip(self.store.layers, self.kinds)]
-        return flatten(pairs, self.store.params.dtype)
+        return flatten(pairs, dtype or self.store.params.dtype)
 
 
 class TensorParallel(Strategy):
@@ -240,5 +240,5 @@ class TensorParallel(Strategy):
         pieces = self.stack.full_pieces(local[0])
         return [(W, b) for _, W, b in pieces] if self.mesh.world.rank == 0 else None
 
-    def slice_full(self, full):
-        return [self.stack.flat_from_full(full)]
+    def slice_full(self, full, dtype=None):
+        return [self.stack.flat_from_full(full, dtype)]

@@ -283,8 +283,8 @@ class ZeroDataParallel(Strategy):
             layers = [np.concatenate([p[i] for p in parts]) for i in range(len(self.sizes))]
         return [self.units[i].weights(f) for i, f in enumerate(layers)]
 
-    def slice_full(self, full):
-        layers = [np.concatenate((W.reshape(-1), b)).astype(self.dtype, copy=False) for W, b in full]
+    def slice_full(self, full, dtype=None):
+        layers = [np.concatenate((W.reshape(-1), b)).astype(dtype or self.dtype, copy=False) for W, b in full]
         if self.stage == 1:
             return [np.concatenate(layers)[self.chunk].copy()]
         return [f[lo:hi].copy() for f, (lo, hi) in zip(layers, self.mine)]
