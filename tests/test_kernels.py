@@ -290,3 +290,15 @@ def test_end_to_end_training_with_each_backend_matches_numpy(tmp_path, backend, 
         runs[name] = json.loads(out.read_text())
     assert runs[backend]["kernels"] == backend
     np.testing.assert_allclose(runs[backend]["losses"], runs["numpy"]["losses"], rtol=1e-12)
+
+
+def test_bench_matmul_breakdown_prints_each_part(capsys):
+    """`bench matmul --breakdown` replays the GEMM's packing and micro-kernel calls alone (no timed
+    assertion: what it measures is printed, not judged)."""
+    from simpar.cli.bench import matmul_main
+
+    assert matmul_main(["--sizes", "40", "--repeat", "1", "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "where the Numba GEMM's time goes" in out and "pack A" in out
+    row = out.strip().splitlines()[-2].split()
+    assert row[0] == "40" and len(row) == 9 and all(float(x) >= 0 for x in row[1:])

@@ -1,6 +1,6 @@
 """`python -m simpar bench ...`: micro-benchmarks and hardware calibration (the code is in simpar/bench/).
 
-python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 --json]
+python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 --json --breakdown]
 mpiexec -n 2 python -m mpi4py -m simpar bench allreduce [--sizes 1K,...,64M --algorithms ring,tree]
 python -m simpar bench --calibrate [-o FILE]     measure this machine (< 30 s) and save a hardware
                                                  profile for `plan --hardware local`
@@ -55,6 +55,11 @@ def matmul_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=128, help="rows of x for the fused-layer comparison")
     p.add_argument("--act", default="relu", help=" | ".join(matmul.ACTS))
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the Numba GEMM's parts alone: packing B, packing A, the micro-kernel (and in L1)",
+    )
     return p
 
 
@@ -95,6 +100,7 @@ def matmul_main(argv: list[str]) -> int:
     ready_s = time.perf_counter() - t0
 
     rows = [matmul.measure(n, dtype, args.repeat, args.batch, args.act) for n in sizes]
+    parts = [matmul.breakdown(n, dtype, args.repeat) for n in sizes] if args.breakdown else None
     if args.json:
         print(
             json.dumps(
@@ -104,11 +110,15 @@ def matmul_main(argv: list[str]) -> int:
                     "repeat": args.repeat,
                     "numba_ready_s": ready_s,
                     "results": rows,
+                    "breakdown": parts,
                 }
             )
         )
     else:
         print(matmul.format_table(rows, args.dtype, threads, ready_s))
+        if parts:
+            print()
+            print(matmul.format_breakdown(parts, args.dtype))
     return 0
 
 
