@@ -143,9 +143,9 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"{cfg.layers}",
         )
         _require(
-            cfg.tp == 1 or cfg.pp == 1,
-            "--arch resmlp runs serial, --dp, --zero, --tp and --pp layouts, but not --tp with --pp "
-            "(restensor.py shards the whole model, not a pipeline chunk)",
+            not (cfg.sp and cfg.pp > 1),
+            "--sp with --pp is not supported: a pipeline stage receives every row of a micro-batch; "
+            "use --tp with --pp, or --sp without --pp",
         )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). A pipeline's

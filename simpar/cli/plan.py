@@ -196,7 +196,7 @@ def plan_main(argv: list[str]) -> int:
         print(json.dumps(pred, indent=1, default=str))
     else:
         print(format_plan(pred, hw, limit, spec.widths))
-        if spec.arch == "resmlp" and spec.tp > 1:
+        if spec.arch == "resmlp" and spec.tp > 1 and spec.pp == 1:  # --sp is not offered with --pp
             print(sp_saving(spec, pred, cm.predict(cm.Spec(**dict(spec.__dict__, sp=not spec.sp)), hw)))
     return 0
 

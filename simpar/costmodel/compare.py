@@ -43,7 +43,8 @@ def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tupl
     cands, invalid = [], 0
     for dp, tp, pp in factorizations(world):
         zeros = (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,)
-        sps = (False, True) if spec.arch == "resmlp" and tp > 1 else (False,)  # sequence parallel or not
+        # sequence parallel or not (resmlp under --tp; --sp is not offered with --pp)
+        sps = (False, True) if spec.arch == "resmlp" and tp > 1 and pp == 1 else (False,)
         for zero, sp in ((z, s) for z in zeros for s in sps):
             d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero, sp=sp)
             try:

@@ -103,9 +103,10 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             held_row[c] = {  # what --recompute keeps from the forward to the backward, per row
                 "none": act_row[c],
                 "full": W[lo],  # the chunk's input
-                # + each block's z1 and every unit's output but the chunk's last
+                # + each block's z1 (this rank's d/t columns under --tp) and every unit's output but
+                # the chunk's last
                 "selective": W[lo]
-                + sum(W[i] for i in range(lo, hi) if 0 < i < spec.n_layers - 1)
+                + sum(W[i] // spec.tp for i in range(lo, hi) if 0 < i < spec.n_layers - 1)
                 + sum(W[i + 1] for i in range(lo, hi - 1)),
             }[spec.recompute]
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
@@ -117,8 +118,9 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                     book.add("activation", "tp-f-allreduce", "tp", cost, prec.act, times)
                 elif kind == "block":  # resmlp under --tp: g / f, or --sp's gathers and scatters
                     for phase in ("forward", "backward"):
+                        again = 2 if phase == "forward" and spec.recompute == "full" else 1
                         for op, cost in block_collectives(spec, b, i, t, phase):
-                            book.add("activation", op, "tp", cost, prec.act, times)
+                            book.add("activation", op, "tp", cost, prec.act, times * again)
                 elif kind == "row":  # g: forward all-reduce of the partial products (again if recomputed)
                     cost = allreduce(b * W[i + 1], spec.tp, t)
                     again = 2 if spec.recompute == "full" else 1

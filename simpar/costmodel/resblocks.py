@@ -61,8 +61,10 @@ def sharded_unit_work(spec, i: int) -> dict:
     A block: two r x d x dl matmuls forward, four backward; forward LayerNorm 8, b2 2, the residual 3
     elements per feature on the shared rows, b1 and act 4 per column of this rank; backward LN' 10
     and the residual 2 on the shared rows, b2's row sum 1 on all rows (it sums the gathered dL/dy),
-    act' 3 and b1's row sum 1 per column. A projection: as rank.resmlp_unit_work, on share*r rows.
-    (The same accounting parallel/restensor.py charges the simulated clock with.)"""
+    act' 3 and b1's row sum 1 per column. Split for a zero-bubble pipeline, the W half is the two dW
+    matmuls and the row sums of b2 (d) and b1 (dl); B keeps LayerNorm's. --recompute selective redoes
+    LayerNorm (8 per feature) and act(z1) (2 per column). A projection: as rank.resmlp_unit_work, on
+    share*r rows. (The same accounting parallel/restensor.py charges the simulated clock with.)"""
     W, s = spec.widths, row_share(spec)
     if is_block(spec, i):
         d = W[i]
@@ -73,6 +75,8 @@ def sharded_unit_work(spec, i: int) -> dict:
             "fwd_elems": 13 * d * s + 4 * dl,
             "bwd_elems": 12 * d * s + d + 4 * dl,
             "bwd_call_elems": 3 * local_unit_sizes(spec)[i],
+            "w_elems": d + dl,  # zero-bubble W half: b2's and b1's row sums (LN's ride with B's dx)
+            "act_elems": 8 * d * s + 2 * dl,  # --recompute selective redoes LayerNorm and act(z1)
             "act_row": (2 * d + 1) * s + d + 2 * dl,
         }
     a, b = W[i], W[i + 1]
@@ -82,6 +86,8 @@ def sharded_unit_work(spec, i: int) -> dict:
         "fwd_elems": 2 * b * s,
         "bwd_elems": b * s,
         "bwd_call_elems": 3 * a * b + 3 * b,
+        "w_elems": b * s,  # db's row sum, as an MLP layer's
+        "act_elems": 0,  # selective keeps its output z: nothing to redo
         "act_row": a * s,
     }
 

@@ -338,10 +338,10 @@ class Shape:
             ]
             for (lo, hi), ks in zip(bounds, kinds)
         ]
-        if spec.arch == "resmlp":  # each chunk's units; with --tp (pp = 1) blocks split (resblocks.py)
+        if spec.arch == "resmlp":  # each chunk's units; with --tp their blocks split (resblocks.py)
             sizes = [local_unit_sizes(spec)[lo:hi] for lo, hi in bounds]
             if spec.tp > 1:
-                kinds = [unit_kinds(spec)]
+                kinds = [unit_kinds(spec)[lo:hi] for lo, hi in bounds]
         buckets = [dp_buckets(sz, spec.prec.grad, spec.bucket_mb) for sz in sizes]
         chunks = [stage_chunks(spec.schedule, spec.pp, spec.virtual_stages, s) for s in range(spec.pp)]
         return cls(bounds, kinds, sizes, buckets, chunks)

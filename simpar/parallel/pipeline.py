@@ -24,7 +24,8 @@ B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per el
                                              + B_r * layers[lo_c] * bpe  (if c > 0, c-1 elsewhere)
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
-own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack. A pure pipeline
+own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack (resmlp's units: a
+ResTensorStack over the chunk's units, restensor.py). A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 
@@ -128,6 +129,10 @@ class PipelineParallel(StageMessages, Strategy):
 
     @staticmethod
     def _stack(cfg, mesh, lo: int, hi: int):
+        if mesh.tp > 1 and cfg.arch == "resmlp":  # the chunk's units, blocks split (restensor.py)
+            from .restensor import ResTensorStack
+
+            return ResTensorStack(cfg, mesh, list(range(lo, hi)))
         if mesh.tp > 1:
             from .tensor import TensorParallelStack
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Context, Linear, ParamStore
-from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units
+from ..resmlp import BlockContext, LinearUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
@@ -97,16 +97,16 @@ def save_selective(x, contexts: list) -> tuple[list, int]:
     return kept, held
 
 
-def restore_selective(x, kept: list, stack: UnitStack) -> list:
+def restore_selective(x, kept: list, stack) -> list:
     """The chunk's Contexts again from save_selective's arrays (numbers equal to the forward's)."""
     contexts = []
     for unit, (p, _), (z, out) in zip(stack.units, stack.flats, kept):
-        if isinstance(unit, BlockUnit):
-            contexts.append(unit.rebuild_context(p, x, z))
-            x = out
-        else:
+        if isinstance(unit, LinearUnit):
             contexts.append(Context(x, z, z))
             x = z
+        else:  # a block, or this rank's share of one (restensor.ShardedBlock): same method
+            contexts.append(unit.rebuild_context(p, x, z))
+            x = out
     return contexts
 
 

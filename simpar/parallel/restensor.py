@@ -44,6 +44,11 @@ gradient is summed over dL/dy's rows AFTER g-bar's all-gather, so every rank hol
 
 Rows must divide evenly by t (config.validate asks --batch to be a multiple of dp*grad-accum*tp):
 the ring's chunks of r x d elements are then whole rows.
+
+Under --pp a stage's chunk is a ResTensorStack over the chunk's units (pipeline._stack): the same
+split, its own f and g per block; the residual stream arriving from the previous stage is already
+replicated over the tp group. Zero-bubble schedules split a block's backward into B and W halves
+(below); --sp with --pp is refused by config.validate. (A little over 300 lines: the B/W split.)
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import numpy as np
 import kernels
 
 from .. import collectives, simclock
+from ..model import ACTIVATIONS, pending_weight_passes
 from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units, layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch
 from .resstack import unit_store
@@ -74,6 +80,18 @@ class ShardedBlock:
         g, beta, W1, b1, W2, b2 = np.split(flat, np.cumsum([d, d, d * dl, dl, dl * d]))
         return g, beta, W1.reshape(d, dl), b1, W2.reshape(dl, d), b2
 
+    def rebuild_context(self, flat, x, z1) -> BlockContext:
+        """What forward kept, from the block's input x and this rank's columns of z1 (--recompute
+        selective, resstack.restore_selective): LayerNorm on x (~8 passes over rows x d) and
+        u = act(z1) (2 per column). Without --sp f is the identity, so h is LayerNorm's output."""
+        g, beta, *_ = self.views(flat)
+        h, (xh, s) = layernorm_forward(x, g, beta)
+        u = ACTIVATIONS[self.act][0](z1)
+        clock = simclock.active()
+        if clock is not None:
+            clock.stream((8 * self.d + 2 * self.dl) * x.shape[0] * x.itemsize)
+        return BlockContext(x, xh, s, h, z1, u)
+
     def cut(self, full_flat: np.ndarray) -> np.ndarray:
         """This rank's flat vector from the whole block's (initial weights or a checkpoint's)."""
         g, beta, W1, b1, W2, b2 = self.unit.views(full_flat)
@@ -91,15 +109,18 @@ class ShardedBlock:
 
 
 class ResTensorStack:
-    """The resmlp's units over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the
+    """The resmlp's units `unit_indices` (default: all; a pipeline chunk's run of units under --pp,
+    as resstack.make_stack) over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the
     interface of base.SerialStack. Under --sp, forward receives only this rank's rows (TensorParallel
     cuts them) and returns the logits of those rows."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, unit_indices: list[int] | None = None):
         self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
-        self.units = [ShardedBlock(u, t, k) if isinstance(u, BlockUnit) else u for u in build_units(cfg)]
+        every = build_units(cfg)
+        chosen = every if unit_indices is None else [every[i] for i in unit_indices]
+        self.units = [ShardedBlock(u, t, k) if isinstance(u, BlockUnit) else u for u in chosen]
 
         def initial(u):  # the serial model's numbers, cut to this rank's share
             return (
@@ -157,6 +178,11 @@ class ResTensorStack:
         return x + (v + b2), BlockContext(x, xh, s, h, z1, u)
 
     def _block_backward(self, blk: ShardedBlock, flat, gflat, ctx, dy):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half is queued for later
+            dx, weight_pass = self._block_backward_input(blk, flat, gflat, ctx, dy)
+            pending.append(weight_pass)
+            return dx
         gamma, beta, W1, b1, W2, b2 = blk.views(flat)
         grads = blk.views(gflat)
         x, xh, s, h, z1, u = ctx.arrays
@@ -175,6 +201,47 @@ class ResTensorStack:
                 clock.matmul(r, blk.d, blk.dl)
             clock.stream((12 * rs * blk.d + r * blk.d + 4 * r * blk.dl + 3 * blk.size) * bpe)
         return dy + dx  # the identity path
+
+    # -- the backward in two halves (zero-bubble pipelines, Qi et al. 2023, sec. 2; resmlp.BlockUnit's
+    # split with this rank's columns): B is the critical path -- du = dv W2_k^T, dz1 = act'(du),
+    # dh = f's all-reduce of dz1 W1_k^T, LayerNorm's dx (its dgamma, dbeta row sums come with it);
+    # W is the rest -- dW2_k += u_k^T dv, db2 += sum dv, dW1_k += h^T dz1, db1_k += sum dz1, and every
+    # accumulation. Together the fused backward's arithmetic, traffic and clock charges.
+    def _block_backward_input(self, blk: ShardedBlock, flat, gflat, ctx, dy):
+        """(dL/dx, the W half as a closure over dv, dz1 and LayerNorm's parameter gradients)."""
+        gamma, _, W1, _, W2, _ = blk.views(flat)
+        x, xh, s, h, z1, u = ctx.arrays
+        dv = self._g_back(dy)
+        dz1 = ACTIVATIONS[blk.act][1](dv @ W2.T, z1, u)
+        dx, ggamma, gbeta = layernorm_backward(self._f_back(dz1 @ W1.T), (xh, s), gamma)
+        clock = simclock.active()
+        if clock is not None:  # the two dx matmuls; act' 3 per column, LN' 10 and residual 2 on x's rows
+            r, rs = dv.shape[0], dy.shape[0]
+            clock.matmul(r, blk.d, blk.dl)
+            clock.matmul(r, blk.dl, blk.d)
+            clock.stream((12 * rs * blk.d + 3 * r * blk.dl) * dy.itemsize)
+        return dy + dx, lambda: self._block_backward_weight(blk, gflat, ctx, dv, dz1, ggamma, gbeta)
+
+    @staticmethod
+    def _block_backward_weight(blk: ShardedBlock, gflat, ctx, dv, dz1, ggamma, gbeta) -> None:
+        """The W half: add the six parameter gradients (+=: micro-batches add up)."""
+        dgamma, dbeta, dW1, db1, dW2, db2 = blk.views(gflat)
+        h, u = ctx.arrays[3], ctx.arrays[5]
+        for acc, new in (
+            (dW2, u.T @ dv),
+            (db2, dv.sum(axis=0)),
+            (dW1, h.T @ dz1),
+            (db1, dz1.sum(axis=0)),
+            (dgamma, ggamma),
+            (dbeta, gbeta),
+        ):
+            acc += new
+        clock = simclock.active()
+        if clock is not None:  # the two dW matmuls, db2 and db1's row sums, accumulating 3 per parameter
+            r = dv.shape[0]
+            clock.matmul(blk.dl, r, blk.d)
+            clock.matmul(blk.d, r, blk.dl)
+            clock.stream((r * blk.d + r * blk.dl + 3 * blk.size) * dv.itemsize)
 
     def _sync_sequence_grads(self, unit, gflat) -> None:
         """--sp: sum the partial gradients of parameters that saw only this rank's rows."""
