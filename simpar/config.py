@@ -148,14 +148,10 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "use --tp with --pp, or --sp without --pp",
         )
     if cfg.mixed:
-        # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). A pipeline's
-        # stages vote on skipping a step; tensor parallelism's f and g are not wired for halves yet.
+        # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). Ranks holding
+        # different gradients (ZeRO shards, pipeline stages, tp shards) vote on skipping a step.
         _require(
             cfg.dtype == "float32", f"--precision {cfg.precision} keeps float32 master weights; drop --dtype"
-        )
-        _require(
-            cfg.tp == 1,
-            f"--precision {cfg.precision} runs serial, --dp, --zero and --pp layouts (not --tp)",
         )
         _require(
             not (cfg.precision == "mixed-bf16" and cfg.collectives == "mpi"),

@@ -27,9 +27,10 @@ dW, db) back to half: the stored and communicated numbers are exactly half preci
 internal accumulation is wider, as on tensor cores (half inputs, float32 accumulators). resmlp's
 LayerNorm and the zero-bubble B/W halves (model.py, resmlp.py) follow the same rule.
 
-Layouts: serial, --dp, --zero 1/2/3 and --pp (the overflow verdict is agreed over the group whose
-ranks hold different gradients: ZeRO's dp group, each rank a shard; the pipeline's pp group, each
-stage its layers, the last one applying the loss scale). tp is refused by config.validate.
+Layouts: serial, --dp, --zero 1/2/3, --pp and --tp (the overflow verdict is agreed over the group
+whose ranks hold different gradients: ZeRO's dp group, each rank a shard; the pipeline's pp group,
+each stage its layers, the last one applying the loss scale; with --tp the whole world, as tp shards
+differ inside every stage -- see vote_comm). tp's f and g all-reduce half activations and gradients.
 """
 
 from __future__ import annotations
@@ -161,6 +162,13 @@ class MixedPrecisionOptimizer:
         self.skipped = [int(k) for k in scalars.get("skipped_at", [])]
 
 
+def vote_comm(mesh, group):
+    """The group that votes on skipping an overflowed step: `group` (the one whose ranks hold different
+    gradients in a layout without tp), or with --tp the world: tp shards differ inside every stage and
+    replica group, and one scalar all-reduce over the world covers tp x pp (dp replicas agree anyway)."""
+    return mesh.world if mesh.tp > 1 else group
+
+
 def build_optimizer(cfg, comm=None):
     """The run's optimizer: optim.py's as is, or wrapped for --precision mixed-*."""
     inner = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
@@ -210,5 +218,11 @@ class WireComm:
 
 
 def wire(comm, cfg):
-    """`comm`, wrapped in WireComm when this run communicates bfloat16."""
-    return WireComm(comm) if cfg.precision == "mixed-bf16" else comm
+    """`comm`, wrapped in WireComm when this run communicates bfloat16. Always the SAME wrapper for one
+    communicator: collectives keep their tag counter on the object they are given (collectives/base.py),
+    so two wrappers of one group (say, two pipeline chunks' tp stacks) would hand out colliding tags."""
+    if cfg.precision != "mixed-bf16":
+        return comm
+    if getattr(comm, "_wire", None) is None:
+        comm._wire = WireComm(comm)
+    return comm._wire

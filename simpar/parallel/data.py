@@ -18,7 +18,7 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 from __future__ import annotations
 
 from .. import collectives, trace
-from ..precision import build_optimizer, loss_grad, wire
+from ..precision import build_optimizer, loss_grad, vote_comm, wire
 from .base import Strategy
 from .resstack import make_stack
 
@@ -100,7 +100,8 @@ class DataParallel(Strategy):
         super().__init__(cfg, mesh)
         self.stack = stack if stack is not None else make_stack(cfg)  # mlp or resmlp
         self.store = self.stack.store
-        self.optimizer = build_optimizer(cfg)  # every rank holds the same summed gradients: no vote
+        # Replicas hold the same summed gradients: no vote, unless a tp stack splits them (precision.py).
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None))
         self.buckets = GradientBuckets(
             self.store, wire(mesh.dp_comm, cfg), cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )

@@ -42,7 +42,7 @@ import numpy as np
 from .. import trace
 from ..data import distributed_sampler, micro_steps
 from ..model import deferred_weight_grads
-from ..precision import build_optimizer, loss_grad, wire
+from ..precision import build_optimizer, loss_grad, vote_comm, wire
 from . import recompute
 from .base import HeldBytes, Strategy
 from .data import GradientBuckets
@@ -100,8 +100,8 @@ class PipelineParallel(StageMessages, Strategy):
         self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
         self.stores = [self.stacks[c].store for c in self.chunks]
         # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
-        # over the pp group on skipping an overflowed step (precision.py).
-        self.optimizer = build_optimizer(cfg, mesh.pp_comm)
+        # over the pp group (with --tp: the world) on skipping an overflowed step (precision.py).
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm))
         self.pp_comm = wire(mesh.pp_comm, cfg)  # bfloat16 messages travel as uint16 views
         dp_comm = wire(mesh.dp_comm, cfg)  # ONE wrapper: it keeps the tag counter all chunks' buckets share
         self.buckets = {

@@ -59,6 +59,7 @@ import kernels
 
 from .. import collectives, simclock
 from ..model import ACTIVATIONS, pending_weight_passes
+from ..precision import wire
 from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units, layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch
 from .resstack import unit_store
@@ -115,7 +116,7 @@ class ResTensorStack:
     cuts them) and returns the logits of those rows."""
 
     def __init__(self, cfg, mesh, unit_indices: list[int] | None = None):
-        self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
+        self.comm, self.algorithm, self.sp = wire(mesh.tp_comm, cfg), cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
         every = build_units(cfg)

@@ -14,7 +14,9 @@ The two conjugate operators of Fig. 3 carry all the activation traffic:
                 (each rank's  dY_k A_k^T  is only one term of  dY A^T).
   g  after B:   forward all-reduce of the partials Y_k B_k,       backward identity (dL/dZ is replicated).
 Both use simpar's counted collectives (ring by default, --collectives picks another), category
-"activation", ops "tp-f-allreduce" and "tp-g-allreduce".
+"activation", ops "tp-f-allreduce" and "tp-g-allreduce". Under --precision mixed-* they carry half
+activations and gradients (2-byte elements; bfloat16 through precision.wire): a row layer's partial
+products are rounded to half before g sums them, and its bias and activation apply in half after.
 
 Pairing rule (also inside a pipeline stage): pairs are formed greedily from the FIRST layer of the list
 given to TensorParallelStack: (l0, l1), (l2, l3), ...; with an odd count the LAST layer is replicated:
@@ -52,6 +54,7 @@ from ..model import (
     layer_backward,
     layer_forward,
 )
+from ..precision import wire
 from .base import HeldBytes, NonFiniteWatch, Strategy, flatten, store_views
 from .data import DataParallel
 
@@ -99,14 +102,15 @@ class TensorParallelStack:
     """
 
     def __init__(self, cfg, mesh, layer_indices: list[int]):
-        self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
+        # --precision mixed-bf16: f and g move bfloat16 as uint16 views (precision.wire)
+        self.cfg, self.comm, self.algorithm = cfg, wire(mesh.tp_comm, cfg), cfg.collectives
         self.kinds = pair_kinds(layer_indices)
-        pieces = []
+        pieces, dtype = [], cfg.compute_dtype()  # half under --precision mixed-*, as the serial stack
         for i, kind in zip(layer_indices, self.kinds):
-            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.dtype)  # full, then slice
+            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], dtype)  # full, then slice
             W, b = self._shard(kind, W, b)
             pieces.append((i, W, b, activation_of(i, cfg.n_layers, cfg.activation)))
-        self.store = ParamStore.build(pieces, cfg.dtype)
+        self.store = ParamStore.build(pieces, dtype)
 
     def _shard(self, kind: str, W: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of a full-shape layer (initial weights, or a checkpoint's state)."""
