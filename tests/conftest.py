@@ -17,6 +17,22 @@ import pytest
 
 from tests.mpiutil import run_mpi
 
+
+def numeric_grad(f, x, eps=1e-6):
+    """Central differences of the scalar f() with respect to every element of x (changed in place,
+    restored): the finite-difference reference every explicit backward is checked against."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        up = f()
+        x[i] = old - eps
+        down = f()
+        x[i] = old
+        g[i] = (up - down) / (2 * eps)
+    return g
+
+
 DIGITS = [64, 128, 128, 128, 10]  # the default model (--dataset digits)
 
 

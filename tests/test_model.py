@@ -5,21 +5,7 @@ import pytest
 
 import kernels
 from simpar import model, optim
-
-
-def numeric_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        fp = f()
-        x[i] = old - eps
-        fm = f()
-        x[i] = old
-        g[i] = (fp - fm) / (2 * eps)
-    return g
+from tests.conftest import numeric_grad
 
 
 @pytest.mark.parametrize("act", ["relu", "tanh", "gelu", "none"])

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from simpar import moe
+from tests.conftest import numeric_grad
 
 
 def _objective(x, Wr, experts, R, K, C, alpha, act):
@@ -32,16 +33,7 @@ def test_backward_matches_finite_differences_with_drops():
     dx, dWr, grads = moe.serial_backward(R, ctx, Wr, experts, "tanh")
 
     def numeric(arr):
-        out, eps = np.zeros_like(arr), 1e-6
-        for idx in np.ndindex(arr.shape):
-            old = arr[idx]
-            arr[idx] = old + eps
-            hi = _objective(x, Wr, experts, R, K, C, alpha, "tanh")[0]
-            arr[idx] = old - eps
-            lo = _objective(x, Wr, experts, R, K, C, alpha, "tanh")[0]
-            arr[idx] = old
-            out[idx] = (hi - lo) / (2 * eps)
-        return out
+        return numeric_grad(lambda: _objective(x, Wr, experts, R, K, C, alpha, "tanh")[0], arr)
 
     np.testing.assert_allclose(dx, numeric(x), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(dWr, numeric(Wr), rtol=1e-6, atol=1e-8)

@@ -10,7 +10,7 @@ import pytest
 from simpar import costmodel as cm
 from simpar.config import RunConfig
 from simpar.resmlp import BlockUnit, build_units, layernorm_backward, layernorm_forward
-from tests.conftest import train_json
+from tests.conftest import numeric_grad, train_json
 from tests.mpiutil import run_mpi
 
 LAYERS = [64, 96, 96, 96, 10]
@@ -26,20 +26,6 @@ BASE = [
     "--layers",
     "64,96,96,96,10",
 ]
-
-
-def numeric_grad(f, x, h=1e-6):
-    """Central differences of the scalar f() with respect to every element of x (changed in place)."""
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + h
-        up = f()
-        x[i] = old - h
-        down = f()
-        x[i] = old
-        g[i] = (up - down) / (2 * h)
-    return g
 
 
 def test_layernorm_backward_matches_finite_differences():
