@@ -313,7 +313,7 @@ def sweep(spec: cm.Spec, hw, text: str, out: str, as_json: bool, limit: float | 
         if limit:
             print(f"(! = over the memory limit of {fmt_bytes(limit)})")
     if good:
-        from ..report.plots import plot_sweep
+        from ..report.sweep import plot_sweep
 
         plot_sweep(key, good, out, hw.name, limit)
         if not as_json:
