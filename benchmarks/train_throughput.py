@@ -6,10 +6,14 @@
 
 Same work on both sides: MLP 784-1024-1024-10, ReLU, float32, batch 256 per rank, plain SGD,
 synthetic inputs, one compute thread per process. Reported: median samples/s over the timed steps
-(after warm-up) of the median of `--repeats` runs, the ratio simpar / PyTorch, and the
-compute-bound limit = ranks x (single-thread GEMM FLOP/s measured here) / (FLOPs per sample),
-with the fraction of it that simpar reaches. PyTorch is optional: `pip install torch==2.13.0`
-(exactly that pin -- a looser one pulls a multi-GB CUDA build); without it the torch column says so.
+(after warm-up); `--repeats` runs of the whole set back to back (GEMM rate, simpar, PyTorch,
+simpar on one rank with 256 rows, the gradient's ring all-reduce alone, GEMM rate again), reporting
+medians of the per-repeat ratios simpar / PyTorch and simpar / limit, where the compute-bound
+limit = ranks x (single-thread GEMM FLOP/s measured here) / (FLOPs per sample). The last lines
+say what data parallelism adds (scaling against one rank alone) and the most a rank can reach
+when it does its own reduction: its serial step plus the all-reduce alone. PyTorch is optional:
+`pip install torch==2.13.0` (exactly that pin -- a looser one pulls a multi-GB CUDA build); without
+it the torch line says so.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ def layout_limit(layout: str, ranks: int, gemm: float) -> float:
     return limit
 
 
-def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp") -> float:
+def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp", batch: int | None = None) -> float:
+    """Median samples/s of `simpar train` on this model; `batch` (global) defaults to ranks x 256."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     from simpar.launch import run
@@ -97,7 +102,7 @@ def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp") -> flo
                 "--layers",
                 ",".join(map(str, LAYERS)),
                 "--batch",
-                str(PER_RANK_BATCH * ranks),
+                str(batch or PER_RANK_BATCH * ranks),
                 "--steps",
                 str(steps),
                 "--optimizer",
@@ -120,6 +125,23 @@ def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp") -> flo
             raise SystemExit(res.stderr)
         with open(out) as f:
             return json.load(f)["time"]["samples_per_s_median"]
+
+
+def gradient_bytes(layers=LAYERS, itemsize: int = 4) -> int:
+    return itemsize * sum(a * b + b for a, b in zip(layers[:-1], layers[1:]))
+
+
+def ring_allreduce_alone(ranks: int) -> tuple[float, float]:
+    """(seconds, memory-roofline seconds) of one ring all-reduce of the model's gradient, by itself:
+    `simpar bench allreduce` on `ranks` ranks (median of its timed iterations)."""
+    from simpar.launch import run
+
+    size = gradient_bytes()
+    res = run(ranks, ["bench", "allreduce", "--sizes", str(size), "--algorithms", "ring", "--json"])
+    if res.returncode:
+        raise SystemExit(res.stderr)
+    ring = next(r for r in json.loads(res.stdout)["rows"] if r["algorithm"] == "ring")
+    return ring["time_us"] / 1e6, ring["roofline_us"] / 1e6
 
 
 TORCH_WORKER = r"""
@@ -200,72 +222,146 @@ def main(argv=None) -> int:
     if args.layouts:
         return compare_layouts(args)
 
-    simpar = statistics.median(simpar_rate(args.ranks, args.steps, args.kernels) for _ in range(args.repeats))
-    torch_runs = [torch_rate(args.ranks, args.steps, args.torch_python) for _ in range(args.repeats)]
-    torch = None if torch_runs[0] is None else statistics.median(torch_runs)
-    gemm = gemm_rate()
-    limit = args.ranks * gemm / flops_per_sample()
+    # Each repeat is one set of measurements: the GEMM rate, simpar, PyTorch, ..., the GEMM rate again, back
+    # to back. This VM's speed drifts by 10-25% over minutes, so a ratio is only honest between figures
+    # taken together; the medians below are medians of per-repeat ratios, not ratios of medians.
+    reps = []
+    for _ in range(args.repeats):
+        before = gemm_rate()
+        simpar = simpar_rate(args.ranks, args.steps, args.kernels)
+        torch = torch_rate(args.ranks, args.steps, args.torch_python)
+        # What data parallelism adds: one rank alone on its 256 rows, and the gradient's all-reduce alone.
+        serial = simpar_rate(args.ranks, args.steps, args.kernels, "serial", batch=PER_RANK_BATCH)
+        allreduce_s, roofline_s = ring_allreduce_alone(args.ranks)
+        gemm = (before + gemm_rate()) / 2
+        limit = args.ranks * gemm / flops_per_sample()
+        # A rank that does its own reduction cannot beat its serial step plus the all-reduce (its copies
+        # and additions run on the same core as the GEMMs); the faster of measured and roofline, to be fair:
+        bound_step = PER_RANK_BATCH / serial + min(allreduce_s, roofline_s)
+        reps.append(
+            {
+                "simpar": simpar,
+                "torch": torch,
+                "gemm": gemm,
+                "limit": limit,
+                "serial_1rank": serial,
+                "allreduce_s": allreduce_s,
+                "allreduce_roofline_s": roofline_s,
+                "bound": args.ranks * PER_RANK_BATCH / bound_step / limit,
+            }
+        )
+    med = statistics.median
+    have_torch = reps[0]["torch"] is not None
+    simpar, limit = med(r["simpar"] for r in reps), med(r["limit"] for r in reps)
+    torch = med(r["torch"] for r in reps) if have_torch else None
+    vs_torch = [r["simpar"] / r["torch"] for r in reps] if have_torch else []
+    of_limit = [r["simpar"] / r["limit"] for r in reps]
+    serial_of_limit = [r["serial_1rank"] * args.ranks / r["limit"] for r in reps]
+    scaling = [r["simpar"] / (r["serial_1rank"] * args.ranks) for r in reps]
+    bounds = [r["bound"] for r in reps]
     result = {
         "ranks": args.ranks,
         "layers": LAYERS,
         "batch_per_rank": PER_RANK_BATCH,
         "kernels": args.kernels,
+        "repeats": reps,
         "simpar_samples_per_s": simpar,
         "torch_ddp_samples_per_s": torch,
-        "ratio_vs_torch": simpar / torch if torch else None,
-        "gemm_gflops_1thread": gemm / 1e9,
+        "ratio_vs_torch": med(vs_torch) if vs_torch else None,
+        "gemm_gflops_1thread": med(r["gemm"] for r in reps) / 1e9,
         "compute_bound_samples_per_s": limit,
-        "fraction_of_compute_bound": simpar / limit,
+        "fraction_of_compute_bound": med(of_limit),
+        "serial_fraction_of_compute_bound": med(serial_of_limit),
+        "scaling_vs_serial": med(scaling),
+        "bound_with_reduction_on_core": med(bounds),
+        "allreduce_ms": med(r["allreduce_s"] for r in reps) * 1e3,
+        "allreduce_roofline_ms": med(r["allreduce_roofline_s"] for r in reps) * 1e3,
     }
     if args.json:
         print(json.dumps(result))
         return 0
     print(
         f"MLP {'-'.join(map(str, LAYERS))}, float32, batch {PER_RANK_BATCH}/rank, {args.ranks} ranks, "
-        f"1 thread each, median of {args.repeats} runs x {args.steps} steps"
+        f"1 thread each; {args.repeats} repeats of (GEMM rate, simpar, PyTorch, serial, all-reduce, "
+        "GEMM rate), "
+        f"each the median of {args.steps} steps; figures are medians over the repeats"
     )
     print(f"  simpar data parallel ({args.kernels:>5}) : {simpar:9.0f} samples/s")
-    if torch:
+    if have_torch:
         print(
-            f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   "
-            f"ratio simpar/torch = {simpar / torch:.2f}x"
+            f"  PyTorch DDP (gloo)            : {torch:9.0f} samples/s   simpar/torch = "
+            f"{med(vs_torch):.2f}x (per repeat: {_list(vs_torch, '.2f', 'x')})"
         )
     else:
         print("  PyTorch DDP                   : torch is not installed (pip install torch==2.13.0)")
     print(
         f"  compute-bound limit           : {limit:9.0f} samples/s   "
-        f"({args.ranks} x {gemm / 1e9:.1f} GFLOP/s / "
-        f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {simpar / limit:.0%}"
+        f"({args.ranks} x {result['gemm_gflops_1thread']:.1f} GFLOP/s / "
+        f"{flops_per_sample() / 1e6:.2f} MFLOP per sample); simpar reaches {med(of_limit):.0%} "
+        f"(per repeat: {_list(of_limit, '.0%')})"
+    )
+    print(
+        f"  one rank alone, {PER_RANK_BATCH} rows      : {med(serial_of_limit):.0%} of one rank's limit; "
+        f"{args.ranks} ranks reach {med(scaling):.0%} of {args.ranks} x that ({_list(scaling, '.0%')})"
+    )
+    print(
+        f"  gradient all-reduce alone     : ring {result['allreduce_ms']:.2f} ms for "
+        f"{gradient_bytes() / 1e6:.2f} MB (memory roofline {result['allreduce_roofline_ms']:.2f} ms)"
+    )
+    print(
+        f"  bound, reduction on the cores : {med(bounds):.0%} of the limit: one rank's serial step + the "
+        f"all-reduce alone ({_list(bounds, '.0%')})"
     )
     return 0
 
 
+def _list(values, fmt: str, unit: str = "") -> str:
+    return ", ".join(f"{v:{fmt}}{unit}" for v in values)
+
+
 def compare_layouts(args) -> int:
-    gemm = gemm_rate()
-    rows = []
-    for layout in args.layouts.split(","):
+    """Every layout once per repeat, with the GEMM rate before and after, so each layout's fraction of
+    its limit and its speed-up over serial are ratios of figures taken minutes apart at most."""
+    layouts = args.layouts.split(",")
+    for layout in layouts:
         if layout not in LAYOUTS:
             known = ", ".join(LAYOUTS)
             raise SystemExit(f"train_throughput: unknown layout {layout!r} (choose from {known})")
-        rate = statistics.median(
-            simpar_rate(args.ranks, args.steps, args.kernels, layout) for _ in range(args.repeats)
-        )
-        rows.append((layout, rate, layout_limit(layout, args.ranks, gemm)))
+    reps = []
+    for _ in range(args.repeats):
+        before = gemm_rate()
+        rates = {a: simpar_rate(args.ranks, args.steps, args.kernels, a) for a in layouts}
+        reps.append((rates, (before + gemm_rate()) / 2))
+    med = statistics.median
+    rows = []
+    for a in layouts:
+        fractions = [rates[a] / layout_limit(a, args.ranks, gemm) for rates, gemm in reps]
+        speedups = [rates[a] / rates["serial"] for rates, _ in reps] if "serial" in layouts else []
+        rows.append((a, med(rates[a] for rates, _ in reps), med(fractions), fractions, speedups))
+    gemm = med(g for _, g in reps)
     if args.json:
-        print(json.dumps([{"layout": a, "samples_per_s": r, "compute_bound": lim} for a, r, lim in rows]))
+        print(
+            json.dumps(
+                [
+                    {"layout": a, "samples_per_s": r, "fraction_of_compute_bound": f, "vs_serial": s}
+                    for a, r, f, _, s in rows
+                ]
+            )
+        )
         return 0
     print(
         f"MLP {'-'.join(map(str, LAYERS))}, float32, global batch {PER_RANK_BATCH * args.ranks}, "
-        f"{args.kernels} kernels, median of {args.repeats} runs x {args.steps} steps; "
-        f"GEMM {gemm / 1e9:.1f} GFLOP/s on one thread"
+        f"{args.kernels} kernels; {args.repeats} repeats of every layout in turn, each the median of "
+        f"{args.steps} steps; medians over the repeats; GEMM {gemm / 1e9:.1f} GFLOP/s on one thread"
     )
-    serial = dict((a, r) for a, r, _ in rows).get("serial")
-    for layout, rate, limit in rows:
+    for layout, rate, fraction, fractions, speedups in rows:
         ranks = 1 if layout == "serial" else args.ranks
-        vs = f"   {rate / serial:4.2f}x serial" if serial and layout != "serial" else ""
+        vs = f"   {med(speedups):4.2f}x serial ({_list(speedups, '.2f', 'x')})" if speedups else ""
+        if layout == "serial":
+            vs = ""
         print(
-            f"  {layout:>6} on {ranks} rank(s): {rate:8.0f} samples/s = {rate / limit:4.0%} of its "
-            f"compute-bound limit {limit:8.0f}{vs}"
+            f"  {layout:>6} on {ranks} rank(s): {rate:8.0f} samples/s = {fraction:4.0%} of its "
+            f"compute-bound limit ({_list(fractions, '.0%')}){vs}"
         )
     return 0
 

@@ -252,3 +252,7 @@ def test_bench_runs_on_two_ranks():
     for row in out["rows"]:
         assert row["count"] == row["size"] // 4 and row["time_us"] > 0
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(p-1)/p = 1 on two ranks
+        # the memory roofline: 7(p-1)/p bytes touched per byte reduced, at the bandwidth measured then
+        assert row["stream_GBps"] > 0 and row["iters"] == 2
+        assert row["roofline_us"] == pytest.approx(7 / 2 * row["size"] / (row["stream_GBps"] * 1e9) * 1e6)
+        assert row["of_roofline"] == pytest.approx(row["roofline_us"] / row["time_us"])

@@ -32,9 +32,10 @@ NATIVE = "mpi"
 
 def iterations(size: int, iters: int) -> tuple[int, int]:
     """(warm-up, timed) for a message: `iters` up to 1 MiB, then fewer, so each size costs about the
-    same wall time (64 MiB: 3 timed). Warm-up rounds (2 up to 1 MiB, then 1) let first-touch page
-    faults, the scratch pool's first allocation and MPI's connection setup happen off the clock."""
-    timed = max(3, min(iters, iters * 2**20 // size))
+    same wall time (but at least 5 timed unless `iters` is less: a median needs several). Warm-up
+    rounds (2 up to 1 MiB, then 1) let first-touch page faults, the scratch pool's first allocation and MPI's
+    connection setup happen off the clock."""
+    timed = max(min(5, iters), min(iters, iters * 2**20 // size))
     return (2 if size <= 2**20 else 1), timed
 
 
@@ -108,25 +109,28 @@ def measure(comm: Communicator, size: int, dtype: str, algorithms: list[str], it
 def add_roofline(rows: list[dict], p: int, bandwidth: float) -> None:
     """Each row gets the memory roofline's time and the fraction of it the algorithm reaches."""
     for row in rows:
+        row["stream_GBps"] = bandwidth / 1e9
         row["roofline_us"] = ring_roofline_s(row["size"], p, bandwidth) * 1e6
         row["of_roofline"] = row["roofline_us"] / row["time_us"]
 
 
-def format_table(rows: list[dict], p: int, dtype: str, bandwidth: float) -> str:
+def format_table(rows: list[dict], p: int, dtype: str) -> str:
     lines = [
         f"# simpar bench allreduce: {p} ranks, {dtype}, in place, SUM; "
         "time = median over iterations of the slowest rank",
         "# busbw = algbw * 2(p-1)/p (nccl-tests); vs native = busbw / MPI_Allreduce's busbw",
-        f"# roofline = 7(p-1)/p x size / {bandwidth / 1e9:.2f} GB/s, the memory traffic a shared-memory ring "
-        "must make at the bandwidth each rank gets while all stream; of roof = roofline / time",
+        "# roofline = 7(p-1)/p x size / stream: the memory traffic a shared-memory ring must make, at the "
+        "bandwidth (GB/s)",
+        "# each rank gets while all stream, measured just before each size; of roof = roofline / time",
         f"#{'size(B)':>11} {'count':>10}  {'algorithm':<14}{'iters':>5} {'time(us)':>11} "
-        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10} {'roof(us)':>9} {'of roof':>8}",
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs native':>10} {'stream':>7} "
+        f"{'roof(us)':>9} {'of roof':>8}",
     ]
     for row in rows:
         name = "mpi (native)" if row["algorithm"] == NATIVE else row["algorithm"]
         lines.append(
             f"{row['size']:>12} {row['count']:>10}  {name:<14}{row['iters']:>5} {row['time_us']:>11.1f} "
             f"{row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} {row['vs_native']:>9.2f}x "
-            f"{row['roofline_us']:>9.1f} {row['of_roofline']:>7.0%}"
+            f"{row['stream_GBps']:>7.2f} {row['roofline_us']:>9.1f} {row['of_roofline']:>7.0%}"
         )
     return "\n".join(lines)
