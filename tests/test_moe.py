@@ -89,6 +89,30 @@ def expected_alltoall_bytes(moe_metrics, D, P, d):
     return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
 
 
+def expected_activation_peak(moe_metrics, D, P, d, widths=(64, 128, 128, 128, 10)):
+    """Bytes (float64) rank d keeps for backward at the end of a step's forward, the most of any step:
+    every layer's input; z of every layer but the linear last; per MoE layer also the router's
+    probabilities (E per row), the expert outputs returned for its own kept assignments, and the input
+    and z of each expert it owns for every row the group's ranks sent it."""
+    per, j, base = E // P, d % P, d - d % P
+    n = B // D
+    cap = math.ceil(1.0 * K * B / E)
+    dense = n * (widths[0] + widths[1]) + n * widths[3]  # layer 0 (x, z) and the last layer (x)
+    peaks = []
+    for step in moe_metrics["routed_by_rank"]:
+        total = dense
+        for H in step:  # MoE layers 1 and 2: 128 -> 128
+            kept = kept_from_routed(H, cap)
+            total += n * (D_IN + E) + kept[d].sum() * D_IN
+            total += (
+                sum(kept[s][e] for s in range(base, base + P) for e in range(j * per, (j + 1) * per))
+                * 2
+                * D_IN
+            )
+        peaks.append(total * 8)
+    return max(peaks)
+
+
 def first_step_histograms(D):
     """The routing of layer 1 at step 1, reproduced here in NumPy: the first global batch, the initial
     weights, relu(x W0 + b0) @ Wr, each row's top K, counted per dp rank's contiguous share of rows."""
@@ -135,6 +159,9 @@ def test_expert_parallel_equals_serial_and_bytes_follow_the_histogram(serial, tm
             assert rank["sent"]["activation"] == sum(rows.values()) * D_IN * 8  # the four ops, nothing else
             assert run["memory"]["ranks"][d]["params"] == (dense + 2 * (E // P) * expert) * 8
             assert run["memory"]["ranks"][d]["optimizer"] == (dense + 2 * (E // P) * expert) * 8  # momentum
+            peak = expected_activation_peak(moe_run, D, P, d)
+            assert run["memory"]["ranks"][d]["activations_peak"] == peak, (n, d)
+            assert run["predicted"]["memory"]["ranks"][d]["activations_peak"] == peak, (n, d)
             # histogram exchange: a ring all-gather of D x E int64 counts, (D-1) E x 8 B per layer
             assert rank["by_op"]["control/ep-histogram"]["sent"] == (D - 1) * E * 8 * 2 * 4
         assert run["prediction_mismatches"] == []

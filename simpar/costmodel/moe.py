@@ -19,7 +19,8 @@ all-to-alls moves (P-1)/P x n_d K rows per layer. An IMBALANCE u >= 1 (the hotte
 times the mean load, the others of its rank the mean) makes its owner return (u + E/P - 1)/(E/P)
 times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
 times the mean), which is what the capacity factor buys.
-Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike.
+Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike;
+activations as `activation_elems` counts them, the most of any step (exact with the run's routing).
 Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
 per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
 under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
@@ -87,6 +88,33 @@ def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
         "ep-combine": back_rows,
         "ep-dispatch-grad": back_rows,
     }
+
+
+def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int) -> float:
+    """Activation elements rank d holds for backward at the end of one step's forward (its peak: the
+    backward only frees), with kept_per_layer[l][s][e] for MoE layer l. Per layer, as parallel/expert.py
+    keeps them:
+      dense layer i     its input x (n_d x W_i) and, unless the layer is linear, z (n_d x W_i+1)
+      MoE layer i       x (n_d x W_i), the router's probabilities (n_d x E), the outputs that came
+                        back for each of d's kept assignments (kept[d][e] x W_i+1), and, for each
+                        expert e on d that got rows_e = sum over d's group of kept[s][e] > 0 rows,
+                        that expert's layer context rows_e x (W_i + W_i+1)
+    """
+    D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
+    per, j = E // P, d % P
+    n = chunk(spec.batch, D, d)
+    z = lambda i: 0 if i == spec.n_layers - 1 else 1  # noqa: E731  (the last layer is linear: z is y)
+    total, moe = 0.0, dict(zip(moe_layers(spec), kept_per_layer))
+    for i in range(spec.n_layers):
+        if i not in moe:
+            total += n * (W[i] + z(i) * W[i + 1])
+            continue
+        kept = moe[i]
+        total += n * (W[i] + E) + sum(kept[d]) * W[i + 1]
+        for e in range(j * per, (j + 1) * per):
+            rows = sum(kept[s][e] for s in range(d - j, d - j + P))
+            total += rows * (W[i] + W[i + 1])
+    return total
 
 
 def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
@@ -166,9 +194,9 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             "params": (dense + experts) * spec.prec.param,
             "grads": (dense + experts) * spec.prec.grad,
             "optimizer": (dense + experts) * opt,
-            "activations_peak": 0,
+            "activations_peak": round(max(activation_elems(spec, step, d) for step in per_step) * bpe),
         }
-        for _ in range(D)
+        for d in range(D)
     ]
     compute_s = step_compute_s(spec, hw) if hw is not None else 0.0
     step_s = compute_s + worst_s
@@ -185,7 +213,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
                 c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
             },
         },
-        "memory": {"ranks": memory, "max": memory[0]},
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
         "bubble": 0.0,
         "time": {
             "step_s": step_s,

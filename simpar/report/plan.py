@@ -241,7 +241,8 @@ def format_moe_plan(spec, pred: dict, hw) -> str:
     lines.append(
         f"memory per rank: params {fmt_bytes(mem['params'])}, grads {fmt_bytes(mem['grads'])}, optimizer "
         f"{fmt_bytes(mem['optimizer'])}; its experts {fmt_bytes(par['experts_per_rank'] * spec.prec.param)}"
-        f" = 1/{P} of {fmt_bytes(par['experts_total'] * spec.prec.param)}"
+        f" = 1/{P} of {fmt_bytes(par['experts_total'] * spec.prec.param)}; activations kept for "
+        f"backward {fmt_bytes(mem['activations_peak'])}"
     )
     t = pred["time"]
     where = f" on {link['name']}" if link else ""
