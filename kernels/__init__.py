@@ -36,6 +36,15 @@ class NumpyKernels:
         return linear_backward(ACTIVATIONS[act][1](dy, z, y), x, W, need_dx)
 
     @staticmethod
+    def linear_act_backward_into(dy, x, W, z, y, act, need_dx, dW, db):
+        """As linear_act_backward, but WRITES dW and db into the arrays given (views of the flat
+        gradient buffer) and returns dx only: the same operations, so the same bits, no temporaries."""
+        dz = ACTIVATIONS[act][1](dy, z, y)
+        np.matmul(x.T, dz, out=dW)
+        np.sum(dz, axis=0, out=db)
+        return dz @ W.T if need_dx else None
+
+    @staticmethod
     def reduce_add(dst, src):
         np.add(dst, src, out=dst)
 

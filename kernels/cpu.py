@@ -356,16 +356,22 @@ def linear_act_forward(x, W, b, act):
 
 def linear_act_backward(dy, x, W, z, y, act, need_dx):
     """(dx, dW, db): dz = act'(dy, z, y), dx = dz @ W.T (None unless need_dx), dW = x.T @ dz."""
+    dW, db = np.empty(W.shape, dy.dtype), np.empty(W.shape[1], dy.dtype)
+    return linear_act_backward_into(dy, x, W, z, y, act, need_dx, dW, db), dW, db
+
+
+def linear_act_backward_into(dy, x, W, z, y, act, need_dx, dW, db):
+    """As linear_act_backward, but WRITES dW and db into the (C-contiguous) arrays given -- views of
+    the flat gradient buffer after a lazy zero_grad -- and returns dx only."""
     dy, x, W, z, y = _prep(dy, x, W, z, y)
-    db = np.empty(W.shape[1], W.dtype)
     if x.shape[0] * x.shape[1] * W.shape[1] <= SMALL_MACS:
         dx = np.empty(x.shape if need_dx else (0, 0), x.dtype)
-        dW = np.empty(W.shape, W.dtype)
         _backward_small(dy, x, W, z, y, ACTS[act], need_dx, dx, dW, db)
-        return (dx if need_dx else None), dW, db
+        return dx if need_dx else None
     dz = np.empty_like(dy)
     _act_backward(dy, z, y, ACTS[act], dz, db)  # act' and the bias gradient, one sweep
-    return (dz @ W.T if need_dx else None), x.T @ dz, db  # then the two GEMMs: OpenBLAS
+    np.matmul(x.T, dz, out=dW)  # then the two GEMMs: OpenBLAS
+    return dz @ W.T if need_dx else None
 
 
 # -- the reduction inside collectives --------------------------------------------------------------
@@ -478,6 +484,7 @@ class NumbaKernels:
     name = "numba"
     linear_act_forward = staticmethod(linear_act_forward)
     linear_act_backward = staticmethod(linear_act_backward)
+    linear_act_backward_into = staticmethod(linear_act_backward_into)
     reduce_add = staticmethod(reduce_add)
     sgd_update = staticmethod(sgd_update)
     adam_update = staticmethod(adam_update)

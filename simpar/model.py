@@ -78,6 +78,9 @@ class Linear:
     dW: np.ndarray
     db: np.ndarray
     act: str
+    # True after ParamStore.zero_grad(lazy=True): dW, db hold stale numbers that count as zero, and
+    # the next backward WRITES them instead of adding to them (see layer_backward).
+    grads_stale: bool = False
 
 
 @dataclass
@@ -111,10 +114,21 @@ def layer_backward(
     Inside `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
     if _DEFERRED is not None:  # an empty list too: the first layer of the B pass defers as well
         return backward_input(layer, ctx, dy, need_dx, bias)
-    dx, dW, db = kernels.active().linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
-    layer.dW += dW
-    if bias:
-        layer.db += db
+    kern = kernels.active()
+    if layer.grads_stale:  # the first backward of a step: write the gradients, nothing to add to
+        into = getattr(kern, "linear_act_backward_into", None)
+        if into is not None and bias:  # the GEMM writes straight into the flat gradient buffer
+            dx = into(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx, layer.dW, layer.db)
+        else:
+            dx, dW, db = kern.linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
+            layer.dW[...] = dW
+            layer.db[...] = db if bias else 0
+        layer.grads_stale = False
+    else:
+        dx, dW, db = kern.linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
+        layer.dW += dW
+        if bias:
+            layer.db += db
     clock = simclock.active()
     if clock is not None:
         charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize)
@@ -256,8 +270,24 @@ class ParamStore:
             store.layers.append(Linear(index, Wv, bv, dWv, dbv, act))
         return store
 
-    def zero_grad(self) -> None:
-        self.grads.fill(0)
+    def zero_grad(self, lazy: bool = False) -> None:
+        """Gradients to zero before a step. `lazy` writes nothing: every layer is marked stale and its
+        first backward writes dW, db instead of adding to zeros, which saves a pass that writes the
+        whole buffer and one that reads it back into the += (measured: ~1 ms of a 33 ms step of the
+        784-1024-1024-10 MLP, 256 rows). Only for a step whose backward reaches every layer through
+        layer_backward; `settle()` zeroes any layer it did not reach."""
+        for layer in self.layers:
+            layer.grads_stale = lazy
+        if not lazy:
+            self.grads.fill(0)
+
+    def settle(self) -> None:
+        """After a lazy zero_grad and the backward: any layer still stale really becomes zero."""
+        for layer in self.layers:
+            if layer.grads_stale:
+                layer.dW.fill(0)
+                layer.db.fill(0)
+                layer.grads_stale = False
 
 
 def activation_of(layer_index: int, n_layers: int, activation: str) -> str:

@@ -48,6 +48,32 @@ def messy(a, how):
     return a
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_backward_into_writes_the_same_bits_as_backward(backend):
+    """linear_act_backward_into (used after a lazy zero_grad) writes dW, db into views of a flat
+    buffer: the same operations as linear_act_backward, so the same bits, on the small one-call
+    path and the BLAS path alike; nothing outside the views is touched."""
+    k = kernels.NumpyKernels if backend == "numpy" else cpu.NumbaKernels
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        for m, kk, n in ((3, 5, 4), (64, 96, 80)):  # 60 and 491,520 multiply-adds
+            for act, need_dx in (("relu", True), ("gelu", False), ("none", True)):
+                x, W = rng.standard_normal((m, kk)).astype(dtype), rng.standard_normal((kk, n)).astype(dtype)
+                z, y = k.linear_act_forward(x, W, np.zeros(n, dtype), act)
+                dy = rng.standard_normal((m, n)).astype(dtype)
+                dx0, dW0, db0 = k.linear_act_backward(dy, x, W, z, y, act, need_dx)
+                flat = np.full(kk * n + n + 1, 7, dtype)  # one guard element after the views
+                dW, db = flat[: kk * n].reshape(kk, n), flat[kk * n : kk * n + n]
+                dx = k.linear_act_backward_into(dy, x, W, z, y, act, need_dx, dW, db)
+                np.testing.assert_array_equal(dW, dW0)
+                np.testing.assert_array_equal(db, db0)
+                assert flat[-1] == 7
+                if need_dx:
+                    np.testing.assert_array_equal(dx, dx0)
+                else:
+                    assert dx is None
+
+
 def check_layer(m, k, n, dtype, act, bias, need_dx, layout, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)).astype(dtype)

@@ -89,6 +89,47 @@ def test_split_backward_leaves_every_layers_weight_gradient_to_the_w_pass():
     np.testing.assert_allclose(store.grads, plain, rtol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_lazy_zero_grad_writes_then_adds_and_settles_what_backward_missed(backend):
+    """zero_grad(lazy=True) leaves the buffer alone: the first backward of each layer WRITES its
+    gradients (whatever stale numbers were there, NaN included), later micro-steps add, and settle()
+    zeroes a layer backward never reached. Bit for bit what the eager fill(0) + += gives."""
+    if backend not in kernels.available():
+        pytest.skip(f"{backend} kernels not installed")
+    kernels.use(backend)
+    try:
+        rng = np.random.default_rng(5)
+        batches = [(rng.standard_normal((8, 20)), rng.integers(0, 4, 8)) for _ in range(2)]
+
+        def grads(lazy: bool, micro_steps: int):
+            # 20 -> 64 -> 48 -> 4: layer 1 (8 x 64 x 48 > SMALL_MACS) takes the BLAS path, the others one call
+            store = model.serial_store([20, 64, 48, 4], "gelu", seed=2, dtype=np.float64)
+            store.grads.fill(np.nan)  # stale numbers: lazy must overwrite every one of them
+            store.zero_grad(lazy=lazy)
+            for x, y in batches[:micro_steps]:
+                h, ctxs = x, []
+                for layer in store.layers:
+                    h, ctx = model.layer_forward(layer, h)
+                    ctxs.append(ctx)
+                _, g = model.softmax_cross_entropy(h, y, 16)
+                for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
+                    g = model.layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+            store.settle()
+            return store.grads.copy()
+
+        for steps in (1, 2):
+            eager, lazy = grads(False, steps), grads(True, steps)
+            assert np.isfinite(lazy).all()
+            np.testing.assert_array_equal(lazy, eager)
+        store = model.serial_store([20, 48, 4], "relu", seed=2, dtype=np.float64)
+        store.grads.fill(np.nan)
+        store.zero_grad(lazy=True)
+        store.settle()  # no backward ran: every gradient is zero
+        assert not store.grads.any() and not any(layer.grads_stale for layer in store.layers)
+    finally:
+        kernels.use("numpy")
+
+
 def test_init_is_a_function_of_seed_and_layer_only():
     W1, b1 = model.init_layer(5, 2, 8, 6, np.float64)
     W2, b2 = model.init_layer(5, 2, 8, 6, np.float64)

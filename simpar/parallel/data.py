@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .. import collectives, trace
 from ..precision import build_optimizer, loss_grad, vote_comm, wire
-from .base import Strategy
+from .base import SerialStack, Strategy
 from .resstack import make_stack
 
 
@@ -107,12 +107,14 @@ class DataParallel(Strategy):
         )
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        self.store.zero_grad()
+        # Plain MLP layers: every layer's first backward writes its gradients (model.ParamStore.zero_grad).
+        self.store.zero_grad(lazy=isinstance(self.stack, SerialStack))
         self.watch.reset()
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps):
             communicate = k == len(micro_steps) - 1  # accumulate locally, sync on the last micro-step
             loss += self._forward_backward(x, y, global_batch, communicate)
+        self.store.settle()
         self.buckets.finish()
         self.optimizer.step(self.optimizer_params(), [self.store.grads])
         return loss
