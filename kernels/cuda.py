@@ -13,7 +13,8 @@ CUDA course writes them, correctness first:
 * Transposes are index swaps while loading the tiles (`ta`, `tb`), never copies.
 
 `CudaKernels` takes and returns host NumPy arrays (copying over and back on every call), so it is
-a drop-in backend but not a fast one; benchmarks/gpu_kernels.py times the kernels on device arrays.
+a drop-in backend but not a fast one; benchmarks/gpu_kernels.py times the kernels on device arrays,
+beside cuBLAS (through CuPy) on the same arrays.
 
 Runs without a GPU under the simulator: set NUMBA_ENABLE_CUDASIM=1 before numba is first imported.
 """
