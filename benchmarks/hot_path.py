@@ -4,7 +4,7 @@
 
 One rank's training step of the data-parallel benchmark (benchmarks/train_throughput.py: MLP
 784-1024-1024-10, float32, 256 rows, plain SGD, one thread), run through simpar's own functions
-(model.layer_forward / layer_backward, softmax_cross_entropy, the kernels' sgd_update). For each
+(model.forward_backward, the kernels' sgd_update). For each
 change, the step without it and the step with it take turns, `--pairs` times after a warm-up, so a
 slow spell of this shared machine hits both alike; reported are the median step of each and the
 median of the per-pair differences (what the change saves), in ms and as a share of the step:
@@ -49,13 +49,7 @@ def make_step(widths: list[int], rows: int):
     def step(lazy: bool = True, fused_optimizer: bool = True, backend: str = "numba") -> None:
         kernels.use(backend)
         store.zero_grad(lazy=lazy)
-        h, contexts = x, []
-        for layer in store.layers:
-            h, ctx = model.layer_forward(layer, h)
-            contexts.append(ctx)
-        _, g = model.softmax_cross_entropy(h, y, rows)
-        for layer, ctx in zip(reversed(store.layers), reversed(contexts)):
-            g = model.layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+        model.forward_backward(store, x, y, rows)
         store.settle()
         update = kernels.active().sgd_update if fused_optimizer else kernels.NumpyKernels.sgd_update
         update(store.params, store.grads, None, lr, 0.0)

@@ -306,6 +306,20 @@ def serial_store(widths: list[int], activation: str, seed: int, dtype) -> ParamS
     )
 
 
+def forward_backward(store: ParamStore, x: np.ndarray, labels: np.ndarray, global_batch: int) -> float:
+    """One forward and backward of the whole MLP in `store`, on one process (no communication):
+    the gradients go into store.grads (added, or written after a lazy zero_grad); returns the loss
+    share. The tests, the hot-path benchmark and the calibration time this loop."""
+    h, contexts = x, []
+    for layer in store.layers:
+        h, ctx = layer_forward(layer, h)
+        contexts.append(ctx)
+    loss, g = softmax_cross_entropy(h, labels, global_batch)
+    for layer, ctx in zip(reversed(store.layers), reversed(contexts)):
+        g = layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+    return loss
+
+
 def predict(weights: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, activation: str) -> np.ndarray:
     """Logits of the full model given full-shape (W, b) pairs (used for validation accuracy)."""
     n = len(weights)

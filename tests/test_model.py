@@ -40,17 +40,6 @@ def test_loss_shares_of_shards_add_up_to_the_mean():
     np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), dwhole, rtol=1e-14)
 
 
-def forward_backward(store, x, y, global_batch):
-    """One forward and backward of the whole MLP in `store`, gradients into store.grads."""
-    h, ctxs = x, []
-    for layer in store.layers:
-        h, ctx = model.layer_forward(layer, h)
-        ctxs.append(ctx)
-    _, g = model.softmax_cross_entropy(h, y, global_batch)
-    for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
-        g = model.layer_backward(layer, ctx, g, need_dx=layer.index > 0)
-
-
 @pytest.mark.parametrize("act", ["relu", "tanh", "gelu"])
 def test_whole_mlp_gradient_matches_finite_differences(act):
     kernels.use("numpy")
@@ -65,7 +54,7 @@ def test_whole_mlp_gradient_matches_finite_differences(act):
         return model.softmax_cross_entropy(h, y, 8)[0]
 
     store.zero_grad()
-    forward_backward(store, x, y, 8)
+    model.forward_backward(store, x, y, 8)
     numeric = numeric_grad(loss_only, store.params)
     np.testing.assert_allclose(store.grads, numeric, rtol=1e-5, atol=1e-8)
 
@@ -112,7 +101,7 @@ def test_lazy_zero_grad_writes_then_adds_and_settles_what_backward_missed(backen
             store.grads.fill(np.nan)  # stale numbers: lazy must overwrite every one of them
             store.zero_grad(lazy=lazy)
             for x, y in batches[:micro_steps]:
-                forward_backward(store, x, y, 16)
+                model.forward_backward(store, x, y, 16)
             store.settle()
             return store.grads.copy()
 

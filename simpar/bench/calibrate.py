@@ -61,7 +61,7 @@ def measure_layer_overhead(repeats: int = 400) -> float:
 
     import numpy as np
 
-    from ..model import layer_backward, layer_forward, serial_store, softmax_cross_entropy
+    from ..model import forward_backward, serial_store
     from ..optim import SGD
 
     store, opt = serial_store([8, 8, 8, 8, 8], "relu", 0, np.float64), SGD(0.01, 0.9)
@@ -70,13 +70,7 @@ def measure_layer_overhead(repeats: int = 400) -> float:
     for _ in range(repeats):
         start = time.perf_counter()
         store.zero_grad()
-        h, ctxs = x, []
-        for layer in store.layers:
-            h, ctx = layer_forward(layer, h)
-            ctxs.append(ctx)
-        _, g = softmax_cross_entropy(h, y, 1)
-        for layer, ctx in zip(reversed(store.layers), reversed(ctxs)):
-            g = layer_backward(layer, ctx, g, need_dx=layer.index > 0)
+        forward_backward(store, x, y, 1)
         opt.step([store.params], [store.grads])
         times.append(time.perf_counter() - start)
     return float(np.median(times)) / len(store.layers)
