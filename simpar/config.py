@@ -142,11 +142,6 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got "
             f"{cfg.layers}",
         )
-        _require(
-            not (cfg.sp and cfg.pp > 1),
-            "--sp with --pp is not supported: a pipeline stage receives every row of a micro-batch; "
-            "use --tp with --pp, or --sp without --pp",
-        )
     if cfg.mixed:
         # The master weights and optimizer state are float32 (ZeRO paper sec. 3.1). Ranks holding
         # different gradients (ZeRO shards, pipeline stages, tp shards) vote on skipping a step.
@@ -237,6 +232,14 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             cfg.batch % rows == 0,
             f"--sp splits every micro-step's rows evenly over --tp {cfg.tp}: --batch {cfg.batch} must be a "
             f"multiple of dp*grad-accum*tp = {rows}",
+        )
+        # Under --pp the row shards are cut per micro-batch (np.array_split parts differ by at most
+        # one row, so they all divide by tp >= 2 only when they are all equal).
+        rows *= cfg.microbatches
+        _require(
+            cfg.pp == 1 or cfg.batch % rows == 0,
+            f"--sp with --pp splits every micro-batch's rows evenly over --tp {cfg.tp}: --batch {cfg.batch} "
+            f"must be a multiple of dp*grad-accum*microbatches*tp = {rows}",
         )
     if cfg.pp > 1:
         _require(

@@ -117,6 +117,10 @@ class BlockContext:
         return self.arrays[0]
 
     @property
+    def h(self):  # LN(x), the branch's input (under --sp: all-gathered, more rows than x)
+        return self.arrays[3]
+
+    @property
     def z1(self):  # W1 LN(x) + b1
         return self.arrays[4]
 

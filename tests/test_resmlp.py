@@ -81,7 +81,6 @@ def test_data_parallel_and_zero_match_serial(tmp_path, serial, n, zero, extra):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--arch", "resmlp", "--tp", "2", "--pp", "2", "--sp"], "--sp with --pp is not supported"),
         (["--arch", "resmlp", "--layers", "64,128,96,10"], "equal hidden widths"),
     ],
 )

@@ -74,6 +74,12 @@ def check_ledger_and_memory(m: dict, schedule: str, M: int, accum: int, recomput
         mem = m["memory"]["ranks"][r["rank"]]
         params = sum(local_unit_params(i) for c in chunks for i in range(*bounds[c])) * BPE
         assert mem["params"] == mem["grads"] == params and mem["optimizer"] == 2 * params  # Adam: m, v
+    assert_cost_model_agrees(m)
+
+
+def assert_cost_model_agrees(m: dict) -> None:
+    """The cost model's bytes and memory are the ledger's, its activation peaks the meters', and its
+    step time the simulated clock's within 5% (when the run had --clock sim)."""
     assert m["prediction_mismatches"] == []
     got = [r["activations_peak"] for r in m["memory"]["ranks"]]
     assert got == [r["activations_peak"] for r in m["predicted"]["memory"]["ranks"]]

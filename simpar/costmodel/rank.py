@@ -21,7 +21,8 @@ all-reduce of N, and how chunks are cut, are in collectives.py):
   pipeline             per micro-batch and chunk boundary between two stages: rows x out-width
                        forward ("pp-send-act"), rows x in-width backward ("pp-send-grad"); with one
                        chunk per stage from every stage but the last / the first. zb-v: 2S chunks,
-                       2S-2 boundaries cross stages (the turn S-1 -> S stays on stage S-1)
+                       2S-2 boundaries cross stages (the turn S-1 -> S stays on stage S-1). --sp:
+                       each tp rank sends its rows/t shard (Korthikanti et al. 2022, sec. 4.2.2)
   data (root)          rank 0 sends each rank its rows: x (rows x width) to first-stage ranks and
                        labels (rows x 8 bytes, int64) to the loss stage's ranks (last; zb-v: first),
                        every tp rank its own copy
@@ -100,14 +101,16 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
             fwd += sum(w["fwd_flops"] for w in works)
             bwd += sum(w["bwd_flops"] for w in works)
             act_row[c] = sum(w["act_row"] for w in works)
+            sp_share = row_share(spec)  # --sp: the chunk's input and unit outputs are 1/t row shards
+            blocks = [i for i in range(lo, hi) if 0 < i < spec.n_layers - 1]
             held_row[c] = {  # what --recompute keeps from the forward to the backward, per row
                 "none": act_row[c],
-                "full": W[lo],  # the chunk's input
-                # + each block's z1 (this rank's d/t columns under --tp) and every unit's output but
-                # the chunk's last
-                "selective": W[lo]
-                + sum(W[i] // spec.tp for i in range(lo, hi) if 0 < i < spec.n_layers - 1)
-                + sum(W[i + 1] for i in range(lo, hi - 1)),
+                "full": W[lo] * sp_share,  # the chunk's input
+                # + each block's z1 (this rank's d/t columns under --tp; under --sp also f-bar's
+                # gathered h, d on all rows) and every unit's output but the chunk's last
+                "selective": W[lo] * sp_share
+                + sum(W[i] // spec.tp + (W[i] if sp_share != 1 else 0) for i in blocks)
+                + sum(W[i + 1] * sp_share for i in range(lo, hi - 1)),
             }[spec.recompute]
     for b, times in Counter(b for step in rows for b in step).items():  # micro-batch rows -> count
         for c in mine:
@@ -126,17 +129,17 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
                     again = 2 if spec.recompute == "full" else 1
                     book.add("activation", "tp-g-allreduce", "tp", cost, prec.act, times * again)
             # Each chunk boundary between two stages: rows x width forward, and back (zb-v's turn,
-            # chunks S-1 -> S on one stage, moves nothing).
+            # chunks S-1 -> S on one stage, moves nothing). --sp: this tp rank's b/t rows only.
+            b_sent = int(b * row_share(spec))
             if c < C - 1 and chunk_stage(spec.schedule, spec.pp, c + 1) != s:
-                book.add(
-                    "activation", "pp-send-act", "pp", Cost(b * W[hi], 1, 0, 1, b * W[hi]), prec.act, times
-                )
+                n = b_sent * W[hi]
+                book.add("activation", "pp-send-act", "pp", Cost(n, 1, 0, 1, n), prec.act, times)
             if c > 0 and chunk_stage(spec.schedule, spec.pp, c - 1) != s:
-                book.add(
-                    "activation", "pp-send-grad", "pp", Cost(b * W[lo], 1, 0, 1, b * W[lo]), prec.act, times
-                )
+                n = b_sent * W[lo]
+                book.add("activation", "pp-send-grad", "pp", Cost(n, 1, 0, 1, n), prec.act, times)
 
-    for cost in sp_grad_allreduces(spec, t):  # --sp: partial gradients of the row-shard parameters
+    units = [i for c in mine for i in range(*shape.bounds[c])]
+    for cost in sp_grad_allreduces(spec, t, units):  # --sp: partial gradients of the row-shard parameters
         book.add("model", "sp-grad-allreduce", "tp", cost, prec.grad)
 
     # Gradients / parameters over the data-parallel group.

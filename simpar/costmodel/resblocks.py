@@ -15,6 +15,9 @@ the projections see: 1, or 1/t under --sp (config.validate makes t divide r).
                 reduce-scatter plus a ring all-gather send 2N - c_k - c_(k+1) elements: one all-reduce.
     --sp, once per step: all-reduce over tp (category model, "sp-grad-allreduce") of each block's
                 gamma and beta (2d) and of each projection's parameters: they saw 1/t of the rows
+                (under --pp: those of the stage's chunks)
+    --sp --pp   a stage boundary carries tp rank k's r/t rows to tp rank k of the next stage
+                (rank.py, steptime.py: r * row_share)
   kept for backward, per row of a micro-batch:
     block       x, xh (2d) and s (1) on share*r rows; h (d), z1 and u (2 dl) on all r rows
     projection  its input (fan_in) on share*r rows
@@ -102,9 +105,11 @@ def block_collectives(spec, rows: int, i: int, k: int, phase: str) -> list[tuple
     return [(op, ALLREDUCE[spec.collectives](n, t, k))]
 
 
-def sp_grad_allreduces(spec, k: int) -> list[Cost]:
-    """--sp: tp rank k's Cost of each once-a-step gradient all-reduce (none without --sp)."""
+def sp_grad_allreduces(spec, k: int, units=None) -> list[Cost]:
+    """--sp: tp rank k's Cost of each once-a-step gradient all-reduce (none without --sp), one per
+    unit of `units` (default: all; under --pp the units of this stage's chunks)."""
     if not getattr(spec, "sp", False):
         return []
     sizes = [2 * spec.widths[i] if is_block(spec, i) else n for i, n in enumerate(local_unit_sizes(spec))]
-    return [ALLREDUCE[spec.collectives](n, spec.tp, k) for n in sizes]
+    chosen = range(spec.n_layers) if units is None else units
+    return [ALLREDUCE[spec.collectives](sizes[i], spec.tp, k) for i in chosen]

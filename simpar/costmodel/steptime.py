@@ -32,7 +32,7 @@ from __future__ import annotations
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the recurrence's order)
 from .rank import layer_work, loss_bytes, optimizer_bytes
-from .resblocks import block_collectives, sp_grad_allreduces
+from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers, micro_rows
 
 
@@ -65,8 +65,12 @@ class RankCosts:
         self.kinds, self.sizes = kinds, sizes
         self.works = [layer_work(spec, i, k) for i, k in zip(range(self.lo, self.hi), kinds)]
         self.optimizer_s = optimizer_bytes(spec, rank_pred["params_updated"]) * self.stream
-        # --sp's gradient all-reduces over tp: once per step, counted with the optimizer
-        self.optimizer_s += sum(self._seconds(c, spec.prec.grad) for c in sp_grad_allreduces(spec, self.t))
+        # --sp's gradient all-reduces over tp, one per unit of this chunk (in unit order): once per
+        # step, blocking, each after its unit's part of the chunk's final backward (or W pass)
+        self.sp_sync = [
+            self._seconds(c, spec.prec.grad)
+            for c in sp_grad_allreduces(spec, self.t, range(self.lo, self.hi))
+        ]
         self._memo: dict = {}  # (what, rows) -> seconds: micro-batches come in a few sizes only
 
     def _cached(self, what: str, r: int, fn):
@@ -173,8 +177,14 @@ def dp_end(costs: RankCosts, buckets: list, backward_start: float, r: int, strea
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
     layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r)
-    for pos, (compute, f) in zip(reversed(range(n_local)), layers):
+    for pos, (compute, f), sync in zip(
+        reversed(range(n_local)), layers, reversed(costs.sp_sync or [0.0] * n_local)
+    ):
         t += compute
+        if sync:  # --sp: the unit's collectives, then the sum of its row-shard gradients, then the hook
+            t += f + sync
+            ready_at[pos] = t
+            continue
         ready_at[pos] = t  # the hook fires before the layer's f all-reduce
         t += f
     if not costs.spec.overlap:  # --no-overlap: every bucket starts once backward is done
@@ -201,6 +211,10 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
         rows = [micro_rows(spec, stage_costs[s][1])[k] for s in range(S)]
         order = [stage_order(spec.schedule, S, M, s, V) for s in range(S)]
         pos = [0] * S
+        final = [  # each chunk's final backward (or W pass) position: --sp sums its gradients there
+            {c: i for i, (kind, _, c) in enumerate(order[s]) if kind == ("W" if split else "B")}
+            for s in range(S)
+        ]
         act_at, grad_at = {}, {}  # (chunk, m) -> arrival of its input / output gradient
         link, left = [0.0] * S, [0.0] * S  # each stage's outgoing link, and when its last send left
         final_start = [{} for _ in range(S)]  # chunk -> start of its last backward (or W pass)
@@ -222,6 +236,8 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         work = costs.weight(r)
                     else:
                         work = costs.backward_input(r) if split else costs.backward(r)
+                    if last_k and final[s].get(c) == pos[s]:
+                        work += sum(costs.sp_sync)
                     clock[s], busy[s] = start + work, busy[s] + work
                     if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
                         final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
@@ -234,7 +250,8 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         out[dest] = clock[s]  # the turn of the V: handed over in memory
                     elif out is not None:
                         depart = max(clock[s], link[s])
-                        link[s] = left_s = depart + r * width * bpe * pp.beta
+                        sent = r * row_share(spec) * width * bpe  # --sp: the tp rank's row shard
+                        link[s] = left_s = depart + float(sent) * pp.beta
                         out[dest] = left_s + pp.alpha
                         left[s] = max(left[s], left_s)
                     pos[s] += 1

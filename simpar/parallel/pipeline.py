@@ -25,7 +25,8 @@ B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per el
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
 own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack (resmlp's units: a
-ResTensorStack over the chunk's units, restensor.py). A pure pipeline
+ResTensorStack over the chunk's units, restensor.py); under --sp each tp rank sends only its 1/t row
+shard (B_r/t above; pipeline_comms._row_shard). A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 
@@ -157,17 +158,19 @@ class PipelineParallel(StageMessages, Strategy):
         rows = self._micro_batch_rows(global_batch)
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps_data):
-            flight = InFlight(rows[k], global_batch, communicate=k == len(micro_steps_data) - 1)
+            shard = self._row_shard  # --sp: this tp rank's rows of each micro-batch (pipeline_comms.py)
+            flight = InFlight(shard(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
             if self.is_first:
-                assert len(x) == sum(flight.rows), "BatchFeeder and pipeline disagree on the rows"
-                flight.inputs = {(mb, 0): part for mb, part in enumerate(np.array_split(x, self.M))}
+                assert len(x) == sum(rows[k]), "BatchFeeder and pipeline disagree on the rows"
+                flight.inputs = {(mb, 0): shard(part) for mb, part in enumerate(np.array_split(x, self.M))}
             if self.is_last:
-                flight.labels = dict(enumerate(np.array_split(y, self.M)))
+                flight.labels = {mb: shard(part) for mb, part in enumerate(np.array_split(y, self.M))}
             self._run(flight)
             loss += flight.loss
         self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
-        # Only the last stage computes the loss; its tp ranks all hold the same value: count it once.
-        return loss if self.is_last and self.mesh.tp_index == 0 else 0.0
+        # Only the last stage computes the loss; its tp ranks all hold the same value (count it once),
+        # or under --sp each the share of its own rows.
+        return loss if self.is_last and (self.cfg.sp or self.mesh.tp_index == 0) else 0.0
 
     def _micro_batch_rows(self, global_batch: int) -> list[list[int]]:
         """Rows of each micro-batch, per grad-accum micro-step, on this rank.
@@ -267,6 +270,8 @@ class PipelineParallel(StageMessages, Strategy):
         """W: dW += x^T dz, db += sum(dz) of every layer of the chunk; then its activations go."""
         weight_passes, nbytes = flight.weight_passes.pop((step.mb, step.chunk))
         hook = self._hook(step, flight)
+        if hook is not None and self.cfg.sp:  # the W pass completes the row shards' gradients: sum them
+            hook = self.stacks[step.chunk].sequence_synced(hook)
         with trace.span(f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
             for layer, weight_pass in zip(reversed(self.stacks[step.chunk].store.layers), weight_passes):
                 weight_pass()

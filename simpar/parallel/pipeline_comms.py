@@ -11,6 +11,8 @@ the next chunk and its input gradient the previous one, when those live on other
 Which rank holds a chunk is the schedule's placement (Schedule.rank_of: c mod S, or zb-v's V). All
 of it goes over the stage's pp communicator (self.pp_comm: mesh.pp_comm, with bfloat16 sent as
 uint16 views under --precision mixed-bf16) in category "activation", so the ledger counts exactly these bytes.
+Under --sp a message carries one tp rank's row shard of the micro-batch, to and from the same tp
+rank of the neighbouring stage: 1/t of the bytes (_row_shard).
 A message is matched by its tag, 2*(mb*C + receiving chunk) + ACT / GRAD, so several chunks and
 micro-batches can be in flight between the same two ranks without mixing up. Sends are non-blocking:
 the buffer is kept in `flight.sends` until pipeline._run waits for them at the end of the pass
@@ -34,7 +36,7 @@ def message_tag(mb: int, chunk: int, chunks: int, direction: int) -> int:
 
 class StageMessages:
     """The four message steps of a pipeline stage (mixed into PipelineParallel, which provides
-    pp_comm, cfg, kind, S, C, bounds and dtype)."""
+    pp_comm, cfg, mesh, kind, S, C, bounds and dtype)."""
 
     def _send(self, flight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
@@ -76,6 +78,20 @@ class StageMessages:
         source = self.kind.rank_of(c + 1, self.S)
         tag = message_tag(mb, c, self.C, GRAD)
         flight.grads[(mb, c)] = self._recv(shape, source, "pp-send-grad", tag, "recv grad")
+
+    def _row_shard(self, rows_or_array):
+        """--sp (Korthikanti et al. 2022, sec. 4.2.2): the residual stream between stages is sequence-
+        sharded, so tp rank k of a stage works on, sends and receives only rows k*r/t .. (k+1)*r/t of
+        each micro-batch of r rows (config.validate makes t divide r). Given a micro-batch's array (the
+        first stage's inputs, the loss stage's labels): those rows; given the micro-batches' row
+        counts: r/t each. Without --sp: unchanged (every tp rank holds every row)."""
+        if not self.cfg.sp:
+            return rows_or_array
+        t, k = self.mesh.tp, self.mesh.tp_index
+        if isinstance(rows_or_array, list):
+            return [r // t for r in rows_or_array]
+        n = len(rows_or_array) // t
+        return rows_or_array[k * n : (k + 1) * n]
 
     def _hand_on(self, key: tuple, y: np.ndarray, flight) -> None:
         """(mb, c)'s output for chunk c+1: in memory if this rank holds it too (zb-v's turn), else

@@ -83,16 +83,19 @@ class UnitStack:
 
 
 def save_selective(x, contexts: list) -> tuple[list, int]:
-    """(per unit: (z or z1, its output or None), bytes held) for recompute.Saved."""
+    """(per unit: (z or z1, its output or None, gathered h or None), bytes held) for recompute.Saved.
+    A block whose h has more rows than its input x (--sp: f-bar all-gathered LayerNorm's row shards)
+    keeps h too: LayerNorm on this rank's rows cannot rebuild it without another all-gather."""
     kept, held = [], x.nbytes
     for k, ctx in enumerate(contexts):
         out = contexts[k + 1].x if k + 1 < len(contexts) else None
         if isinstance(ctx, BlockContext):
-            z1 = ctx.z1
-            kept.append((z1, out))
+            z1, gathered = ctx.z1, (ctx.h if ctx.h.shape[0] != ctx.x.shape[0] else None)
+            kept.append((z1, out, gathered))
             held += z1.nbytes + (out.nbytes if out is not None else 0)
+            held += gathered.nbytes if gathered is not None else 0
         else:  # a projection: its output IS its z (no activation)
-            kept.append((ctx.z, None))
+            kept.append((ctx.z, None, None))
             held += ctx.z.nbytes if out is not None else 0
     return kept, held
 
@@ -100,12 +103,15 @@ def save_selective(x, contexts: list) -> tuple[list, int]:
 def restore_selective(x, kept: list, stack) -> list:
     """The chunk's Contexts again from save_selective's arrays (numbers equal to the forward's)."""
     contexts = []
-    for unit, (p, _), (z, out) in zip(stack.units, stack.flats, kept):
+    for unit, (p, _), (z, out, gathered) in zip(stack.units, stack.flats, kept):
         if isinstance(unit, LinearUnit):
             contexts.append(Context(x, z, z))
             x = z
-        else:  # a block, or this rank's share of one (restensor.ShardedBlock): same method
+        elif gathered is None:  # a block, or this rank's share of one (restensor.ShardedBlock)
             contexts.append(unit.rebuild_context(p, x, z))
+            x = out
+        else:  # this rank's share of a block under --sp, its gathered h kept
+            contexts.append(unit.rebuild_context(p, x, z, gathered))
             x = out
     return contexts
 

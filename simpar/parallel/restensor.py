@@ -47,8 +47,12 @@ the ring's chunks of r x d elements are then whole rows.
 
 Under --pp a stage's chunk is a ResTensorStack over the chunk's units (pipeline._stack): the same
 split, its own f and g per block; the residual stream arriving from the previous stage is already
-replicated over the tp group. Zero-bubble schedules split a block's backward into B and W halves
-(below); --sp with --pp is refused by config.validate. (A little over 300 lines: the B/W split.)
+replicated over the tp group -- or, under --sp, already this rank's row shard: the previous stage's
+tp rank k sends its rows to tp rank k here (pipeline_comms._row_shard), so the shard crosses the
+boundary as it is, at 1/t of the bytes (Korthikanti et al. 2022, sec. 4.2.2). Zero-bubble schedules
+split a block's backward into B and W halves (below); their W pass then sums the row-shard gradients
+over tp (sequence_synced). --recompute selective keeps f-bar's gathered h under --sp instead of
+gathering it again. (A little over 300 lines: the B/W split.)
 """
 
 from __future__ import annotations
@@ -81,16 +85,19 @@ class ShardedBlock:
         g, beta, W1, b1, W2, b2 = np.split(flat, np.cumsum([d, d, d * dl, dl, dl * d]))
         return g, beta, W1.reshape(d, dl), b1, W2.reshape(dl, d), b2
 
-    def rebuild_context(self, flat, x, z1) -> BlockContext:
+    def rebuild_context(self, flat, x, z1, gathered=None) -> BlockContext:
         """What forward kept, from the block's input x and this rank's columns of z1 (--recompute
-        selective, resstack.restore_selective): LayerNorm on x (~8 passes over rows x d) and
-        u = act(z1) (2 per column). Without --sp f is the identity, so h is LayerNorm's output."""
+        selective, resstack.restore_selective): LayerNorm on x's rows (~8 passes over rows x d) and
+        u = act(z1) (2 per column, all rows). Without --sp f is the identity, so h is LayerNorm's
+        output; under --sp h is f-bar's all-gather of it, kept by the forward (`gathered`) rather
+        than gathered again, so that recomputation moves no bytes."""
         g, beta, *_ = self.views(flat)
-        h, (xh, s) = layernorm_forward(x, g, beta)
+        ln, (xh, s) = layernorm_forward(x, g, beta)
+        h = ln if gathered is None else gathered
         u = ACTIVATIONS[self.act][0](z1)
         clock = simclock.active()
         if clock is not None:
-            clock.stream((8 * self.d + 2 * self.dl) * x.shape[0] * x.itemsize)
+            clock.stream((8 * self.d * x.shape[0] + 2 * self.dl * z1.shape[0]) * x.itemsize)
         return BlockContext(x, xh, s, h, z1, u)
 
     def cut(self, full_flat: np.ndarray) -> np.ndarray:
@@ -273,6 +280,17 @@ class ResTensorStack:
                     self._sync_sequence_grads(u, g)
                 on_layer_done(u.index)
         return grad
+
+    def sequence_synced(self, on_layer_done):
+        """`on_layer_done`, preceded under --sp by the sum over tp of the unit's row-shard gradients
+        (what backward does itself; a zero-bubble W pass completes the gradients outside it)."""
+        grads = {u.index: (u, g) for u, (_, g) in zip(self.units, self.flats)}
+
+        def done(index: int) -> None:
+            self._sync_sequence_grads(*grads[index])
+            on_layer_done(index)
+
+        return done
 
     def full_pieces(self, flat: np.ndarray | None = None):
         """On tp rank 0: [(unit index, W, b)] full shape -- a projection's (W, b), a block's (flat,
