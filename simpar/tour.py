@@ -33,7 +33,7 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "mixed-fp16": 32 * 2.0**-11, "mi
 def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     """(name, overrides) of every layout to show on this many ranks, the serial reference first."""
     n = world_size
-    res = cfg.arch == "resmlp"  # its tensor parallelism (restensor.py) also runs with --sp, not with --pp
+    res = cfg.arch == "resmlp"  # its tensor parallelism (restensor.py) also runs with --sp
     # mixed precision runs every layout but tensor parallelism (config.validate)
     hidden_ok = lambda t: not cfg.mixed and all(w % t == 0 for w in cfg.layers[1:-1])
     sp_ok = lambda dp, tp: res and cfg.batch % (dp * cfg.grad_accum * tp) == 0
