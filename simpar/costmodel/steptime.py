@@ -23,6 +23,9 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   finished its layers (in the last micro-batch of the last accumulation step), on the dp group's
   stream, one bucket after another; the rank waits for the last one after backward (Li et al.
   2020, sec. 3.2). ZeRO's collectives block: they add up.
+* --sp (resmlp under --tp): a stage boundary carries the tp rank's rows/t; each unit's once-a-step
+  gradient all-reduce over tp blocks its chunk's final backward (zero-bubble: W pass) right after
+  that unit, before the unit's gradient bucket is handed to data parallelism.
 * Gradient accumulation repeats the schedule K times; then the optimizer sweeps its parameters.
   The step ends when the slowest rank has finished (the loss all-reduce synchronises the ranks).
 """
