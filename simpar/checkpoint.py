@@ -2,7 +2,9 @@
 
     D/step-000040/
         params.npz      W0, b0, W1, b1, ...                              full shape (--arch resmlp:
-                        a residual block's Wi is its flat vector, bi empty; resmlp.BlockUnit)
+                        a residual block's Wi is its flat vector, bi empty; resmlp.BlockUnit;
+                        --experts E: an MoE layer's Wi is moe.pack_flat -- the router, then all E
+                        experts' W, b -- and bi empty, as in --weights-out)
         optimizer.npz   velocity.W0, velocity.b0, ... (SGD with momentum)  full shape, like params
                         m.W0, v.W0, ... (Adam)
         manifest.json   format, step, sampler position, optimizer name and scalars (Adam's t),
@@ -52,9 +54,13 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 STALE = (".tmp-step-", ".trash-step-")  # what a killed writer can leave behind
 
 # Fields of the run that must match the checkpoint's: the shapes and meaning of the state (model,
-# optimizer) and the sampler (seed, batch). Learning rate, momentum, layout, grad-accum may change.
+# optimizer) and the sampler (seed, batch). Learning rate, momentum, layout, grad-accum may change
+# (and --ep, --top-k, --capacity-factor, --aux-loss-coef: routing, not the shapes of the state).
+# Fields added after format version 1 was written: what a manifest without them meant.
+ADDED_LATER = {"experts": 0}
 MUST_MATCH = (
     ("layers", "--layers"),
+    ("experts", "--experts"),
     ("activation", "--activation"),
     ("arch", "--arch"),
     ("dtype", "--dtype"),
@@ -243,11 +249,15 @@ def load(path: str) -> tuple[dict, FullState]:
     layers, dtype = manifest["model"]["layers"], np.dtype(manifest["model"]["dtype"])
     n = len(layers) - 1
     blocks = manifest["model"].get("arch") == "resmlp"
+    experts = manifest["model"].get("experts", 0)
 
     def shapes(i: int) -> tuple[tuple, tuple]:
-        """W_i and b_i; a resmlp block is one flat vector (2d^2 + 4d) with an empty b (resmlp.py)."""
+        """W_i and b_i; a resmlp block is one flat vector (2d^2 + 4d) with an empty b (resmlp.py); so
+        is an MoE layer (moe.pack_flat: d_in E router weights, then E experts of d_in d_out + d_out)."""
         if blocks and 0 < i < n - 1:
             return (2 * layers[i] ** 2 + 4 * layers[i],), (0,)
+        if experts and 0 < i < n - 1:
+            return (layers[i] * experts + experts * (layers[i] * layers[i + 1] + layers[i + 1]),), (0,)
         return (layers[i], layers[i + 1]), (layers[i + 1],)
 
     def pair(source: dict, prefix: str, i: int, where: str):
@@ -320,7 +330,7 @@ def check_compatible(path: str, manifest: dict, cfg, n_train: int, steps: int) -
     """Can this run continue from that checkpoint? Names the first difference as a flag."""
     saved = manifest["config"]
     for key, flag in MUST_MATCH:
-        theirs, ours = saved.get(key), getattr(cfg, key)
+        theirs, ours = saved.get(key, ADDED_LATER.get(key)), getattr(cfg, key)
         if theirs != ours:
             show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)
             raise SimparError(

@@ -311,7 +311,6 @@ def moe_rules(cfg: RunConfig) -> None:
             ("--arch resmlp", cfg.arch != "mlp"),
             ("--precision", cfg.mixed),
             ("--grad-accum", cfg.grad_accum > 1),
-            ("--checkpoint-dir/--resume", bool(cfg.checkpoint_dir or cfg.resume)),
         )
         if on
     ]

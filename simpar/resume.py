@@ -59,6 +59,7 @@ def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_
                 "activation": cfg.activation,
                 "dtype": cfg.dtype,
                 "arch": cfg.arch,
+                "experts": cfg.experts,  # an MoE layer's W_i is moe.pack_flat (checkpoint.py)
             },
             "optimizer": cfg.optimizer,
             "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),

@@ -4,6 +4,7 @@ the aux loss against the formulas written here; and (MPI) expert parallelism aga
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -246,3 +247,54 @@ def test_cost_model_decides_capacity_itself(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     bad = json.loads(out.read_text())["prediction_mismatches"]
     assert any(" activation: measured" in line for line in bad), bad
+
+
+# -- checkpoints: saved on dp4 x ep2, resumed on other --ep layouts -------------------------------------
+
+
+def test_checkpoint_of_dp4_ep2_resumes_on_serial_dp2_ep2_and_dp4_ep4(tmp_path):
+    """The saving run is the uninterrupted reference (saving changes no number); each resumed run must
+    continue its losses and reach its final weights (float64, 1e-12). Adam: the params and both moments
+    m, v travel in full shape -- every expert of an MoE layer in its flat W_i -- and are sliced again."""
+    from tests.conftest import assert_same_model, train_json
+    from tests.mpiutil import run_mpi
+    from tests.test_errors import assert_one_line_error
+
+    adam = [*MOE[:3], "8", *MOE[4:], "--optimizer", "adam", "--lr", "0.01"]  # 8 steps
+    ckpt = tmp_path / "ckpt"
+    ref = train_json(
+        4,
+        [*adam, "--dp", "4", "--ep", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4"],
+        tmp_path,
+        "ref",
+    )
+    assert ref["checkpoint"]["saved"] == [str(ckpt / "step-000004"), str(ckpt / "step-000008")]
+    assert ref["prediction_mismatches"] == []  # saving moves control bytes only: training bytes as predicted
+    # Each save gathers params, m and v; ep rank 1 of the first ep group (world rank 1) sends its E/P
+    # experts of both MoE layers to rank 0 in one message each; the other ep group sends nothing.
+    expert = 128 * 128 + 128
+    ranks = ref["comm"]["ranks"]
+    assert ranks[1]["by_op"]["control/checkpoint-gather"] == {
+        "sent": 2 * 3 * (E // 2) * 2 * expert * 8,
+        "received": 0,
+        "messages": 2 * 3,
+    }
+    assert ranks[0]["by_op"]["control/checkpoint-gather"]["received"] == 2 * 3 * (E // 2) * 2 * expert * 8
+    assert all("control/checkpoint-gather" not in r["by_op"] for r in ranks[2:])
+    with np.load(ckpt / "step-000004" / "params.npz") as z:  # router, then all E experts, b empty
+        assert z["W1"].shape == (128 * E + E * expert,) and z["b1"].shape == (0,)
+    step4 = ["--resume", str(ckpt / "step-000004")]
+    for n, layout in ((1, []), (2, ["--dp", "2", "--ep", "2"]), (4, ["--dp", "4", "--ep", "4"])):
+        run = train_json(n, [*adam, *layout, *step4], tmp_path, f"resumed{n}")
+        assert run["checkpoint"]["start_step"] == 4 and run["steps"] == 4
+        assert_same_model(run, {"losses": ref["losses"][4:], "weights": ref["weights"]}, rtol=1e-12)
+        assert run["prediction_mismatches"] == []  # the resumed steps move exactly the predicted bytes
+    # A checkpoint of another model is one line: different --experts, or a dense run.
+    for other, fragment in (
+        (["--experts", "8"], "was trained with --experts 4; this run has --experts 8"),
+        ([], "was trained with --experts 4; this run has --experts 0"),
+    ):
+        args = ["train", "--dtype", "float64", "--steps", "8", *other, *step4, "--optimizer", "adam"]
+        t = time.time()
+        res = run_mpi(1, args, timeout=30)
+        assert_one_line_error(res, fragment, time.time() - t)

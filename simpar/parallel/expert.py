@@ -30,6 +30,11 @@ Gradients: the non-expert parameters all-reduced over the dp group (`model/grad-
 call), the experts' over their expert-data-parallel group (`model/expert-grad-allreduce`), both
 after backward: no buckets and no overlap (--bucket-mb and --no-overlap do not apply), kept simple
 so that the all-to-alls stand out.
+Checkpoints (and --weights-out): full shape is every router and all E experts of each MoE layer
+(moe.pack_flat); the first ep group's ranks send their experts to world rank 0 (`control`), and a
+resume on any --ep slices each rank's experts out again.
+
+(Over 300 lines: the checkpoint hooks that gather and slice the experts sit beside the sharding they undo.)
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..config import SimparError
 from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward
 from ..moe import (
     aux_loss,
@@ -51,6 +55,7 @@ from ..moe import (
     pack_flat,
     route,
     router_backward,
+    unpack_flat,
 )
 from ..precision import build_optimizer, loss_grad
 from .base import Strategy
@@ -264,25 +269,8 @@ class ExpertParallel(Strategy):
         }
 
     def full_weights(self):
-        """Full shape on world rank 0: (W, b) per dense layer, (moe.pack_flat, empty) per MoE layer;
-        each ep group gathers its experts to its first rank (control traffic)."""
-        pieces = self.ep.gather_object(self.expert_params.copy(), root=0)
-        if self.mesh.world.rank != 0:
-            return None
-        out, at = [], [0] * self.ep.size  # where each ep rank's next expert starts in its flat piece
-        for layer in self.layers:
-            if not isinstance(layer, MoELayer):
-                out.append((layer.W.copy(), layer.b.copy()))
-                continue
-            d_in, d_out = self.cfg.layers[layer.index], self.cfg.layers[layer.index + 1]
-            experts = []
-            for q in range(self.ep.size):  # experts in global order: ep rank 0's, then rank 1's, ...
-                for _ in layer.owned_by(q):
-                    W = pieces[q][at[q] : at[q] + d_in * d_out].reshape(d_in, d_out)
-                    experts.append((W, pieces[q][at[q] + d_in * d_out : at[q] + d_in * d_out + d_out]))
-                    at[q] += d_in * d_out + d_out
-            out.append((pack_flat(layer.Wr, experts), np.zeros(0, self.dense.dtype)))
-        return out
+        """Full shape on world rank 0: (W, b) per dense layer, (moe.pack_flat, empty) per MoE layer."""
+        return self._gather([self.dense, self.expert_params], "gather-weights")
 
     def memory(self) -> dict:
         n = self.dense.nbytes + self.expert_params.nbytes
@@ -290,11 +278,79 @@ class ExpertParallel(Strategy):
             n, self.dense_grads.nbytes + self.expert_grads.nbytes, self.optimizer.state_nbytes()
         )
 
+    # -- checkpoints: two positions, the replicated non-expert flat and this rank's experts ----------
+    # Full shape is the --weights-out layout (an MoE layer's W_i = pack_flat(Wr, all E experts), b_i
+    # empty), so a checkpoint holds every expert whichever ep rank trained it, and resumes on any --ep.
     def optimizer_params(self) -> list:
         return [self.dense, self.expert_params]
 
     def gather_full(self, local):
-        raise SimparError("checkpoints of --experts runs are not supported")  # config.moe_rules refuses them
+        return self._gather(local, "checkpoint-gather")
+
+    def _gather(self, local, op: str):
+        """[dense-like, experts-like] -> full shape on world rank 0 (None elsewhere). Only the first
+        ep group moves anything (every group holds the same experts): its ep ranks 1..P-1 each send
+        their E/P experts to ep rank 0 = world rank 0, one counted `control` message of
+        (E/P) x sum over MoE layers of (d_in d_out + d_out) elements each."""
+        dense, mine = local
+        if self.dp.rank >= self.ep.size:
+            return None
+        if self.ep.rank != 0:
+            self.ep.send(np.ascontiguousarray(mine), 0, "control", op)
+            return None
+        pieces = [mine] + [
+            self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)
+        ]
+        dense_views = iter(self._split(dense, self._dense_shapes()))
+        expert_views = [iter(self._split(piece, self._expert_shapes())) for piece in pieces]
+        out = []
+        for layer in self.layers:
+            if not isinstance(layer, MoELayer):
+                out.append((next(dense_views).copy(), next(dense_views).copy()))
+                continue
+            Wr = next(dense_views)
+            experts = [  # global expert order: ep rank 0's E/P, then rank 1's, ...
+                (next(views), next(views)) for views in expert_views for _ in range(layer.per)
+            ]
+            out.append((pack_flat(Wr, experts), np.zeros(0, dense.dtype)))
+        return out
 
     def slice_full(self, full, dtype=None):
-        raise SimparError("checkpoints of --experts runs are not supported")
+        """Full shape -> [the non-expert flat, this rank's experts' flat]; the experts are unpacked
+        from each MoE layer's flat W_i, and only the ones this ep rank holds are kept."""
+        dtype = dtype or self.dense.dtype
+        dense, mine = [], []
+        for layer, (W, b) in zip(self.layers, full):
+            if not isinstance(layer, MoELayer):
+                dense += [W, b]
+                continue
+            d_in, d_out = self.cfg.layers[layer.index], self.cfg.layers[layer.index + 1]
+            Wr, experts = unpack_flat(W, d_in, d_out, self.cfg.experts)
+            dense.append(Wr)
+            mine += [a for e in self.mine for a in experts[e]]
+        flat = lambda arrays: np.concatenate([a.reshape(-1) for a in arrays]).astype(dtype)  # noqa: E731
+        return [flat(dense), flat(mine) if mine else np.zeros(0, dtype)]
+
+    def _dense_shapes(self) -> list[tuple]:
+        shapes = []
+        for layer in self.layers:
+            shapes += [layer.Wr.shape] if isinstance(layer, MoELayer) else [layer.W.shape, layer.b.shape]
+        return shapes
+
+    def _expert_shapes(self) -> list[tuple]:
+        return [
+            a.shape
+            for layer in self.layers
+            if isinstance(layer, MoELayer)
+            for e in self.mine
+            for a in (layer.experts[e].W, layer.experts[e].b)
+        ]
+
+    @staticmethod
+    def _split(flat, shapes) -> list:
+        out, off = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape))
+            out.append(flat[off : off + size].reshape(shape))
+            off += size
+        return out
