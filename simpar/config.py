@@ -310,7 +310,6 @@ def moe_rules(cfg: RunConfig) -> None:
             ("--zero", cfg.zero > 0),
             ("--arch resmlp", cfg.arch != "mlp"),
             ("--precision", cfg.mixed),
-            ("--grad-accum", cfg.grad_accum > 1),
         )
         if on
     ]

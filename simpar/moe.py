@@ -9,7 +9,8 @@ One MoE layer on N rows x (d_in wide), Shazeer et al. 2017 with Switch/GShard's 
     top-k     T(x) = the K largest p_e(x) (ties: the lower expert), gates g_j = p_{T_j} / sum_i p_{T_i}
     experts   h_e(x) = act(x @ W_e + b_e)              E experts, each a Linear(d_in, d_out)
     output    y(x) = sum over KEPT j of g_j * h_{T_j}(x)
-    capacity  cap = ceil(C * K * N / E) token slots per expert; an expert takes its assignments in
+    capacity  cap = ceil(C * K * N / E) token slots per expert (N: the rows routed together, the global
+              batch, or one --grad-accum micro-step's global rows); an expert takes its assignments in
               GLOBAL ROW ORDER of the batch (all rows of data-parallel rank 0, then rank 1, ...), so
               every layout drops exactly the tokens the serial run drops; a dropped assignment
               contributes 0 (a row with all K dropped outputs zeros: an MLP has no residual to fall
@@ -17,6 +18,8 @@ One MoE layer on N rows x (d_in wide), Shazeer et al. 2017 with Switch/GShard's 
     aux loss  L_aux = alpha * E * sum_e f_e * P_e        (Switch Transformer, Fedus et al. 2021, eq. 4)
               f_e = (assignments to e among the N*K top-k choices) / (N*K), before capacity (eq. 5,
               generalised to K choices so that sum_e f_e = 1); P_e = (1/N) sum_x p_e(x) (eq. 6).
+              With --grad-accum each micro-step k has its own L_aux,k, weighted N_k / B (B: the global
+              batch), so its K shares add up as the main loss's do (equal micro-steps: their mean).
 
 Backward, for dL/dy given (every quantity per row x):
     experts   dL/dh_j = g_j * dy for each kept j; then the Linear+act backward (model.layer_backward)
@@ -112,6 +115,12 @@ def route(x, Wr, K: int):
 def capacity(C: float, K: int, N: int, E: int) -> int:
     """Token slots per expert: ceil(C * K * N / E) (Fedus et al. 2021, eq. 3, with K choices)."""
     return math.ceil(C * K * N / E)
+
+
+def micro_rows(B: int, K: int, k: int) -> int:
+    """Global rows of grad-accum micro-step k of K: np.array_split of the global batch (data.micro_steps),
+    the first B mod K micro-steps one row longer. Capacity is per micro-step: ceil(C K_top N_k / E)."""
+    return B // K + (1 if k < B % K else 0)
 
 
 def histogram(top, E: int) -> np.ndarray:

@@ -74,13 +74,14 @@ def kept_from_routed(H, cap):
     return np.minimum(H, np.maximum(cap - before, 0))
 
 
-def expected_alltoall_bytes(moe_metrics, D, P, d):
+def expected_alltoall_bytes(moe_metrics, D, P, d, rows=B):
     """Bytes rank d sends in each all-to-all over the run, from the routing histograms and the rule
     of the README: rows of kept assignments to experts on other ranks of its ep group go out (ep-dispatch,
-    ep-combine-grad), rows its own experts kept for the other ranks go back (ep-combine, ep-dispatch-grad)."""
+    ep-combine-grad), rows its own experts kept for the other ranks go back (ep-combine, ep-dispatch-grad).
+    rows: the global rows routed together (the batch, or a --grad-accum micro-step's), for the capacity."""
     per, j, base = E // P, d % P, d - d % P
     mine = set(range(j * per, (j + 1) * per))
-    cap = math.ceil(1.0 * K * B / E)
+    cap = math.ceil(1.0 * K * rows / E)
     out = back = 0
     for step in moe_metrics["routed_by_rank"]:
         for H in step:
@@ -90,14 +91,14 @@ def expected_alltoall_bytes(moe_metrics, D, P, d):
     return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
 
 
-def expected_activation_peak(moe_metrics, D, P, d, widths=(64, 128, 128, 128, 10)):
+def expected_activation_peak(moe_metrics, D, P, d, rows=B, widths=(64, 128, 128, 128, 10)):
     """Bytes (float64) rank d keeps for backward at the end of a step's forward, the most of any step:
     every layer's input; z of every layer but the linear last; per MoE layer also the router's
     probabilities (E per row), the expert outputs returned for its own kept assignments, and the input
     and z of each expert it owns for every row the group's ranks sent it."""
     per, j, base = E // P, d % P, d - d % P
-    n = B // D
-    cap = math.ceil(1.0 * K * B / E)
+    n = rows // D
+    cap = math.ceil(1.0 * K * rows / E)
     dense = n * (widths[0] + widths[1]) + n * widths[3]  # layer 0 (x, z) and the last layer (x)
     peaks = []
     for step in moe_metrics["routed_by_rank"]:
@@ -188,7 +189,6 @@ def test_bad_moe_options_are_one_line_each():
         (dict(experts=4, tp=2), 2, "not with --tp"),
         (dict(experts=4, zero=1), 2, "not with --zero"),
         (dict(experts=4, arch="resmlp"), 1, "not with --arch resmlp"),
-        (dict(experts=4, grad_accum=2), 1, "not with --grad-accum"),
     ]
     for fields, world, message in cases:
         with pytest.raises(SimparError, match=message):
@@ -298,3 +298,36 @@ def test_checkpoint_of_dp4_ep2_resumes_on_serial_dp2_ep2_and_dp4_ep4(tmp_path):
         t = time.time()
         res = run_mpi(1, args, timeout=30)
         assert_one_line_error(res, fragment, time.time() - t)
+
+
+def test_grad_accum_routes_each_micro_step_and_all_reduces_once(serial, tmp_path):
+    """--grad-accum 2 on dp4 x ep2 against the serial run with --grad-accum 2: micro-step k routes the
+    k-th half of the batch with its own capacity ceil(C K (B/2) / E) and its own all-to-alls; the
+    gradients are all-reduced once per step."""
+    from tests.conftest import assert_same_model, train_json
+
+    G, D, P, steps = 2, 4, 2, 4
+    accum = [*MOE, "--grad-accum", str(G)]
+    ref = serial(accum)
+    run = train_json(D, [*accum, "--dp", str(D), "--ep", str(P)], tmp_path, "accum")
+    assert_same_model(run, ref, rtol=1e-12)
+    moe_run, moe_ref = run["moe"], ref["moe"]
+    rows = B // G  # global rows of one micro-step
+    assert moe_run["capacity"] == math.ceil(1.0 * K * rows / E) == 16 and moe_run["grad_accum"] == G
+    assert len(moe_run["routed_by_rank"]) == steps * G  # one routing per micro-step
+    assert moe_run["tokens_per_expert"] == moe_ref["tokens_per_expert"]
+    assert max(max(map(max, micro)) for micro in moe_run["tokens_per_expert"]) <= 16
+    assert moe_run["dropped"] == moe_ref["dropped"] and sum(map(sum, moe_ref["dropped"])) > 0
+    for d, rank in enumerate(run["comm"]["ranks"]):
+        for op, r in expected_alltoall_bytes(moe_run, D, P, d, rows).items():
+            entry = rank["by_op"][f"activation/{op}"]
+            assert entry["sent"] == r * D_IN * 8, (d, op)
+            assert entry["messages"] == (P - 1) * 2 * steps * G  # 2 MoE layers, per micro-step
+        assert rank["by_op"]["control/ep-histogram"]["sent"] == (D - 1) * E * 8 * 2 * steps * G
+        # once per step: a ring all-reduce sends 2(p-1) messages, over dp (4) and expert-dp (2) ranks
+        assert rank["by_op"]["model/grad-allreduce"]["messages"] == 2 * (D - 1) * steps
+        assert rank["by_op"]["model/expert-grad-allreduce"]["messages"] == 2 * (D // P - 1) * steps
+        peak = expected_activation_peak(moe_run, D, P, d, rows)  # the fullest micro-step
+        assert run["memory"]["ranks"][d]["activations_peak"] == peak, d
+        assert run["predicted"]["memory"]["ranks"][d]["activations_peak"] == peak, d
+    assert run["prediction_mismatches"] == []

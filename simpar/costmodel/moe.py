@@ -14,6 +14,11 @@ expert e keeps (capacity ceil(C K B / E), filled in global row order), per MoE l
   grad-allreduce    the non-expert parameters (dense layers, routers) over the D dp ranks, one call
   expert-grad-allreduce  this rank's E/P experts over its expert-data-parallel group (D/P ranks)
 
+--grad-accum G: micro-step k routes the k-th of G slices of the batch (np.array_split: N_k =
+chunk(B, G, k) global rows, rank d holding chunk(N_k, D, d) of them) with its own capacity
+ceil(C K N_k / E), histogram exchange and four all-to-alls; the two gradient all-reduces happen once
+per step. The run's routing then has G entries per step; activations peak in the fullest micro-step.
+
 Balanced routing (every rank's n_d K assignments spread evenly, no drops): each of the four
 all-to-alls moves (P-1)/P x n_d K rows per layer. An IMBALANCE u >= 1 (the hottest expert gets u
 times the mean load, the others of its rank the mean) makes its owner return (u + E/P - 1)/(E/P)
@@ -57,12 +62,23 @@ def param_counts(spec: Spec) -> tuple[int, int]:
     return dense, experts
 
 
-def balanced_kept(spec: Spec, imbalance: float = 1.0) -> list[list[float]]:
-    """kept[s][e] of one layer under balanced routing (fractional rows: an average, not a count);
-    with `imbalance` u, expert 0 takes min(u, C) times its share (the worst case for ep rank 0)."""
-    D, E, K = spec.dp, spec.experts, spec.top_k
+def micro_batch(spec: Spec, k: int) -> int:
+    """Global rows of grad-accum micro-step k: chunk k of the batch split --grad-accum ways."""
+    return chunk(spec.batch, spec.grad_accum, k)
+
+
+def micro_capacity(spec: Spec, k: int) -> int:
+    """Token slots per expert in micro-step k: ceil(C K N_k / E) (Fedus et al. 2021, eq. 3)."""
+    return math.ceil(spec.capacity_factor * spec.top_k * micro_batch(spec, k) / spec.experts)
+
+
+def balanced_kept(spec: Spec, imbalance: float = 1.0, k: int = 0) -> list[list[float]]:
+    """kept[s][e] of one layer in micro-step k under balanced routing (fractional rows: an average,
+    not a count); with `imbalance` u, expert 0 takes min(u, C) times its share (the worst case for ep
+    rank 0)."""
+    D, E, K, N = spec.dp, spec.experts, spec.top_k, micro_batch(spec, k)
     hot = min(imbalance, spec.capacity_factor)
-    return [[chunk(spec.batch, D, s) * K / E * (hot if e == 0 else 1) for e in range(E)] for s in range(D)]
+    return [[chunk(N, D, s) * K / E * (hot if e == 0 else 1) for e in range(E)] for s in range(D)]
 
 
 def kept_in_row_order(H: list[list[int]], cap: int) -> list[list[int]]:
@@ -90,10 +106,10 @@ def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
     }
 
 
-def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int) -> float:
-    """Activation elements rank d holds for backward at the end of one step's forward (its peak: the
-    backward only frees), with kept_per_layer[l][s][e] for MoE layer l. Per layer, as parallel/expert.py
-    keeps them:
+def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int, k: int = 0) -> float:
+    """Activation elements rank d holds for backward at the end of micro-step k's forward (its peak:
+    the backward only frees, before the next micro-step starts), with kept_per_layer[l][s][e] for MoE
+    layer l; n_d = chunk(N_k, D, d) rows. Per layer, as parallel/expert.py keeps them:
       dense layer i     its input x (n_d x W_i) and, unless the layer is linear, z (n_d x W_i+1)
       MoE layer i       x (n_d x W_i), the router's probabilities (n_d x E), the outputs that came
                         back for each of d's kept assignments (kept[d][e] x W_i+1), and, for each
@@ -102,7 +118,7 @@ def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int
     """
     D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
     per, j = E // P, d % P
-    n = chunk(spec.batch, D, d)
+    n = chunk(micro_batch(spec, k), D, d)
     z = lambda i: 0 if i == spec.n_layers - 1 else 1  # noqa: E731  (the last layer is linear: z is y)
     total, moe = 0.0, dict(zip(moe_layers(spec), kept_per_layer))
     for i in range(spec.n_layers):
@@ -119,16 +135,19 @@ def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int
 
 def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time, keyed like predict_from_config.
-    `routing`: the run's metrics["moe"] (routed_by_rank per step and layer) for exact bytes; without it,
-    balanced routing (times `imbalance`)."""
-    D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
+    `routing`: the run's metrics["moe"] (routed_by_rank per micro-step and layer) for exact bytes;
+    without it, balanced routing (times `imbalance`)."""
+    D, P, E, W, G = spec.dp, spec.ep, spec.experts, spec.widths, spec.grad_accum
     layers = moe_layers(spec)
+    # per_step: one entry per micro-step (G per step, step-major), micro-step k = index mod G
     if routing is not None:  # the router's choices per rank; which of them fit is decided here, again
-        cap = math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E)
-        per_step = [[kept_in_row_order(H, cap) for H in step] for step in routing["routed_by_rank"]]
-        steps = len(per_step)
+        per_step = [
+            [kept_in_row_order(H, micro_capacity(spec, i % G)) for H in micro]
+            for i, micro in enumerate(routing["routed_by_rank"])
+        ]
+        steps = len(per_step) // G
     else:
-        per_step = [[balanced_kept(spec, imbalance)] * len(layers)] * steps
+        per_step = [[balanced_kept(spec, imbalance, k)] * len(layers) for k in range(G)] * steps
     bpe = spec.prec.act
     dense, experts = param_counts(spec)
     opt = spec.prec.optimizer[(spec.optimizer, bool(spec.momentum))]
@@ -194,7 +213,9 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             "params": (dense + experts) * spec.prec.param,
             "grads": (dense + experts) * spec.prec.grad,
             "optimizer": (dense + experts) * opt,
-            "activations_peak": round(max(activation_elems(spec, step, d) for step in per_step) * bpe),
+            "activations_peak": round(
+                max(activation_elems(spec, micro, d, i % G) for i, micro in enumerate(per_step)) * bpe
+            ),
         }
         for d in range(D)
     ]
@@ -224,7 +245,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
         "routing": "measured" if routing is not None else f"balanced x {imbalance:g}",
         "link": None if link is None else {"name": link.name, "alpha_s": link.alpha, "bytes_per_s": link.bw},
         "params": {"non_expert": dense, "experts_per_rank": experts, "experts_total": experts * P},
-        "capacity": math.ceil(spec.capacity_factor * spec.top_k * spec.batch / E),
+        "capacity": micro_capacity(spec, 0),
     }
 
 
@@ -234,15 +255,15 @@ def step_compute_s(spec: Spec, hw) -> float:
     experts receive from its group); matmul FLOPs at the FLOP rate, the memory-bound rest
     (rank.layer_work, the loss, the optimizer's sweeps) at the reduction's speed, and the profile's
     overhead per layer call -- the accounting simclock charges (model.py, moe.py, optim.py)."""
-    D, P, E, K = spec.dp, spec.ep, spec.experts, spec.top_k
+    D, P, E, K, G = spec.dp, spec.ep, spec.experts, spec.top_k, spec.grad_accum
     rows, moe = max(chunk(spec.batch, D, d) for d in range(D)), set(moe_layers(spec))
     flops = elems = calls = 0
     for i in range(spec.n_layers):
         w = layer_work(spec, i, "full")
         r, n_calls = (rows * K, E // P) if i in moe else (rows, 1)
         flops += (w["fwd_flops"] + w["bwd_flops"]) * r + (6 * rows * spec.widths[i] * E if i in moe else 0)
-        elems += (w["fwd_elems"] + w["bwd_elems"]) * r + w["bwd_call_elems"] * n_calls
-        calls += n_calls
+        elems += (w["fwd_elems"] + w["bwd_elems"]) * r + w["bwd_call_elems"] * n_calls * G
+        calls += n_calls * G  # every micro-step calls every layer (and expert) again
     dense, experts = param_counts(spec)
     moved = elems * spec.prec.act + loss_bytes(spec) * rows + optimizer_bytes(spec, dense + experts)
     share = hw.compute_share(min(D, hw.devices_per_node))

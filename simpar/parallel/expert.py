@@ -51,6 +51,7 @@ from ..moe import (
     init_moe,
     keep_mask,
     kept_counts,
+    micro_rows,
     moe_layer_indices,
     pack_flat,
     route,
@@ -91,7 +92,9 @@ class MoELayer:
     def owned_by(self, q: int) -> range:
         return range(q * self.per, (q + 1) * self.per)
 
-    def forward(self, x, N: int):
+    def forward(self, x, N: int, B: int):
+        """N: the global rows of this micro-step (its capacity and f_e); B: the global batch (the aux
+        loss is weighted N/B per micro-step, so the K micro-steps' shares add up like the main loss)."""
         s, E, K, P = self.s, self.E, self.K, self.P
         p, top, gates = route(x, self.Wr, K)
         H = s.all_histograms(histogram(top, E))
@@ -100,7 +103,7 @@ class MoELayer:
         d, j = s.dp.rank, s.ep.rank
         base = d - j
         keep = keep_mask(top, E, cap, H[:d].sum(axis=0))
-        aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, N)
+        aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, B)
         s.record(self.index, H, kept)
         # assigned[e]: (rows, slots) of this rank's kept assignments to expert e, in row order
         assigned = [np.nonzero((top == e) & keep) for e in range(E)]
@@ -220,14 +223,33 @@ class ExpertParallel(Strategy):
         self.routing[-1][index] = (H, kept)
 
     def train_step(self, micro_steps, global_batch: int) -> float:
+        """--grad-accum K: each micro-step routes its own rows, with its own capacity and its own
+        all-to-alls, as a framework that accumulates does; the gradients add up locally and are
+        all-reduced once, after the last micro-step."""
         self.dense_grads.fill(0)
         self.expert_grads.fill(0)
         self.watch.reset()
-        self.routing.append({})
-        (x, y), loss, contexts = micro_steps[0], 0.0, []  # config.moe_rules: no --grad-accum
+        loss = 0.0
+        for k, (x, y) in enumerate(micro_steps):
+            self.routing.append({})  # one entry per micro-step
+            rows = micro_rows(global_batch, len(micro_steps), k)
+            loss += self._forward_backward(x, y, rows, global_batch)
+        for comm, buf, op in (
+            (self.dp, self.dense_grads, "grad-allreduce"),
+            (self.edp, self.expert_grads, "expert-grad-allreduce"),
+        ):
+            if comm.size > 1:
+                collectives.allreduce(comm, buf, "model", op, self.cfg.collectives)
+        self.optimizer.step(self.optimizer_params(), [self.dense_grads, self.expert_grads])
+        return loss
+
+    def _forward_backward(self, x, y, rows: int, global_batch: int) -> float:
+        """One micro-step of `rows` global rows (this rank's x, y are its share of them); returns its
+        share of the loss, main and aux, both normalised by the global batch."""
+        loss, contexts = 0.0, []
         for layer in self.layers:
             if isinstance(layer, MoELayer):
-                x, aux, ctx, held = layer.forward(x, global_batch)
+                x, aux, ctx, held = layer.forward(x, rows, global_batch)
                 loss += aux
             else:
                 x, ctx = layer_forward(layer, x)
@@ -242,23 +264,19 @@ class ExpertParallel(Strategy):
             else:
                 grad = layer_backward(layer, ctx, grad, need_dx=layer.index > 0)
             self.meter.free(held)
-        for comm, buf, op in (
-            (self.dp, self.dense_grads, "grad-allreduce"),
-            (self.edp, self.expert_grads, "expert-grad-allreduce"),
-        ):
-            if comm.size > 1:
-                collectives.allreduce(comm, buf, "model", op, self.cfg.collectives)
-        self.optimizer.step(self.optimizer_params(), [self.dense_grads, self.expert_grads])
         return loss + main
 
     def routing_summary(self) -> dict:
-        """Per step and MoE layer: kept tokens per expert, drops, and kept per (dp rank, expert)."""
+        """Per micro-step (steps x --grad-accum entries, step-major) and MoE layer: kept tokens per
+        expert, drops, and kept per (dp rank, expert). `capacity`: the first micro-step's (the largest)."""
         order = sorted(self.routing[0]) if self.routing else []
+        rows = micro_rows(self.cfg.batch, self.cfg.grad_accum, 0)
         return {
             "experts": self.cfg.experts,
             "top_k": self.cfg.top_k,
             "capacity_factor": self.cfg.capacity_factor,
-            "capacity": capacity(self.cfg.capacity_factor, self.cfg.top_k, self.cfg.batch, self.cfg.experts),
+            "capacity": capacity(self.cfg.capacity_factor, self.cfg.top_k, rows, self.cfg.experts),
+            "grad_accum": self.cfg.grad_accum,
             "ep": self.cfg.ep,
             "layers": order,
             "tokens_per_expert": [[step[i][1].sum(axis=0).tolist() for i in order] for step in self.routing],

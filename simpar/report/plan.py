@@ -212,6 +212,7 @@ def format_moe_plan(spec, pred: dict, hw) -> str:
     """What `plan --experts` prints: capacity, the all-to-all per rank (formula and numbers), the
     gradient all-reduces, memory and the step time of the busiest rank."""
     D, P, E, K, B = spec.dp, spec.ep, spec.experts, spec.top_k, spec.batch
+    N = B // spec.grad_accum + (1 if B % spec.grad_accum else 0)  # the first (largest) micro-step
     busiest = max(pred["comm"]["ranks"], key=lambda r: r["sent"]["activation"])
     par, link = pred["params"], pred["link"]
     shown = spec.widths if len(spec.widths) <= 8 else spec.widths[:3] + ["..."] + spec.widths[-2:]
@@ -221,6 +222,10 @@ def format_moe_plan(spec, pred: dict, hw) -> str:
         f"{spec.optimizer}, hardware {hw.name}",
         *hardware_note(hw),
         f"capacity per expert: ceil(C*K*B/E) = ceil({spec.capacity_factor:g}*{K}*{B}/{E}) = "
+        f"{pred['capacity']} tokens"
+        if spec.grad_accum == 1
+        else f"capacity per expert and micro-step (--grad-accum {spec.grad_accum}: N = {N} of the {B} rows "
+        f"routed together): ceil(C*K*N/E) = ceil({spec.capacity_factor:g}*{K}*{N}/{E}) = "
         f"{pred['capacity']} tokens",
         f"routing: {pred['routing']} (an imbalance u above C is capped at C: the expert drops the rest)",
         "all-to-all per MoE layer per rank, balanced: 4 x (P-1)/P x (B/D) x K x width x bytes "

@@ -94,7 +94,8 @@ def print_summary(m: dict) -> None:
 
 def print_moe(moe: dict) -> None:
     """Tokens each expert kept (mean per step), drops per step, and the all-to-all vs balanced routing."""
-    steps = max(len(moe["tokens_per_expert"]), 1)
+    steps = max(len(moe["tokens_per_expert"]), 1)  # entries: one per micro-step (--grad-accum)
+    unit = "micro-step" if moe.get("grad_accum", 1) > 1 else "step"
     print(
         f"experts: {moe['experts']} per MoE layer, top-{moe['top_k']}, capacity {moe['capacity']} "
         f"tokens per expert (factor {moe['capacity_factor']:g}), ep {moe['ep']}"
@@ -103,8 +104,8 @@ def print_moe(moe: dict) -> None:
         kept = np.mean([step[k] for step in moe["tokens_per_expert"]], axis=0)
         dropped = sum(step[k] for step in moe["dropped"]) / steps
         print(
-            f"  layer {layer}: tokens per expert (mean per step) {' '.join(f'{t:.1f}' for t in kept)}; "
-            f"dropped {dropped:.1f} per step"
+            f"  layer {layer}: tokens per expert (mean per {unit}) {' '.join(f'{t:.1f}' for t in kept)}; "
+            f"dropped {dropped:.1f} per {unit}"
         )
     a2a = moe.get("activation_per_step")
     if a2a:
