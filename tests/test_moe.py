@@ -331,3 +331,29 @@ def test_grad_accum_routes_each_micro_step_and_all_reduces_once(serial, tmp_path
         assert run["memory"]["ranks"][d]["activations_peak"] == peak, d
         assert run["predicted"]["memory"]["ranks"][d]["activations_peak"] == peak, d
     assert run["prediction_mismatches"] == []
+    # The first step's loss, recomputed here: per micro-step k (rows N_k), the mean cross-entropy share
+    # and each MoE layer's aux loss (moe.serial_forward over the micro-step alone), both weighted N_k/B.
+    assert abs(ref["losses"][0] - first_step_loss_with_accumulation(G)) < 1e-12
+
+
+def first_step_loss_with_accumulation(G):
+    from simpar.config import RunConfig
+    from simpar.data import global_batches, load_dataset, micro_steps
+    from simpar.model import init_layer
+
+    data = load_dataset(RunConfig(dtype="float64"))
+    _, rows = next(global_batches(len(data.x_train), B, 0, 1))
+    W0, b0 = init_layer(0, 0, 64, 128, np.float64)
+    W3, b3 = init_layer(0, 3, 128, 10, np.float64)
+    layers = [moe.init_moe(0, i, 128, 128, E, np.float64) for i in (1, 2)]
+    loss = 0.0
+    for part in micro_steps(rows, G):
+        x, weight = np.maximum(data.x_train[part] @ W0 + b0, 0), len(part) / B
+        for Wr, experts in layers:
+            x, aux, _ = moe.serial_forward(x, Wr, experts, K, 1.0, 0.01, "relu")  # N = these rows
+            loss += weight * aux
+        logits = x @ W3 + b3
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        loss += -logp[np.arange(len(part)), data.y_train[part]].sum() / B
+    return loss
