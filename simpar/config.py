@@ -309,7 +309,7 @@ def moe_rules(cfg: RunConfig) -> None:
             ("--pp", cfg.pp > 1),
             ("--zero", cfg.zero > 0),
             ("--arch resmlp", cfg.arch != "mlp"),
-            ("--precision", cfg.mixed),
+            ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
         )
         if on
     ]

@@ -97,10 +97,18 @@ def unpack_flat(flat, d_in: int, d_out: int, E: int):
 # -- routing ------------------------------------------------------------------------------------------
 
 
+def router_dtype(dtype) -> np.dtype:
+    """The router's arithmetic: float32 for a half-precision model (--precision mixed-*), as Switch's
+    "selective precision" (Fedus et al. 2021, sec. 2.4: the router's input cast to float32, its softmax
+    and gates kept in float32, only the combined outputs in bfloat16); the model's type otherwise."""
+    return np.dtype(np.float32) if np.dtype(dtype).itemsize == 2 else np.dtype(dtype)
+
+
 def route(x, Wr, K: int):
     """(p, top, gates): router probabilities (n x E), the K chosen experts per row (largest first,
-    ties to the lower index) and their renormalised gates (n x K, rows sum to 1)."""
-    logits = x @ Wr
+    ties to the lower index) and their renormalised gates (n x K, rows sum to 1), in router_dtype."""
+    f = router_dtype(x.dtype)
+    logits = x.astype(f, copy=False) @ Wr.astype(f, copy=False)
     logits -= logits.max(axis=1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=1, keepdims=True)
@@ -154,13 +162,15 @@ def aux_loss(p, f, alpha: float, N: int) -> tuple[float, np.ndarray]:
 
 
 def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr):
-    """dL/dx through the router (the module docstring's renorm, aux and softmax lines); dWr += x^T dlogit."""
+    """dL/dx through the router (the module docstring's renorm, aux and softmax lines); dWr += x^T dlogit.
+    Computed in p's type (router_dtype); dWr gets the result rounded to its own type, dx is in p's."""
     S = np.take_along_axis(p, top, axis=1).sum(axis=1, keepdims=True)
     dchosen = (dgates - (dgates * gates).sum(axis=1, keepdims=True)) / S
     dp = dp_aux.copy()
     np.put_along_axis(dp, top, np.take_along_axis(dp, top, axis=1) + dchosen, axis=1)
     dlogits = p * (dp - (p * dp).sum(axis=1, keepdims=True))
-    dWr += x.T @ dlogits
+    x, Wr = x.astype(p.dtype, copy=False), Wr.astype(p.dtype, copy=False)
+    dWr += (x.T @ dlogits).astype(dWr.dtype, copy=False)
     clock = simclock.active()
     if clock is not None:
         clock.matmul(x.shape[1], x.shape[0], Wr.shape[1])

@@ -91,11 +91,14 @@ def expected_alltoall_bytes(moe_metrics, D, P, d, rows=B):
     return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
 
 
-def expected_activation_peak(moe_metrics, D, P, d, rows=B, widths=(64, 128, 128, 128, 10)):
-    """Bytes (float64) rank d keeps for backward at the end of a step's forward, the most of any step:
-    every layer's input; z of every layer but the linear last; per MoE layer also the router's
-    probabilities (E per row), the expert outputs returned for its own kept assignments, and the input
-    and z of each expert it owns for every row the group's ranks sent it."""
+def expected_activation_peak(
+    moe_metrics, D, P, d, rows=B, bpe=8, router_bpe=8, widths=(64, 128, 128, 128, 10)
+):
+    """Bytes rank d keeps for backward at the end of a step's forward, the most of any step: every
+    layer's input; z of every layer but the linear last; per MoE layer also the router's probabilities
+    (E per row, router_bpe bytes each: float32 under mixed precision), the expert outputs returned for
+    its own kept assignments, and the input and z of each expert it owns for every row the group's
+    ranks sent it (bpe bytes each)."""
     per, j, base = E // P, d % P, d - d % P
     n = rows // D
     cap = math.ceil(1.0 * K * rows / E)
@@ -105,13 +108,13 @@ def expected_activation_peak(moe_metrics, D, P, d, rows=B, widths=(64, 128, 128,
         total = dense
         for H in step:  # MoE layers 1 and 2: 128 -> 128
             kept = kept_from_routed(H, cap)
-            total += n * (D_IN + E) + kept[d].sum() * D_IN
+            total += n * D_IN + kept[d].sum() * D_IN
             total += (
                 sum(kept[s][e] for s in range(base, base + P) for e in range(j * per, (j + 1) * per))
                 * 2
                 * D_IN
             )
-        peaks.append(total * 8)
+        peaks.append(total * bpe + 2 * n * E * router_bpe)  # two MoE layers' router probabilities
     return max(peaks)
 
 
@@ -189,6 +192,7 @@ def test_bad_moe_options_are_one_line_each():
         (dict(experts=4, tp=2), 2, "not with --tp"),
         (dict(experts=4, zero=1), 2, "not with --zero"),
         (dict(experts=4, arch="resmlp"), 1, "not with --arch resmlp"),
+        (dict(experts=4, precision="mixed-fp16"), 1, "not with --precision mixed-fp16"),
     ]
     for fields, world, message in cases:
         with pytest.raises(SimparError, match=message):
@@ -357,3 +361,53 @@ def first_step_loss_with_accumulation(G):
         logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
         loss += -logp[np.arange(len(part)), data.y_train[part]].sum() / B
     return loss
+
+
+def test_mixed_bf16_equals_serial_moves_two_byte_rows_and_checkpoints_the_masters(serial, tmp_path):
+    """--precision mixed-bf16 on dp4 x ep2 against the serial mixed-bf16 run, to TOL = 16 u (u = 2**-8,
+    tests/test_mixed.py says why: another layout sums the half gradients in another order); the
+    all-to-alls move 2-byte rows, the router keeps float32 probabilities (Switch's selective precision);
+    a checkpoint at step 3 (half params, float32 masters and velocity) resumes on dp2 x ep2."""
+    from tests.conftest import train_json
+
+    tol, D, P = 16 * 2.0**-8, 4, 2
+    bf16 = ["--steps", "6", *MOE[4:], "--precision", "mixed-bf16"]  # float32 masters, bfloat16 model
+    ref = serial(bf16)
+    ckpt = tmp_path / "ckpt"
+    run = train_json(
+        D,
+        [*bf16, "--dp", "4", "--ep", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3"],
+        tmp_path,
+        "bf16",
+    )
+    assert_close_at_half_precision(run["losses"], run["weights"], ref, tol)
+    assert run["precision"]["skipped_steps"] == 0
+    dense = 64 * 128 + 128 + 128 * 10 + 10 + 2 * 128 * E
+    expert = 128 * 128 + 128
+    for d, rank in enumerate(run["comm"]["ranks"]):
+        for op, r in expected_alltoall_bytes(run["moe"], D, P, d).items():
+            assert rank["by_op"][f"activation/{op}"]["sent"] == r * D_IN * 2, (d, op)
+        mem = run["memory"]["ranks"][d]
+        count = dense + 2 * (E // P) * expert
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == (count * 2, count * 2, count * 8)
+        assert mem["activations_peak"] == expected_activation_peak(run["moe"], D, P, d, bpe=2, router_bpe=4)
+    assert run["prediction_mismatches"] == []
+    resumed = train_json(
+        2, [*bf16, "--dp", "2", "--ep", "2", "--resume", str(ckpt / "step-000003")], tmp_path, "r"
+    )
+    assert resumed["checkpoint"]["start_step"] == 3
+    assert_close_at_half_precision(
+        resumed["losses"], resumed["weights"], {**run, "losses": run["losses"][3:]}, tol
+    )
+    assert resumed["prediction_mismatches"] == []
+
+
+def assert_close_at_half_precision(losses, weights, ref, tol):
+    """Losses within tol relative; every W and b within tol of the reference's largest entry (b's
+    scale floored at 1e-3, as conftest.assert_same_model does; an MoE layer's b is empty)."""
+    np.testing.assert_allclose(losses, ref["losses"], rtol=tol)
+    for (W, b), (W0, b0) in zip(weights, ref["weights"], strict=True):
+        assert W.shape == W0.shape and np.abs(W - W0).max() <= tol * np.abs(W0).max()
+        assert b.shape == b0.shape and (
+            not b0.size or np.abs(b - b0).max() <= tol * max(np.abs(b0).max(), 1e-3)
+        )

@@ -25,7 +25,9 @@ times the mean load, the others of its rank the mean) makes its owner return (u 
 times as much in ep-combine and ep-dispatch-grad; capacity caps u at C (an expert keeps at most C
 times the mean), which is what the capacity factor buys.
 Memory: (non-expert parameters + E/P experts) x bytes, for params, grads and optimizer state alike;
-activations as `activation_elems` counts them, the most of any step (exact with the run's routing).
+activations as `activation_bytes` counts them, the most of any step (exact with the run's routing).
+--precision mixed-bf16: everything in 2-byte halves except the router, which computes and keeps its
+probabilities in float32 (Switch's selective precision, Fedus et al. 2021, sec. 2.4): n_d x E x 4 B.
 Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
 per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
 under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
@@ -106,12 +108,13 @@ def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
     }
 
 
-def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int, k: int = 0) -> float:
-    """Activation elements rank d holds for backward at the end of micro-step k's forward (its peak:
+def activation_bytes(spec: Spec, kept_per_layer: list[list[list[float]]], d: int, k: int = 0) -> float:
+    """Activation bytes rank d holds for backward at the end of micro-step k's forward (its peak:
     the backward only frees, before the next micro-step starts), with kept_per_layer[l][s][e] for MoE
     layer l; n_d = chunk(N_k, D, d) rows. Per layer, as parallel/expert.py keeps them:
       dense layer i     its input x (n_d x W_i) and, unless the layer is linear, z (n_d x W_i+1)
-      MoE layer i       x (n_d x W_i), the router's probabilities (n_d x E), the outputs that came
+      MoE layer i       x (n_d x W_i), the router's probabilities (n_d x E, in float32 under mixed
+                        precision, the model's type otherwise), the outputs that came
                         back for each of d's kept assignments (kept[d][e] x W_i+1), and, for each
                         expert e on d that got rows_e = sum over d's group of kept[s][e] > 0 rows,
                         that expert's layer context rows_e x (W_i + W_i+1)
@@ -119,18 +122,21 @@ def activation_elems(spec: Spec, kept_per_layer: list[list[list[float]]], d: int
     D, P, E, W = spec.dp, spec.ep, spec.experts, spec.widths
     per, j = E // P, d % P
     n = chunk(micro_batch(spec, k), D, d)
+    bpe = spec.prec.act
+    router_bpe = 4 if spec.precision == "mixed" else bpe
     z = lambda i: 0 if i == spec.n_layers - 1 else 1  # noqa: E731  (the last layer is linear: z is y)
-    total, moe = 0.0, dict(zip(moe_layers(spec), kept_per_layer))
+    total, router, moe = 0.0, 0.0, dict(zip(moe_layers(spec), kept_per_layer))
     for i in range(spec.n_layers):
         if i not in moe:
             total += n * (W[i] + z(i) * W[i + 1])
             continue
         kept = moe[i]
-        total += n * (W[i] + E) + sum(kept[d]) * W[i + 1]
+        total += n * W[i] + sum(kept[d]) * W[i + 1]
+        router += n * E
         for e in range(j * per, (j + 1) * per):
             rows = sum(kept[s][e] for s in range(d - j, d - j + P))
             total += rows * (W[i] + W[i + 1])
-    return total
+    return total * bpe + router * router_bpe
 
 
 def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imbalance: float = 1.0) -> dict:
@@ -214,7 +220,7 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             "grads": (dense + experts) * spec.prec.grad,
             "optimizer": (dense + experts) * opt,
             "activations_peak": round(
-                max(activation_elems(spec, micro, d, i % G) for i, micro in enumerate(per_step)) * bpe
+                max(activation_bytes(spec, micro, d, i % G) for i, micro in enumerate(per_step))
             ),
         }
         for d in range(D)

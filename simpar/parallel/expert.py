@@ -58,7 +58,7 @@ from ..moe import (
     router_backward,
     unpack_flat,
 )
-from ..precision import build_optimizer, loss_grad
+from ..precision import build_optimizer, loss_grad, wire
 from .base import Strategy
 
 
@@ -104,6 +104,7 @@ class MoELayer:
         base = d - j
         keep = keep_mask(top, E, cap, H[:d].sum(axis=0))
         aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, B)
+        dp_aux = dp_aux * p.dtype.type(s.loss_scale())  # --precision mixed-*: scaled like dL/dlogits
         s.record(self.index, H, kept)
         # assigned[e]: (rows, slots) of this rank's kept assignments to expert e, in row order
         assigned = [np.nonzero((top == e) & keep) for e in range(E)]
@@ -125,12 +126,14 @@ class MoELayer:
         to_q = [[len(assigned[e][0]) for e in self.owned_by(q)] for q in range(P)]
         outs = [np.concatenate(o) for o in outs]
         back = collectives.alltoall(s.ep, outs, [sum(c) for c in to_q], "activation", "ep-combine")
-        y, hs = np.zeros((x.shape[0], width), x.dtype), {}
+        # gate x output summed in the router's type (float32 under mixed precision), rounded once
+        y, hs = np.zeros((x.shape[0], width), p.dtype), {}
         for q in range(P):
             for e, h in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 rows, slots = assigned[e]
-                y[rows] += gates[rows, slots][:, None] * h
+                y[rows] += gates[rows, slots][:, None] * h.astype(p.dtype, copy=False)
                 hs[e] = h
+        y = y.astype(x.dtype, copy=False)
         ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q)
         held = x.nbytes + p.nbytes + sum(h.nbytes for h in hs.values())
         held += sum(c.nbytes for c in ectx.values() if c is not None)
@@ -141,13 +144,16 @@ class MoELayer:
         x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q = ctx
         # the forward's two all-to-alls in reverse, with the same piece sizes: gate * dy to the experts
         # (combine-grad), dL/d(expert input) back to the rows' ranks (dispatch-grad)
-        dgates, send = np.zeros(top.shape, x.dtype), []
+        # (in the router's type, gate * dy rounded to the model's before it travels)
+        f = p.dtype
+        dgates, send = np.zeros(top.shape, f), []
         for q in range(P):
             pieces = []
             for e in self.owned_by(q):
                 rows, slots = assigned[e]
-                dgates[rows, slots] = (dy[rows] * hs[e]).sum(axis=1)
-                pieces.append(gates[rows, slots][:, None] * dy[rows])
+                dyr = dy[rows].astype(f, copy=False)
+                dgates[rows, slots] = (dyr * hs[e].astype(f, copy=False)).sum(axis=1)
+                pieces.append((gates[rows, slots][:, None] * dyr).astype(x.dtype, copy=False))
             send.append(np.concatenate(pieces))
         got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-combine-grad")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
@@ -168,7 +174,8 @@ class MoELayer:
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 dx[assigned[e][0]] += piece
-        return dx + router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr)
+        dx_router = router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr)
+        return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
 
 class ExpertParallel(Strategy):
@@ -177,10 +184,11 @@ class ExpertParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         P, dtype, W = cfg.ep, cfg.compute_dtype(), cfg.layers
-        self.dp = mesh.dp_comm
+        # wire(): under --precision mixed-bf16 the messages carry bfloat16 as its uint16 bits
+        self.dp = wire(mesh.dp_comm, cfg)
         d = self.dp.rank
-        self.ep = self.dp.split(color=d // P, key=d % P, name="ep")
-        self.edp = self.dp.split(color=d % P, key=d // P, name="edp")
+        self.ep = wire(self.dp.split(color=d // P, key=d % P, name="ep"), cfg)
+        self.edp = wire(self.dp.split(color=d % P, key=d // P, name="edp"), cfg)
         moe, n, per = set(moe_layer_indices(cfg.n_layers)), cfg.n_layers, cfg.experts // P
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         dense, experts = [], []
@@ -206,8 +214,15 @@ class ExpertParallel(Strategy):
             else:
                 (Wv, dWv), (bv, dbv) = dviews.pop(0), dviews.pop(0)
                 self.layers.append(Linear(i, Wv, bv, dWv, dbv, act))
-        self.optimizer = build_optimizer(cfg)
+        # Mixed precision: ep ranks hold different experts' gradients, so the whole dp group votes on
+        # skipping an overflowed step (precision.MixedPrecisionOptimizer).
+        self.optimizer = build_optimizer(cfg, self.dp)
         self.routing = []  # per step: {layer index: (H, kept)}
+
+    def loss_scale(self) -> float:
+        """The mixed-precision loss scale (1 without --precision mixed-*): the aux loss's gradient
+        starts scaled like the main loss's, and the optimizer divides both out."""
+        return getattr(self.optimizer, "scale", 1.0)
 
     def all_histograms(self, counts):
         """Every dp rank's histogram (D x E), by a ring all-gather of counted messages (control)."""
