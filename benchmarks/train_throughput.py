@@ -219,6 +219,8 @@ def main(argv=None) -> int:
         "with each one's compute-bound limit (no PyTorch run)",
     )
     args = ap.parse_args(argv)
+    if args.steps < 5 or args.repeats < 1:
+        ap.error("--steps must be at least 5 (the first 3 are warm-up) and --repeats at least 1")
     if args.layouts:
         return compare_layouts(args)
 
