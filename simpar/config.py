@@ -156,6 +156,10 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             cfg.loss_scale is None or (cfg.loss_scale > 0 and math.isfinite(cfg.loss_scale)),
             f"--loss-scale must be a positive number, got {cfg.loss_scale}",
         )
+    _require(
+        cfg.mixed or cfg.loss_scale is None,
+        "--loss-scale sets mixed precision's loss scaler: add --precision mixed-fp16 or mixed-bf16",
+    )
     _require(cfg.activation in ACTIVATIONS, f"unknown activation {cfg.activation!r}")
     _require(
         cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r} (choose from {', '.join(SCHEDULES)})"
@@ -269,6 +273,20 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         )
     if cfg.experts or cfg.ep > 1:
         moe_rules(cfg)
+    else:  # routing options on a dense model would be silently ignored: a forgotten --experts, most likely
+        defaults = RunConfig()
+        changed = [
+            flag
+            for flag, field in (
+                ("--top-k", "top_k"),
+                ("--capacity-factor", "capacity_factor"),
+                ("--aux-loss-coef", "aux_loss_coef"),
+            )
+            if getattr(cfg, field) != getattr(defaults, field)
+        ]
+        _require(
+            not changed, f"{', '.join(changed)}: options of a mixture of experts' router; add --experts E"
+        )
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
         _require(

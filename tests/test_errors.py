@@ -68,6 +68,9 @@ def assert_one_line_error(res, fragment, elapsed, after_training=False):
         (2, ["tour", "--quick", "--layers", "32,10"], "inputs have 64 features"),
         (2, ["train", "--layers", "32,10"], "inputs have 64 features"),
         (1, ["plot-everything"], "unknown command"),
+        (1, ["train", "--layers", "64,,10"], "expected comma-separated integers, got '64,,10'"),
+        (2, ["train", "--top-k", "3"], "--top-k: options of a mixture of experts' router; add --experts E"),
+        (1, ["train", "--loss-scale", "8"], "--loss-scale sets mixed precision's loss scaler"),
     ],
 )
 def test_bad_input_is_one_clear_line(n, args, fragment):

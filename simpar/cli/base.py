@@ -32,12 +32,10 @@ class Parser(argparse.ArgumentParser):
 
 def int_list(text: str) -> list[int]:
     """'64,128,10' -> [64, 128, 10] (an argparse type)."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+    try:  # an empty item (64,,10 or a trailing comma) is a typo, not a layer to drop
+        values = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
     return values
 
 

@@ -127,7 +127,7 @@ def spec_from_args(a) -> cm.Spec:
         widths = standin_widths(parse_count(a.params), a.width, a.depth)
     else:
         try:
-            widths = [int(w) for w in (a.layers or "64,128,128,128,10").split(",") if w.strip()]
+            widths = [int(w) for w in (a.layers or "64,128,128,128,10").split(",")]  # 64,,10: an error
         except ValueError:
             raise SimparError(f"--layers {a.layers!r}: expected comma-separated integers") from None
     stage_layers = None
