@@ -144,6 +144,25 @@ def test_cli_refuses_a_hand_made_deadlock_in_one_line(tmp_path):
     assert res.returncode == 2 and "simpar: error:" in res.stderr
 
 
+def test_a_malformed_schedule_file_says_what_is_wrong(tmp_path):
+    """In-process (no MPI): each kind of mistake in a hand-made schedule names the step and the form."""
+    from simpar.parallel.schedule_check import load_schedule_file
+
+    cases = [
+        ('{"bad": 1}', "not a schedule: expected a JSON list with one list per rank"),
+        ("[[", "not JSON"),
+        ('[[["Fwd", 0]]]', 'rank 0\'s step ["Fwd", 0] is not a step'),
+        ('[[["Forward"]]]', "give a micro-batch"),
+        ('[[["Forward", -1]]]', "whole numbers >= 0"),
+    ]
+    for text, fragment in cases:
+        path = tmp_path / "s.json"
+        path.write_text(text)
+        with pytest.raises(SimparError) as err:
+            load_schedule_file(str(path))
+        assert fragment in str(err.value) and "\n" not in str(err.value), (text, str(err.value))
+
+
 def test_show_schedule_zb_h1_and_interleaved():
     text = show_schedule_main("zb-h1", 4, 8)
     grid = [line.split("|")[1].split() for line in text.splitlines() if line.startswith("stage ")]

@@ -152,15 +152,32 @@ def load_schedule_file(path: str) -> list[list]:
 
     from ..config import SimparError
 
+    form = (
+        'expected a JSON list with one list per rank of steps ["Forward", micro-batch(, chunk)], a step one '
+        f"of {', '.join(STEP_NAMES)}"
+    )
     try:
         raw = json.loads(open(path).read())
-        return [[STEP_NAMES[name](*args) for name, *args in rank] for rank in raw]
     except OSError as exc:
         raise SimparError(f"cannot read schedule {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SimparError(
-            f"{path}: not a schedule ({load_schedule_file.__doc__.splitlines()[0]}): {exc}"
-        ) from None
+    except ValueError as exc:
+        raise SimparError(f"{path}: not JSON ({exc}); {form}") from None
+    if not isinstance(raw, list) or not all(isinstance(rank, list) for rank in raw):
+        raise SimparError(f"{path}: not a schedule: {form}")
+    steps = []
+    for r, rank in enumerate(raw):
+        steps.append([])
+        for step in rank:
+            what = f"{path}: rank {r}'s step {json.dumps(step)}"
+            if not (isinstance(step, list) and step and step[0] in STEP_NAMES):
+                raise SimparError(f"{what} is not a step: {form}")
+            if not all(isinstance(a, int) and a >= 0 for a in step[1:]):
+                raise SimparError(f"{what}: micro-batch and chunk must be whole numbers >= 0")
+            try:
+                steps[-1].append(STEP_NAMES[step[0]](*step[1:]))
+            except TypeError:
+                raise SimparError(f"{what}: give a micro-batch and optionally a chunk") from None
+    return steps
 
 
 def refuse_unsound(schedule, S: int, M: int, V: int = 1) -> None:
