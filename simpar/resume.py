@@ -7,6 +7,8 @@ broadcasts the outcome (control traffic), so every rank fails or carries on toge
 
 from __future__ import annotations
 
+import math
+
 from . import checkpoint
 from .comm import Communicator
 from .config import RunConfig, SimparError, layout_name
@@ -14,7 +16,8 @@ from .data import sampler_position
 
 
 def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps: int):
-    """--resume: (path, FullState, step) on every rank, or None to start fresh.
+    """--resume: (path, FullState, step) on every rank, or None to start fresh; FullState None when
+    `--resume auto` finds the run's final step already saved (the job is done).
 
     Rank 0 finds, reads and verifies the checkpoint and checks it fits this run; the outcome -- an
     error, nothing to resume, or the full-shape state -- is broadcast (control traffic), so every
@@ -30,10 +33,16 @@ def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps
                 print(f"simpar: no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0", flush=True)
             else:
                 manifest, state = checkpoint.load(path)
-                checkpoint.check_compatible(path, manifest, cfg, n_train, steps)
-                outcome = (path, state, manifest["step"])
+                # --resume auto is "rerun the same command": finding the final step saved means the job
+                # already finished (it may have died after its last checkpoint), so there is nothing to do.
+                done = cfg.resume == "auto" and manifest["step"] >= steps
+                checkpoint.check_compatible(path, manifest, cfg, n_train, math.inf if done else steps)
+                outcome = (path, None if done else state, manifest["step"])
                 print(
-                    f"simpar: resuming from {path} (saved by {manifest.get('layout')}) at step "
+                    f"simpar: {path} is at the final step {steps}: this job already finished; nothing to "
+                    "train, nothing written"
+                    if done
+                    else f"simpar: resuming from {path} (saved by {manifest.get('layout')}) at step "
                     f"{manifest['step']} of {steps}",
                     flush=True,
                 )

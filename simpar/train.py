@@ -27,7 +27,7 @@ import numpy as np
 from . import flight, simclock
 from .agree import preflight
 from .comm import Communicator
-from .config import RunConfig, SimparError
+from .config import RunConfig, SimparError, parse_inject
 from .costmodel import hardware
 from .data import (
     BatchFeeder,
@@ -134,6 +134,8 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     data, n_train = load_data_collectively(cfg, world)
     steps = total_steps(cfg, n_train)
     resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
+    if resumed is not None and resumed[1] is None:  # --resume auto: the final step is saved already
+        return None
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
@@ -314,10 +316,14 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, firs
         if math.isfinite(first)
         else "no layer output was non-finite, so the loss itself overflowed"
     )
-    raise SimparError(
-        f"loss became {loss} at step {step + 1}: {where}; try a smaller --lr "
-        f"(now {strategy.cfg.lr}) or --dtype float64"
+    cfg = strategy.cfg
+    fault = parse_inject(cfg.inject) if cfg.inject else {}
+    advice = (  # a fault put there on purpose (lesson 07) is not a learning-rate problem
+        f"--inject {cfg.inject} put NaN into rank {fault['rank']}'s input rows at step {fault['step']}"
+        if fault.get("kind") == "nan"
+        else f"try a smaller --lr (now {cfg.lr}) or --dtype float64"
     )
+    raise SimparError(f"loss became {loss} at step {step + 1}: {where}; {advice}")
 
 
 def train_main(cfg: RunConfig) -> int:

@@ -316,3 +316,17 @@ def test_sigkill_one_rank_then_resume_auto_reaches_the_same_weights(tmp_path):
         np.testing.assert_array_equal(b, b0)
     np.testing.assert_array_equal(resumed["losses"], whole["losses"][newest:])
     assert json.loads((ckpt / "step-000060" / "manifest.json").read_text())["step"] == 60
+
+
+def test_resume_auto_after_the_final_step_is_done_not_an_error(tmp_path):
+    """`--resume auto` means "rerun the same command": a job that already saved its final step (it may
+    have died after that) has nothing to train, which is success (exit 0, one line saying so, no
+    outputs written); an explicit --resume of that checkpoint stays an error (test above)."""
+    folder, metrics = tmp_path / "ck", tmp_path / "m.json"
+    args = ["train", "--steps", "4", "--checkpoint-dir", str(folder), "--checkpoint-every", "2"]
+    first = run_mpi(2, [*args, "--dp", "2", "--resume", "auto", "--quiet"], timeout=60)
+    assert first.returncode == 0, first.stderr
+    again = run_mpi(2, [*args, "--dp", "2", "--resume", "auto", "--metrics-out", str(metrics)], timeout=60)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert "is at the final step 4: this job already finished" in again.stdout, again.stdout
+    assert not metrics.exists()

@@ -96,6 +96,9 @@ def test_an_injected_nan_is_reported_with_its_step_and_layer(tmp_path):
     res = simpar(2, ["train", "--dp", "2", "--steps", "6", "--inject", "nan@rank=1,step=4"], tmp_path)
     line = one_error_line(res)
     assert "at step 4" in line and "layer 0" in line
+    # the fault was put there on purpose: name it, rather than blame the learning rate
+    assert "--inject nan@rank=1,step=4 put NaN into rank 1's input rows at step 4" in line
+    assert "--lr" not in line
 
 
 def test_a_killed_rank_ends_the_job_quickly(tmp_path):
