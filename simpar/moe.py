@@ -125,10 +125,10 @@ def capacity(C: float, K: int, N: int, E: int) -> int:
     return math.ceil(C * K * N / E)
 
 
-def micro_rows(B: int, K: int, k: int) -> int:
-    """Global rows of grad-accum micro-step k of K: np.array_split of the global batch (data.micro_steps),
-    the first B mod K micro-steps one row longer. Capacity is per micro-step: ceil(C K_top N_k / E)."""
-    return B // K + (1 if k < B % K else 0)
+def micro_rows(B: int, G: int, k: int) -> int:
+    """Global rows of grad-accum micro-step k of G: np.array_split of the global batch (data.micro_steps),
+    the first B mod G micro-steps one row longer. Capacity is per micro-step: ceil(C K N_k / E)."""
+    return B // G + (1 if k < B % G else 0)
 
 
 def histogram(top, E: int) -> np.ndarray:

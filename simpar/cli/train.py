@@ -72,7 +72,8 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         default=d.precision,
         choices=PRECISIONS,
         help="fp32: all in --dtype; mixed-fp16|mixed-bf16: half weights, activations, gradients and "
-        "messages, float32 master weights and optimizer state, dynamic loss scaling (dp, --zero, --pp)",
+        "messages, float32 master weights and optimizer state, dynamic loss scaling (every layout: dp, "
+        "--zero, --tp/--sp, --pp; --experts with mixed-bf16)",
     )
     g.add_argument(
         "--loss-scale",
@@ -138,7 +139,8 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     g.add_argument(
         "--hardware",
         default=d.hardware,
-        help="with --clock sim: local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json",
+        help="the profile of the cost model's prediction in the metrics and of --clock sim: local | "
+        "dgx-h100 | ib-cluster | ethernet-100g | FILE.json",
     )
     g.add_argument(
         "--compute",

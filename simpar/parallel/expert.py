@@ -94,7 +94,7 @@ class MoELayer:
 
     def forward(self, x, N: int, B: int):
         """N: the global rows of this micro-step (its capacity and f_e); B: the global batch (the aux
-        loss is weighted N/B per micro-step, so the K micro-steps' shares add up like the main loss)."""
+        loss is weighted N/B per micro-step, so the G micro-steps' shares add up like the main loss)."""
         s, E, K, P = self.s, self.E, self.K, self.P
         p, top, gates = route(x, self.Wr, K)
         H = s.all_histograms(histogram(top, E))
@@ -238,7 +238,7 @@ class ExpertParallel(Strategy):
         self.routing[-1][index] = (H, kept)
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        """--grad-accum K: each micro-step routes its own rows, with its own capacity and its own
+        """--grad-accum G: each micro-step routes its own rows, with its own capacity and its own
         all-to-alls, as a framework that accumulates does; the gradients add up locally and are
         all-reduced once, after the last micro-step."""
         self.dense_grads.fill(0)
