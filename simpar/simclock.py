@@ -84,6 +84,7 @@ class Profile:
     compute_share: float  # 1, or cores/ranks when ranks share cores
     links: dict  # communicator name ("tp", "dp", "pp", "world") -> Link
     measured_scale: float = 0.0  # --compute measured: profile seconds per local CPU second
+    stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
 
 
 @dataclass
@@ -124,7 +125,9 @@ class SimClock:
 
     def stream(self, nbytes: float) -> None:
         """Memory-bound work moving `nbytes` through memory."""
-        self.compute(nbytes * self.profile.gamma / 3 / self.profile.compute_share)
+        self.compute(
+            nbytes * self.profile.gamma / 3 / (self.profile.stream_share or self.profile.compute_share)
+        )
 
     def layer_call(self) -> None:
         self.compute(self.profile.layer_overhead / self.profile.compute_share)

@@ -66,3 +66,16 @@ def test_elementwise_bytes_leave_out_the_first_accumulation(accum):
     got = elementwise_bytes(spec, 0, 2, shape.kinds[0], micro_rows(spec, 0), P)
     assert got == expected
     assert cm.predict_rank(spec, 0)["elementwise_bytes"] == expected
+
+
+def test_fit_link_recovers_alpha_and_beta_from_two_ring_times():
+    """A ring all-reduce of n float32 on 2 ranks (n even): 2 rounds, n/2 elements each way per round
+    (n through the link), n/2 reduced: t = 2 alpha + 4 n beta + 4 (n/2) gamma."""
+    from simpar.bench.calibrate import RING_SIZES, fit_link
+
+    alpha, beta, gamma = 40e-6, 1 / 6e9, 1 / 10e9
+    ring = {size: 2 * alpha + 4 * (size // 4) * beta + 4 * (size // 8) * gamma for size in RING_SIZES}
+    got_alpha, got_beta = fit_link(ring, gamma)
+    assert got_alpha == pytest.approx(alpha, rel=1e-9)
+    assert got_beta == pytest.approx(beta, rel=1e-9)
+    assert fit_link({size: 1e-9 for size in RING_SIZES}, gamma) is None  # noise: keep the ping-pong

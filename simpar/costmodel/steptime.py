@@ -58,7 +58,8 @@ class RankCosts:
         self.spec, self.hw, self.links = spec, hw, links
         share = hw.compute_share(min(spec.world, hw.devices_per_node))
         self.rate = hw.flop_rate(spec.precision) * share
-        self.stream = hw.gamma / 3 / share  # seconds per byte of memory-bound work
+        # seconds per byte of memory-bound work, slowed as the node's cores share its memory bus
+        self.stream = hw.gamma / 3 / hw.stream_share(min(spec.world, hw.devices_per_node))
         self.overhead = hw.layer_overhead / share
         self.lo, self.hi = bounds or rank_pred["layers"]
         self.t = rank_pred["coords"]["tp"]
