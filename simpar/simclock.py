@@ -14,7 +14,9 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
       each layer's forward call        + the profile's per-layer overhead (0 on the GPU presets)
   Which calls are charged, and how many bytes each moves, is listed in model.py (charge_forward,
   charge_backward), optim.py and model.softmax_cross_entropy; with
-  more ranks on a node than cores (the `local` profile), each rank computes at cores/ranks speed.
+  more ranks on a node than cores (the `local` profile), each rank computes at cores/ranks speed,
+  and with every core busy, memory-bound work at the measured busy_stream_share (the cores share one
+  memory bus; Hardware.stream_share).
   `--compute measured` instead charges the thread's own CPU time (`time.thread_time`, which
   oversubscription does not inflate), scaled by (this machine's GEMM rate / the profile's).
 * Every point-to-point message carries its simulated arrival time in a small header message on a

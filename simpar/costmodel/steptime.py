@@ -3,7 +3,8 @@
 Costs are the alpha-beta-gamma model (Thakur, Rabenseifner & Gropp 2005) on a hardware profile:
 a collective costs rounds x alpha + bytes on its critical path x beta + bytes reduced x gamma on
 its group's link; compute is matmul FLOPs / FLOP rate plus memory-bound bytes x gamma / 3 plus a
-per-layer call overhead (rank.layer_work says which bytes). Ranks that share cores compute slower.
+per-layer call overhead (rank.layer_work says which bytes). Ranks that share cores compute slower,
+and memory-bound work slows when every core streams at once (Hardware.stream_share).
 
 How they add up -- the rules simpar's execution follows, written down as max-plus recurrences
 (the cost model never runs the code it predicts):
