@@ -115,14 +115,17 @@ def layer_backward(
     if _DEFERRED is not None:  # an empty list too: the first layer of the B pass defers as well
         return backward_input(layer, ctx, dy, need_dx, bias)
     kern = kernels.active()
+    grads = "add"  # how dW, db reach the gradient buffer: what the clock charges for it
     if layer.grads_stale:  # the first backward of a step: write the gradients, nothing to add to
         into = getattr(kern, "linear_act_backward_into", None)
         if into is not None and bias:  # the GEMM writes straight into the flat gradient buffer
             dx = into(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx, layer.dW, layer.db)
+            grads = "into"
         else:
             dx, dW, db = kern.linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
             layer.dW[...] = dW
             layer.db[...] = db if bias else 0
+            grads = "copy"
         layer.grads_stale = False
     else:
         dx, dW, db = kern.linear_act_backward(dy, ctx.x, layer.W, ctx.z, ctx.y, layer.act, need_dx)
@@ -131,7 +134,7 @@ def layer_backward(
             layer.db += db
     clock = simclock.active()
     if clock is not None:
-        charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize)
+        charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize, grads)
     return dx
 
 
@@ -217,7 +220,10 @@ def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.n
 #   forward of r rows through an (a x b) layer:  2rab FLOPs; bias add 2rb and activation 2rb elements
 #                                                moved (read + write); one layer call's overhead
 #   backward:  2rab FLOPs for dW, 2rab more for dx (not at layer 0); activation' 3rb (read dy, z;
-#              write dz), db's row sum rb, accumulating dW 3ab and db 3b (read, read, write)
+#              write dz), db's row sum rb, accumulating dW 3ab and db 3b (read, read, write).
+#              The first backward after a lazy zero_grad writes instead of accumulating: nothing more
+#              when the GEMM writes into the buffer ("into"), 2ab + 2b when it copies ("copy": read, write)
+#              -- the cost model knows which from the layout and the kernels (costmodel/rank.py first_grads)
 #   row-parallel layers move the same, split between the kernel and bias_act_forward/act_backward
 
 
@@ -227,11 +233,18 @@ def charge_forward(clock, r: int, a: int, b: int, bias: bool, act: str, bpe: int
     clock.layer_call()
 
 
-def charge_backward(clock, r: int, a: int, b: int, need_dx: bool, bias: bool, act: str, bpe: int) -> None:
+def charge_backward(
+    clock, r: int, a: int, b: int, need_dx: bool, bias: bool, act: str, bpe: int, grads: str = "add"
+) -> None:
     clock.matmul(a, r, b)
     if need_dx:
         clock.matmul(r, b, a)
-    clock.stream(((3 * r * b if act != "none" else 0) + r * b + 3 * a * b + (3 * b if bias else 0)) * bpe)
+    into_buffer = {
+        "add": 3 * a * b + (3 * b if bias else 0),
+        "into": 0,
+        "copy": 2 * a * b + (2 * b if bias else b),
+    }[grads]
+    clock.stream(((3 * r * b if act != "none" else 0) + r * b + into_buffer) * bpe)
 
 
 @dataclass

@@ -170,6 +170,7 @@ def start_clock(cfg: RunConfig, world: Communicator):
         gamma=hw.gamma,
         layer_overhead=hw.layer_overhead,
         compute_share=share,
+        stream_share=hw.stream_share(min(world.size, hw.devices_per_node)),
         links=links,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
     )

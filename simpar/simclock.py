@@ -14,7 +14,9 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
       each layer's forward call        + the profile's per-layer overhead (0 on the GPU presets)
   Which calls are charged, and how many bytes each moves, is listed in model.py (charge_forward,
   charge_backward), optim.py and model.softmax_cross_entropy; with
-  more ranks on a node than cores (the `local` profile), each rank computes at cores/ranks speed.
+  more ranks on a node than cores (the `local` profile), each rank computes at cores/ranks speed,
+  and with every core busy, memory-bound work at the measured busy_stream_share (the cores share one
+  memory bus; Hardware.stream_share).
   `--compute measured` instead charges the thread's own CPU time (`time.thread_time`, which
   oversubscription does not inflate), scaled by (this machine's GEMM rate / the profile's).
 * Every point-to-point message carries its simulated arrival time in a small header message on a
@@ -84,6 +86,7 @@ class Profile:
     compute_share: float  # 1, or cores/ranks when ranks share cores
     links: dict  # communicator name ("tp", "dp", "pp", "world") -> Link
     measured_scale: float = 0.0  # --compute measured: profile seconds per local CPU second
+    stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
 
 
 @dataclass
@@ -124,7 +127,9 @@ class SimClock:
 
     def stream(self, nbytes: float) -> None:
         """Memory-bound work moving `nbytes` through memory."""
-        self.compute(nbytes * self.profile.gamma / 3 / self.profile.compute_share)
+        self.compute(
+            nbytes * self.profile.gamma / 3 / (self.profile.stream_share or self.profile.compute_share)
+        )
 
     def layer_call(self) -> None:
         self.compute(self.profile.layer_overhead / self.profile.compute_share)

@@ -218,7 +218,8 @@ def calibrate_main(argv: list[str]) -> int:
     except OSError as exc:
         raise SimparError(f"cannot create {folder}: {exc.strerror}") from None
     print(
-        "calibrating (about 5-20 s): GEMM on one thread, numpy.add, MPI ping-pong on 2 ranks ...", flush=True
+        "calibrating (about 5-20 s): GEMM on one thread, numpy.add, MPI and simpar's ring on 2 ranks ...",
+        flush=True,
     )
     hw = calibrate()
     atomic_write(path, lambda f: json.dump(hw.to_dict(), f, indent=1))

@@ -56,6 +56,8 @@ class Hardware:
     # (measured by bench --calibrate: shared caches and memory bus, lower turbo clocks); 1 for presets
     layer_overhead: float = 0.0  # s per layer per micro-batch (forward + backward) that is neither
     # math nor memory: Python and NumPy call overhead here; 0 for presets
+    busy_stream_share: float = 1.0  # local: as busy_share, for memory-bound work (numpy.add on 64 MiB
+    # on every core at once vs alone: the cores share one memory bus); 1 for presets
 
     def compute_share(self, ranks_per_node: int) -> float:
         """The fraction of a device one rank gets: 1; or cores/ranks when ranks outnumber cores
@@ -63,6 +65,13 @@ class Hardware:
         than one rank runs on the node (measured for `local`, 1 for the GPU presets)."""
         share = min(1.0, self.cores / ranks_per_node) if self.cores else 1.0
         return share * (self.busy_share if ranks_per_node > 1 else 1.0)
+
+    def stream_share(self, ranks_per_node: int) -> float:
+        """compute_share for memory-bound work: the same core share, times busy_stream_share when more
+        than one rank runs on the node (ranks of one step stream at the same moments: data parallelism's
+        optimizer sweeps run together after the all-reduce)."""
+        share = min(1.0, self.cores / ranks_per_node) if self.cores else 1.0
+        return share * (self.busy_stream_share if ranks_per_node > 1 else 1.0)
 
     def to_dict(self) -> dict:
         return asdict(self)

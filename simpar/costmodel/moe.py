@@ -272,5 +272,10 @@ def step_compute_s(spec: Spec, hw) -> float:
         calls += n_calls * G  # every micro-step calls every layer (and expert) again
     dense, experts = param_counts(spec)
     moved = elems * spec.prec.act + loss_bytes(spec) * rows + optimizer_bytes(spec, dense + experts)
-    share = hw.compute_share(min(D, hw.devices_per_node))
-    return (flops / hw.flop_rate(spec.precision) + moved * hw.gamma / 3 + calls * hw.layer_overhead) / share
+    share, stream = (
+        hw.compute_share(min(D, hw.devices_per_node)),
+        hw.stream_share(min(D, hw.devices_per_node)),
+    )
+    return (
+        flops / hw.flop_rate(spec.precision) + calls * hw.layer_overhead
+    ) / share + moved * hw.gamma / 3 / stream

@@ -103,9 +103,12 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         calls = rp["layer_count"] * K * M  # layer forward+backward calls per step
         if spec.recompute == "full":  # the forward's layer calls once more
             calls += rp["layer_count"] * K * M
-        compute = (rp["flops"]["forward"] + rp["flops"]["backward"] + rp["flops"]["recompute"]) / rate + (
-            rp["elementwise_bytes"] * hw.gamma / 3 + calls * hw.layer_overhead
-        ) / hw.compute_share(min(spec.world, hw.devices_per_node))
+        on_node = min(spec.world, hw.devices_per_node)
+        compute = (
+            (rp["flops"]["forward"] + rp["flops"]["backward"] + rp["flops"]["recompute"]) / rate
+            + rp["elementwise_bytes"] * hw.gamma / 3 / hw.stream_share(on_node)
+            + calls * hw.layer_overhead / hw.compute_share(on_node)
+        )
         rp["by_op"] = by_op
         del rp["ops"]
         rp["time_s"] = {

@@ -283,7 +283,9 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     bias add 2 b_l and activation 2 b_l elements moved (read + write). Backward: 2 a_l b_l FLOPs for
     dW and as many for dx (not at layer 0); activation' 3 b_l (read dy, z; write dz) and db's row sum
     b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
-    activation. (The same accounting the simulated clock charges: simpar/model.py.)
+    activation. The first backward of a step after a lazy zero_grad writes dW, db instead of adding
+    to them (`first_call_elems`, see first_grads). (The same accounting the simulated clock charges:
+    simpar/model.py.)
     """
     if sharded(spec):
         return sharded_unit_work(spec, i)
@@ -299,9 +301,24 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
         "fwd_elems": (2 + 2 * act) * b_l,
         "bwd_elems": (3 * act + 1) * b_l,
         "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
+        "first_call_elems": {"add": 3 * a_l * b_l + 3 * b_l, "into": 0, "copy": 2 * a_l * b_l + 2 * b_l}[
+            first_grads(spec)
+        ],
         "w_elems": b_l,  # db's row sum: with bwd_call_elems, the W half of a split backward
         "act_elems": 2 * act * b_l,  # y = act(z) alone: what selective recomputation redoes
     }
+
+
+def first_grads(spec: Spec) -> str:
+    """How a layer's first backward of a step puts dW, db into the gradient buffer. Plain-MLP data
+    parallelism (serial included; not ZeRO, tp, pp, experts or resmlp) zeroes lazily
+    (model.ParamStore.zero_grad(lazy=True)): the first backward writes the gradients, straight from
+    the GEMM ("into": nothing more to move) where the kernels can (numpy, numba; auto is one of them),
+    else as a copy ("copy": --kernels cuda, mixed precision's half kernels). Everything else adds
+    ("add": read, read, write)."""
+    if spec.arch != "mlp" or spec.zero or spec.tp > 1 or spec.pp > 1 or spec.experts:
+        return "add"
+    return "copy" if spec.kernels == "cuda" or spec.precision == "mixed" else "into"
 
 
 def resmlp_unit_work(spec: Spec, i: int) -> dict:
@@ -353,15 +370,16 @@ def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list
     """Bytes the memory-bound work of one step moves on a rank whose stage holds layers lo..hi-1:
     bias, activations and their derivatives (layer_work), the loss on the last stage, and the
     optimizer's sweeps over the `updated` parameters this rank owns (optimizer_passes)."""
-    per_row = per_call = 0
+    per_row = per_call = first_call = 0
     for i, kind in zip(range(lo, hi), kinds):
         w = layer_work(spec, i, kind)
         per_row += w["fwd_elems"] + w["bwd_elems"]
         per_call += w["bwd_call_elems"]
+        first_call += w.get("first_call_elems", w["bwd_call_elems"])
     micro_batches = sum(len(step) for step in rows)
     loss = loss_bytes(spec) * sum(map(sum, rows)) if hi == spec.n_layers else 0
     return (
-        (per_row * sum(map(sum, rows)) + per_call * micro_batches) * spec.prec.act
+        (per_row * sum(map(sum, rows)) + per_call * (micro_batches - 1) + first_call) * spec.prec.act
         + loss
         + (optimizer_bytes(spec, updated))
     )

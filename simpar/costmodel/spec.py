@@ -92,6 +92,7 @@ class Spec:
     top_k: int = 2
     capacity_factor: float = 1.25
     ep: int = 1
+    kernels: str = "auto"  # --kernels: which backward writes the gradients how (rank.first_grads)
 
     @property
     def world(self) -> int:
@@ -139,6 +140,7 @@ class Spec:
             top_k=getattr(cfg, "top_k", 2),
             capacity_factor=getattr(cfg, "capacity_factor", 1.25),
             ep=getattr(cfg, "ep", 1),
+            kernels=getattr(cfg, "kernels", "auto"),
         )
 
 

@@ -3,7 +3,8 @@
 Costs are the alpha-beta-gamma model (Thakur, Rabenseifner & Gropp 2005) on a hardware profile:
 a collective costs rounds x alpha + bytes on its critical path x beta + bytes reduced x gamma on
 its group's link; compute is matmul FLOPs / FLOP rate plus memory-bound bytes x gamma / 3 plus a
-per-layer call overhead (rank.layer_work says which bytes). Ranks that share cores compute slower.
+per-layer call overhead (rank.layer_work says which bytes). Ranks that share cores compute slower,
+and memory-bound work slows when every core streams at once (Hardware.stream_share).
 
 How they add up -- the rules simpar's execution follows, written down as max-plus recurrences
 (the cost model never runs the code it predicts):
@@ -61,7 +62,8 @@ class RankCosts:
         self.spec, self.hw, self.links = spec, hw, links
         share = hw.compute_share(min(spec.world, hw.devices_per_node))
         self.rate = hw.flop_rate(spec.precision) * share
-        self.stream = hw.gamma / 3 / share  # seconds per byte of memory-bound work
+        # seconds per byte of memory-bound work, slowed as the node's cores share its memory bus
+        self.stream = hw.gamma / 3 / hw.stream_share(min(spec.world, hw.devices_per_node))
         self.overhead = hw.layer_overhead / share
         self.lo, self.hi = bounds or rank_pred["layers"]
         self.t = rank_pred["coords"]["tp"]
@@ -123,25 +125,27 @@ class RankCosts:
             return sum(r * w["act_elems"] for w in self.works) * self.spec.prec.act * self.stream
         return 0.0
 
-    def backward_layers(self, r: int) -> list[tuple[float, float]]:
-        """(compute, f all-reduce after it) of each layer in backward order, last layer first."""
-        return self._cached("layers", r, self._backward_layers)
+    def backward_layers(self, r: int, first: bool = False) -> list[tuple[float, float]]:
+        """(compute, f all-reduce after it) of each layer in backward order, last layer first;
+        `first`: the step's first backward, which may write the gradients instead of adding
+        (rank.first_grads)."""
+        return self._cached(("layers", first), r, lambda r: self._backward_layers(r, first))
 
-    def _backward_layers(self, r: int) -> list[tuple[float, float]]:
+    def _backward_layers(self, r: int, first: bool) -> list[tuple[float, float]]:
         W, bpe, out = self.spec.widths, self.spec.prec.act, []
         for i, kind, w in reversed(list(zip(range(self.lo, self.hi), self.kinds, self.works))):
-            compute = (
-                r * w["bwd_flops"] / self.rate
-                + (r * w["bwd_elems"] + w["bwd_call_elems"]) * bpe * self.stream
-            )
+            call = w.get("first_call_elems", w["bwd_call_elems"]) if first else w["bwd_call_elems"]
+            compute = r * w["bwd_flops"] / self.rate + (r * w["bwd_elems"] + call) * bpe * self.stream
             f = self._tp(r * W[i]) if kind == "column" and i > 0 else 0.0
             f = self._block(r, i, "backward") if kind == "block" else f
             out.append((compute, f))
         return out
 
-    def backward(self, r: int) -> float:
+    def backward(self, r: int, first: bool = False) -> float:
         return self._cached(
-            "B", r, lambda r: self.recompute(r) + sum(c + f for c, f in self.backward_layers(r))
+            ("B", first),
+            r,
+            lambda r: self.recompute(r) + sum(c + f for c, f in self.backward_layers(r, first)),
         )
 
     def weight_layers(self, r: int) -> list[float]:
@@ -173,13 +177,21 @@ class RankCosts:
         return out
 
 
-def dp_end(costs: RankCosts, buckets: list, backward_start: float, r: int, stream: float = 0.0, split=False):
+def dp_end(
+    costs: RankCosts,
+    buckets: list,
+    backward_start: float,
+    r: int,
+    stream: float = 0.0,
+    split=False,
+    first=False,
+):
     """When the last gradient bucket's all-reduce ends, buckets starting as the final backward (of r
-    rows, starting at backward_start; with `split` the W pass) finishes their layers, one after another
-    on the dp stream (free from `stream` on)."""
+    rows, starting at backward_start; with `split` the W pass; `first`: also the step's first) finishes
+    their layers, one after another on the dp stream (free from `stream` on)."""
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
-    layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r)
+    layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r, first)
     for pos, (compute, f), sync in zip(
         reversed(range(n_local)), layers, reversed(costs.sp_sync or [0.0] * n_local)
     ):
@@ -237,8 +249,9 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         work = costs.forward(r)
                     elif kind == "W":
                         work = costs.weight(r)
-                    else:
-                        work = costs.backward_input(r) if split else costs.backward(r)
+                    else:  # a step with one micro-batch per stage and no accumulation: its first
+                        first = k == 0 and M == 1
+                        work = costs.backward_input(r) if split else costs.backward(r, first)
                     if last_k and final[s].get(c) == pos[s]:
                         work += sum(costs.sp_sync)
                     clock[s], busy[s] = start + work, busy[s] + work
@@ -267,7 +280,8 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                     buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
                     if buckets:
                         start, m = final_start[s][c]
-                        stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split)
+                        first = K == 1 and M == 1
+                        stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
                 if stream:
                     dp_exposed = max(dp_exposed, stream - clock[s])
                     clock[s] = max(clock[s], stream)
