@@ -1,4 +1,4 @@
-"""The tour: every layout that fits the world size, on the same model and data, side by side.
+"""The tour: every layout `train` runs on the world size, on the same model and data, side by side.
 
     mpiexec -n 4 python -m mpi4py -m simpar            (or: ... -m simpar tour --quick)
 
@@ -15,7 +15,7 @@ import os
 import time
 
 from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError
+from .config import RunConfig, SimparError, validate
 from .files import write_json, write_trace
 from .report.metrics import bytes_verdict
 from .units import fmt_bytes
@@ -31,34 +31,46 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "mixed-fp16": 32 * 2.0**-11, "mi
 
 
 def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
-    """(name, overrides) of every layout to show on this many ranks, the serial reference first."""
+    """(name, overrides) of every layout to show on this many ranks, the serial reference first.
+
+    The candidates are the layouts of the README's tour (and, for --arch resmlp, each tensor-parallel
+    one again with --sp); a candidate stays when config.validate accepts it on its ranks, so the tour
+    offers exactly the layouts `train` would run with the same options (--arch, --precision, --layers,
+    --batch, ...), and one rule set decides both."""
     n = world_size
-    res = cfg.arch == "resmlp"  # its tensor parallelism (restensor.py) also runs with --sp
-    # mixed precision runs every layout but tensor parallelism (config.validate)
-    hidden_ok = lambda t: not cfg.mixed and all(w % t == 0 for w in cfg.layers[1:-1])
-    sp_ok = lambda dp, tp: res and cfg.batch % (dp * cfg.grad_accum * tp) == 0
     candidates = [("serial", dict(dp=1))]
     if n > 1:
         candidates.append((f"dp{n}", dict(dp=n)))
-        for stage in (1, 2, 3):
-            candidates.append((f"dp{n}-zero{stage}", dict(dp=n, zero=stage)))
-        if hidden_ok(n):
-            candidates.append((f"tp{n}", dict(dp=1, tp=n)))
-            if sp_ok(1, n):
-                candidates.append((f"tp{n}-sp", dict(dp=1, tp=n, sp=True)))
-        if n <= cfg.n_layers:
-            candidates.append((f"pp{n}-gpipe", dict(dp=1, pp=n, schedule="gpipe")))
-            candidates.append((f"pp{n}-1f1b", dict(dp=1, pp=n, schedule="1f1b")))
+        candidates += [(f"dp{n}-zero{stage}", dict(dp=n, zero=stage)) for stage in (1, 2, 3)]
+        candidates += with_sp(f"tp{n}", dict(dp=1, tp=n), cfg)
+        candidates.append((f"pp{n}-gpipe", dict(dp=1, pp=n, schedule="gpipe")))
+        candidates.append((f"pp{n}-1f1b", dict(dp=1, pp=n, schedule="1f1b")))
         if n % 2 == 0 and n > 2:
-            if hidden_ok(2):
-                candidates.append((f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2)))
-                if sp_ok(n // 2, 2):
-                    candidates.append((f"dp{n // 2}xtp2-sp", dict(dp=n // 2, tp=2, sp=True)))
-            if 2 <= cfg.n_layers:
-                candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
-            if hidden_ok(2) and n == 4 and not res:
-                candidates.append(("tp2xpp2", dict(dp=1, tp=2, pp=2)))
-    return candidates
+            candidates += with_sp(f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2), cfg)
+            candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
+            if n == 4:
+                candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
+    # serial always runs: it is the reference, and a problem with the options shows there as one line
+    return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
+
+
+def with_sp(name: str, overrides: dict, cfg: RunConfig) -> list[tuple[str, dict]]:
+    """A tensor-parallel layout, and for --arch resmlp the same with its rows split too (--sp: the
+    residual stream's rows sharded over the tp group, Korthikanti et al. 2022 sec. 4.2.2)."""
+    plain = [(name, overrides)]
+    return plain + [(f"{name}-sp", dict(overrides, sp=True))] if cfg.arch == "resmlp" else plain
+
+
+def trains(base: RunConfig, overrides: dict) -> bool:
+    """Whether `train` accepts this layout: config.validate on a copy, on the layout's own ranks."""
+    cfg = copy.deepcopy(base)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    try:
+        validate(cfg, cfg.dp * cfg.tp * cfg.pp)
+    except SimparError:
+        return False
+    return True
 
 
 def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:

@@ -196,3 +196,27 @@ def test_plan_sweep_plot(tmp_path):
         )
     assert is_png(out)
     assert "not possible" in text.getvalue()  # tp=3 does not divide the hidden widths
+
+
+def test_compare_figure_titles_fit_and_say_what_the_plotted_runs_keep():
+    """`simpar plot dp.json tp.json`: each panel's title stays inside the figure, clear of the other
+    panel's and of the suptitle; the memory note names --sp only when an --sp run is plotted."""
+    res = dict(arch="resmlp")
+    plain = [("dp4", fake_metrics(dp=4, **res)), ("tp4", fake_metrics(dp=1, tp=4, **res))]
+    with_sp = [*plain, ("tp4-sp", fake_metrics(dp=1, tp=4, sp=True, **res))]
+    for results in (plain, with_sp):
+        fig = plots.compare_figure(results)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        page = fig.bbox
+        traffic, memory = (ax.title.get_window_extent(renderer) for ax in fig.axes[:2])
+        top = fig._suptitle.get_window_extent(renderer)
+        for box in (traffic, memory, top):
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, box
+        assert traffic.x1 < memory.x0  # side by side, not running into each other
+        assert top.y0 >= max(traffic.y1, memory.y1)
+        note = fig.axes[1].get_title().replace("\n", " ")
+        assert "dp: 1/p of the rows" in note and "tp: every row" in note
+        assert ("--sp" in note) == (results is with_sp)
+        assert "pp:" not in note  # no pipeline run in either figure
+        plots._plt().close(fig)

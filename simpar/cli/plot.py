@@ -10,7 +10,7 @@ import os
 
 from ..config import SimparError
 from ..files import output_problem
-from ..report.plots import _plt, _save, comm_by_layout, comm_scaling, load_metrics, memory_by_layout
+from ..report.plots import _save, comm_scaling, compare_figure, load_metrics
 from ..report.timeline import plot_timeline
 from .base import Parser
 
@@ -35,13 +35,7 @@ def plot_main(argv: list[str]) -> int:
         name = m.get("layout") or os.path.splitext(os.path.basename(path))[0]
         results.append((name if name not in [n for n, _ in results] else f"{name} ({path})", m))
     _check_outputs({"-o": args.out, "--scaling": args.scaling})
-    plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(results) + 6), 4.8))
-    comm_by_layout(a, results)
-    memory_by_layout(b, results)
-    fig.suptitle("simpar: " + ", ".join(n for n, _ in results), fontsize=10)
-    fig.tight_layout()
-    _save(fig, args.out)
+    _save(compare_figure(results), args.out)
     print(f"wrote {args.out}")
     if args.scaling:
         comm_scaling(args.scaling, results)

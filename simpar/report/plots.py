@@ -2,7 +2,7 @@
 
     tour_plots(results, out_dir)     after the tour: comm_by_layout.png, comm_scaling.png,
                                      memory_by_layout.png (+ timeline.png if a trace JSON is there)
-    python -m simpar plot A.json B.json ... -o compare.png        the same comparison from metrics files
+    python -m simpar plot A.json B.json ... -o compare.png        compare_figure: the same, from metrics files
     python -m simpar plot --timeline trace.json -o timeline.png   (simpar.timeline)
     plot_sweep(...)                  the figure of `simpar plan --sweep`
 
@@ -128,7 +128,9 @@ def comm_by_layout(ax, results) -> None:
         ax.scatter(xs, ys, marker="_", s=500, color="black", linewidths=2, zorder=3, label="cost model")
     ax.margins(y=0.08)
     ax.set_ylabel("bytes sent per training step (all ranks)")
-    ax.set_title("Traffic per step by category: measured by the ledger (bars), cost model (ticks)")
+    _fitted_title(
+        ax, [["Traffic per step by category:", "measured by the ledger (bars),", "cost model (ticks)"]], 12
+    )
     _bytes_axis(ax)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()
@@ -145,15 +147,62 @@ def memory_by_layout(ax, results) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.margins(y=0.08)
     ax.set_ylabel("bytes held by the fullest rank")
-    ax.set_title(
-        "Memory of the fullest rank by kind, measured from its arrays (no prediction drawn)\n"
-        "activations: a dp rank keeps 1/p of the rows; a tp rank keeps every row (its column slice, plus "
-        "the full-width input of each layer)",
-        fontsize=9,
-    )
+    title = ["Memory of the fullest rank by kind,", "measured from its arrays (no prediction drawn)"]
+    _fitted_title(ax, [title, activations_note(results)], 9)
     _bytes_axis(ax)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()
+
+
+# What a rank of each kind of layout keeps for backward, said only for the kinds in the figure (an --sp
+# line in a plot without --sp runs would explain bars that are not there).
+KEPT_ACTIVATIONS = {
+    "dp": "dp: 1/p of the rows",
+    "tp": "tp: every row (its column slice, plus each layer's full-width input)",
+    "sp": "tp with --sp: LayerNorm's and the residual's for 1/t of the rows, the matmuls' for every row",
+    "pp": "pp: its stage's layers only, for each micro-batch in flight",
+}
+
+
+def activations_note(results) -> list[str]:
+    """The memory panel's note, in pieces: what a rank keeps for backward, for the layouts plotted."""
+    kinds = set()
+    for _, m in results:
+        cfg, mesh = m.get("config", {}), m.get("mesh", {})
+        dp, tp, pp = (mesh.get(a, cfg.get(a) or 1) for a in ("dp", "tp", "pp"))
+        kinds |= {k for k, on in (("dp", dp > 1), ("pp", pp > 1)) if on}
+        if tp > 1:
+            kinds.add("sp" if cfg.get("sp") else "tp")
+    said = [text for kind, text in KEPT_ACTIVATIONS.items() if kind in kinds]
+    if not said:
+        return []
+    return ["activations kept per rank --", *[f"{text};" for text in said[:-1]], said[-1]]
+
+
+def _fitted_title(ax, lines: list[list[str]], fontsize: float) -> None:
+    """An axes title of these lines, each no wider than the axes: a line's pieces are joined while
+    they fit and broken between pieces where they do not (a piece wider than the axes is wrapped
+    at spaces). A title wider than its panel runs into the next one: two panels side by side in
+    `simpar plot` leave each about 4 inches."""
+    import textwrap
+
+    inches = ax.get_position().width * ax.figure.get_figwidth()
+    # DejaVu Sans averages about half an em per character of such text; 72 points per inch
+    chars = max(20, int(inches * 72 / (0.5 * fontsize)))
+    out = []
+    for pieces in lines:
+        current = ""
+        for piece in pieces:
+            if current and len(current) + 1 + len(piece) <= chars:
+                current += " " + piece
+                continue
+            if current:
+                out.append(current)
+            *full, current = textwrap.wrap(piece, chars, break_on_hyphens=False) or [""]
+            out += full
+        if current:
+            out.append(current)
+    ax.set_title("\n".join(out), fontsize=fontsize)
 
 
 def _bar_figure(results, draw, path: str, title: str) -> str:
@@ -333,6 +382,18 @@ def _timelines(out_dir: str) -> list[str]:
         except (SimparError, ValueError, KeyError):
             continue  # not a pipeline trace: nothing to draw
     return out
+
+
+def compare_figure(results):
+    """`simpar plot`'s figure: traffic and memory of each layout, side by side. Constrained layout
+    leaves room for the suptitle and each panel's title, which _fitted_title wraps to its panel."""
+    plt = _plt()
+    width = max(10, 1.3 * len(results) + 6)
+    fig, (traffic, memory) = plt.subplots(1, 2, figsize=(width, 5.4), layout="constrained")
+    comm_by_layout(traffic, results)
+    memory_by_layout(memory, results)
+    fig.suptitle("simpar: " + ", ".join(n for n, _ in results), fontsize=10)
+    return fig
 
 
 def load_metrics(path: str) -> dict:
