@@ -38,6 +38,12 @@ from .rank import layer_work, loss_bytes, optimizer_bytes
 from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers, micro_rows
 
+# What fills one stage's timeline, from 0 to the end of its step (they add up to it, nothing overlaps):
+# compute (its layers, recompute, the optimizer), the blocking tensor-parallel collectives, waiting for
+# its own last pipeline sends to leave, the exposed DDP wait + ZeRO's collectives, waiting for the
+# scattered data, and the bubble: waiting for a neighbouring stage's activations or gradients.
+TIMELINE_PARTS = ("compute", "tp", "pp", "dp", "data", "bubble")
+
 
 def op_time(cost: Cost, link, gamma: float) -> dict:
     """Latency + bandwidth + reduction terms of one op on the critical path (Thakur et al. 2005)."""
@@ -98,6 +104,23 @@ class RankCosts:
         return sum(
             self._seconds(c, self.spec.prec.act) for _, c in block_collectives(self.spec, r, i, self.t, phase)
         )
+
+    def forward_tp(self, r: int, loss: bool = True) -> float:
+        """The tensor-parallel collectives inside forward(r): the g all-reduces, resmlp's block g
+        (or --sp's gather + scatter). They block, so they are part of the forward's seconds."""
+        W, out = self.spec.widths, 0.0
+        for i, kind in zip(range(self.lo, self.hi), self.kinds):
+            if kind == "row":
+                out += self._tp(r * W[i + 1])
+            elif kind == "block":
+                out += self._block(r, i, "forward")
+        return out
+
+    def backward_tp(self, r: int) -> float:
+        """The tensor-parallel collectives inside backward(r) (also backward_input(r): the W half has
+        none): the f all-reduces, and the forward's again under --recompute full."""
+        redo = self.forward_tp(r, loss=False) if self.spec.recompute == "full" else 0.0
+        return redo + sum(f for _, f in self.backward_layers(r))
 
     def forward(self, r: int, loss: bool = True) -> float:
         return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
@@ -209,6 +232,10 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
     clock = list(starts)
     busy = [0.0] * S
     dp_exposed = 0.0
+    # each stage's timeline cut into what fills it (the parts add up to the stage's end exactly)
+    parts = [dict.fromkeys(TIMELINE_PARTS, 0.0) for _ in range(S)]
+    for s in range(S):
+        parts[s]["data"] = starts[s]  # --data-source root: idle until rank 0's rows have arrived
     for k in range(K):
         last_k = k == K - 1
         rows = [micro_rows(spec, stage_costs[s][1])[k] for s in range(S)]
@@ -234,13 +261,18 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         break  # its input has not been sent yet: let the other stages move
                     start = max(clock[s], need[(c, m)]) if waits else clock[s]
                     if kind == "F":
-                        work = costs.forward(r)
+                        work, tp = costs.forward(r), costs.forward_tp(r)
                     elif kind == "W":
-                        work = costs.weight(r)
+                        work, tp = costs.weight(r), 0.0
                     else:
                         work = costs.backward_input(r) if split else costs.backward(r)
+                        tp = costs.backward_tp(r)
                     if last_k and final[s].get(c) == pos[s]:
                         work += sum(costs.sp_sync)
+                        tp += sum(costs.sp_sync)
+                    parts[s]["bubble"] += start - clock[s]  # waiting for a neighbour's array
+                    parts[s]["compute"] += work - tp
+                    parts[s]["tp"] += tp
                     clock[s], busy[s] = start + work, busy[s] + work
                     if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
                         final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
@@ -270,8 +302,20 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split)
                 if stream:
                     dp_exposed = max(dp_exposed, stream - clock[s])
+                    parts[s]["dp"] += max(0.0, stream - clock[s])
                     clock[s] = max(clock[s], stream)
+            parts[s]["pp"] += max(0.0, left[s] - clock[s])  # its last sends still leaving
             clock[s] = max(clock[s], left[s])
     optimizer = [next(iter(stage_costs[s][0].values())).optimizer_s for s in range(S)]
     ends = [clock[s] + zero_dp_s + optimizer[s] for s in range(S)]
-    return {"makespan": max(ends), "busiest": max(busy), "dp_exposed": max(0.0, dp_exposed) + zero_dp_s}
+    for s in range(S):
+        parts[s]["dp"] += zero_dp_s  # ZeRO's collectives block
+        parts[s]["compute"] += optimizer[s]  # the optimizer's sweep: memory-bound compute
+    last = max(range(S), key=lambda s: ends[s])
+    return {
+        "makespan": max(ends),
+        "busiest": max(busy),
+        "dp_exposed": max(0.0, dp_exposed) + zero_dp_s,
+        "critical_stage": last,
+        "parts": parts[last],
+    }
