@@ -37,6 +37,12 @@ LAYOUTS = {
     "dp2xpp2": dict(widths=MLP, dp=2, pp=2, microbatches=4),
     "dp2xtp2": dict(widths=MLP, dp=2, tp=2),
     "tp4": dict(widths=MLP, tp=4),
+    "pp2-interleaved-accum": dict(
+        widths=MLP, pp=2, schedule="interleaved", virtual_stages=2, microbatches=4, grad_accum=2
+    ),
+    "pp2-zb-v": dict(widths=MLP, pp=2, schedule="zb-v", microbatches=4),
+    "tp2xpp2-recompute": dict(widths=MLP, tp=2, pp=2, microbatches=4, recompute="full"),
+    "dp2-no-overlap": dict(widths=MLP, dp=2, overlap=False),
     "dp4xzero3": dict(widths=MLP, dp=4, zero=3),
     "dp2-root-data": dict(widths=MLP, dp=2, pp=2, microbatches=2, data_source="root"),
     "resmlp-tp2-sp-pp2": dict(widths=RESMLP, arch="resmlp", tp=2, sp=True, pp=2, microbatches=4),
@@ -64,6 +70,12 @@ def test_the_critical_ranks_parts_add_up_to_the_step(name):
     if spec.data_source == "root":
         assert parts["data"] > 0
     assert t["bubble_s"] == parts["bubble"]
+    # a second path to the same seconds: the rank's tensor-parallel collectives all block, and so do
+    # ZeRO's, so those parts equal the rank's op totals (priced op by op from its ledger prediction)
+    ops = next(r for r in pred["comm"]["ranks"] if r["rank"] == crit["rank"])["time_s"]
+    assert parts["tp"] == pytest.approx(ops["tp"], rel=1e-9)
+    if spec.zero:
+        assert parts["dp"] == pytest.approx(ops["dp"], rel=1e-9)
     # the printed sum names the same parts, and the step after "="
     text = run_plan(*_argv(LAYOUTS[name]), "--hardware", "dgx-h100")
     line = next(x for x in text.splitlines() if x.startswith("time per step on dgx-h100"))
@@ -82,7 +94,7 @@ def _argv(layout: dict) -> list:
         if k == "widths":
             continue
         flag = "--" + k.replace("_", "-")
-        out += [flag] if v is True else [flag, v]
+        out += [flag] if v is True else ["--no-" + k] if v is False else [flag, v]
     return out
 
 
