@@ -28,6 +28,11 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   that unit, before the unit's gradient bucket is handed to data parallelism.
 * Gradient accumulation repeats the schedule K times; then the optimizer sweeps its parameters.
   The step ends when the slowest rank has finished (the loss all-reduce synchronises the ranks).
+* Each stage's timeline is also cut into TIMELINE_PARTS that add up to its end; the last stage to
+  finish gives `plan` a step printed as a sum that is one.
+
+(Over 300 lines: the per-layer costs and the recurrence that consumes them are kept in one file so the
+rules can be read next to each other.)
 """
 
 from __future__ import annotations
@@ -105,9 +110,12 @@ class RankCosts:
             self._seconds(c, self.spec.prec.act) for _, c in block_collectives(self.spec, r, i, self.t, phase)
         )
 
-    def forward_tp(self, r: int, loss: bool = True) -> float:
+    def forward_tp(self, r: int) -> float:
         """The tensor-parallel collectives inside forward(r): the g all-reduces, resmlp's block g
         (or --sp's gather + scatter). They block, so they are part of the forward's seconds."""
+        return self._cached("Ftp", r, self._forward_tp)
+
+    def _forward_tp(self, r: int) -> float:
         W, out = self.spec.widths, 0.0
         for i, kind in zip(range(self.lo, self.hi), self.kinds):
             if kind == "row":
@@ -119,8 +127,8 @@ class RankCosts:
     def backward_tp(self, r: int) -> float:
         """The tensor-parallel collectives inside backward(r) (also backward_input(r): the W half has
         none): the f all-reduces, and the forward's again under --recompute full."""
-        redo = self.forward_tp(r, loss=False) if self.spec.recompute == "full" else 0.0
-        return redo + sum(f for _, f in self.backward_layers(r))
+        redo = self.forward_tp(r) if self.spec.recompute == "full" else 0.0
+        return self._cached("Btp", r, lambda r: redo + sum(f for _, f in self.backward_layers(r)))
 
     def forward(self, r: int, loss: bool = True) -> float:
         return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
@@ -230,7 +238,6 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
     C = sum(len(stage_costs[s][0]) for s in range(S))
     split = spec.schedule in ("zb-h1", "zb-v") and S > 1
     clock = list(starts)
-    busy = [0.0] * S
     dp_exposed = 0.0
     # each stage's timeline cut into what fills it (the parts add up to the stage's end exactly)
     parts = [dict.fromkeys(TIMELINE_PARTS, 0.0) for _ in range(S)]
@@ -273,7 +280,7 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                     parts[s]["bubble"] += start - clock[s]  # waiting for a neighbour's array
                     parts[s]["compute"] += work - tp
                     parts[s]["tp"] += tp
-                    clock[s], busy[s] = start + work, busy[s] + work
+                    clock[s] = start + work
                     if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
                         final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
                     out = None
@@ -314,7 +321,6 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
     last = max(range(S), key=lambda s: ends[s])
     return {
         "makespan": max(ends),
-        "busiest": max(busy),
         "dp_exposed": max(0.0, dp_exposed) + zero_dp_s,
         "critical_stage": last,
         "parts": parts[last],
