@@ -196,7 +196,7 @@ def plan_main(argv: list[str]) -> int:
         print(json.dumps(pred, indent=1, default=str))
     else:
         print(format_plan(pred, hw, limit, spec.widths))
-        if spec.arch == "resmlp" and spec.tp > 1 and spec.pp == 1:  # --sp is not offered with --pp
+        if spec.arch == "resmlp" and spec.tp > 1:  # --sp or not, side by side (also under --pp)
             print(sp_saving(spec, pred, cm.predict(cm.Spec(**dict(spec.__dict__, sp=not spec.sp)), hw)))
     return 0
 
@@ -213,7 +213,10 @@ def plan_moe(spec: cm.Spec, hw, a) -> int:
             f"--imbalance must be a number >= 1 (the hottest expert's load / the mean), got {a.imbalance}"
         )
     pred = predict_moe(spec, hw, imbalance=a.imbalance)
-    print(json.dumps(pred, indent=1, default=str) if a.json else format_moe_plan(spec, pred, hw))
+    if a.json:
+        print(json.dumps(pred, indent=1, default=str))
+    else:
+        print(format_moe_plan(spec, pred, hw, from_params=bool(a.params)))
     return 0
 
 

@@ -22,13 +22,14 @@ def factorizations(world: int) -> list[tuple[int, int, int]]:
     ]
 
 
+# The parts of the critical rank's step (predict's time.critical.parts_s: they add up to step_s), named
 COMPONENTS = (
-    ("compute_s", "compute"),
-    ("tp_s", "tensor-parallel all-reduces"),
-    ("pp_s", "pipeline sends"),
-    ("bubble_s", "the pipeline bubble"),
-    ("dp_exposed_s", "gradient/ZeRO traffic"),
-    ("data_s", "data scatter"),
+    ("compute", "compute"),
+    ("tp", "tensor-parallel all-reduces"),
+    ("pp", "pipeline sends"),
+    ("bubble", "the pipeline bubble"),
+    ("dp", "gradient/ZeRO traffic"),
+    ("data", "data scatter"),
 )
 
 
@@ -43,8 +44,8 @@ def rank_layouts(spec: Spec, hw, world: int | None, limit: float | None) -> tupl
     cands, invalid = [], 0
     for dp, tp, pp in factorizations(world):
         zeros = (0, 1, 2, 3) if tp == pp == 1 and dp > 1 else (0,)
-        # sequence parallel or not (resmlp under --tp; --sp is not offered with --pp)
-        sps = (False, True) if spec.arch == "resmlp" and tp > 1 and pp == 1 else (False,)
+        # sequence parallel or not (resmlp under --tp, with or without --pp)
+        sps = (False, True) if spec.arch == "resmlp" and tp > 1 else (False,)
         for zero, sp in ((z, s) for z in zeros for s in sps):
             d = dict(spec.__dict__, dp=dp, tp=tp, pp=pp, zero=zero, sp=sp)
             try:
@@ -105,17 +106,21 @@ def explain(ranked: list[dict], limit: float | None, fits) -> list[str]:
                 + ")"
             )
             continue
-        key, name = max(COMPONENTS, key=lambda c: r["time"][c[0]] - t[c[0]])
-        link = {"tp_s": "tp", "pp_s": "pp", "dp_exposed_s": "dp"}.get(key)
+        mine, theirs = t["critical"]["parts_s"], r["time"]["critical"]["parts_s"]
+        key, name = max(COMPONENTS, key=lambda c: theirs[c[0]] - mine[c[0]])
+        link = key if key in ("tp", "pp", "dp") else None
         where = f" on {r['links'][link]['name']}" if link else ""
         out.append(
             f"{r['layout']} is {r['time']['step_s'] / t['step_s']:.2f}x slower: mostly {name}{where} "
-            f"({fmt_time(r['time'][key])} vs {fmt_time(t[key])})"
+            f"({fmt_time(theirs[key])} vs {fmt_time(mine[key])})"
         )
     return out
 
 
 def _breakdown(p: dict) -> str:
-    parts = [(p["time"][k], n) for k, n in COMPONENTS if p["time"][k] > 0]
-    step = p["time"]["step_s"]
-    return ", ".join(f"{n} {fmt_time(v)} ({v / step:.0%})" for v, n in sorted(parts, reverse=True))
+    """The winner's step as the parts of its critical rank's timeline (they add up to 100%)."""
+    crit, step = p["time"]["critical"], p["time"]["step_s"]
+    parts = [(crit["parts_s"][k], n) for k, n in COMPONENTS if crit["parts_s"][k] > 0]
+    return f"on rank {crit['rank']} (the last to finish) " + ", ".join(
+        f"{n} {fmt_time(v)} ({v / step:.0%})" for v, n in sorted(parts, reverse=True)
+    )

@@ -77,7 +77,10 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     pipeline chain of stages run through its schedule (fill, steady state, drain, with every hop's
     latency on the critical path), DDP buckets overlapping the last backward, blocking ZeRO
     collectives, the optimizer. `bubble` is the schedule's ideal idle fraction, (S-1)/(M+S-1) for
-    GPipe and 1F1B; `time.bubble_s` what the prediction leaves idle on the busiest stage.
+    GPipe and 1F1B. `time.compute_s`, `tp_s`, `pp_s`, `dp_s` are each the largest over the ranks (of
+    different ranks, partly overlapped: they do not add up to the step); `time.critical` is the rank
+    that finishes last, its step cut into parts that do add up to `step_s` (steptime.TIMELINE_PARTS),
+    and `time.bubble_s` is that rank's bubble part (waiting for a neighbouring stage).
     """
     check(spec)
     hw = hw or hardware.load("local")
@@ -122,13 +125,14 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     starts = data_ready(spec, links["world"]) if spec.data_source == "root" else [0.0] * spec.pp
     data_s = max(starts)
     # The step: one pipeline chain per data-parallel index (its stages' slowest tensor-parallel rank).
-    timed = {}
+    timed, chain_ranks = {}, {}
     for d in sorted({r["coords"]["dp"] for r in out}):
         stages = {}
         for s in range(spec.pp):
             rp = next((r for r in out if r["coords"]["pp"] == s and r["coords"]["dp"] == d), None)
             if rp is None:
                 rp = predict_rank(spec, s * spec.dp * spec.tp + d * spec.tp, shape)
+            chain_ranks[d, s] = rp["rank"]
             stages[s] = (
                 {
                     c: RankCosts(spec, hw, links, rp, shape.kinds[c], shape.sizes[c], shape.bounds[c])
@@ -140,8 +144,9 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
         timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])
-    makespan, busiest = timed[worst_d]["makespan"], timed[worst_d]["busiest"]
+    makespan = timed[worst_d]["makespan"]
     dp_exposed = timed[worst_d]["dp_exposed"]
+    critical_stage, parts = timed[worst_d]["critical_stage"], timed[worst_d]["parts"]
     step = makespan
     compute = max(r["time_s"]["compute"] for r in out)
     mem_max = {k: max(r["memory"][k] for r in out) for k in MEMORY_KINDS}
@@ -170,11 +175,17 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             "compute_s": compute,
             "tp_s": max(r["time_s"]["tp"] for r in out),
             "pp_s": max(r["time_s"]["pp"] for r in out),
-            "bubble_s": max(0.0, makespan - busiest - dp_exposed) if spec.pp > 1 else 0.0,
+            "bubble_s": parts["bubble"],
             "dp_s": max(r["time_s"]["dp"] for r in out),
             "dp_exposed_s": dp_exposed,
             "data_s": data_s,
             "samples_per_s": spec.batch / step if step > 0 else float("inf"),
+            # the rank that finishes last, its step cut into parts that add up to step_s
+            "critical": {
+                "rank": chain_ranks[worst_d, critical_stage],
+                "stage": critical_stage,
+                "parts_s": parts,
+            },
         },
     }
 

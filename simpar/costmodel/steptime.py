@@ -29,6 +29,11 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   that unit, before the unit's gradient bucket is handed to data parallelism.
 * Gradient accumulation repeats the schedule K times; then the optimizer sweeps its parameters.
   The step ends when the slowest rank has finished (the loss all-reduce synchronises the ranks).
+* Each stage's timeline is also cut into TIMELINE_PARTS that add up to its end; the last stage to
+  finish gives `plan` a step printed as a sum that is one.
+
+(Over 300 lines: the per-layer costs and the recurrence that consumes them are kept in one file so the
+rules can be read next to each other.)
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the rec
 from .rank import layer_work, loss_bytes, optimizer_bytes
 from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers, micro_rows
+
+# What fills one stage's timeline, from 0 to the end of its step (they add up to it, nothing overlaps):
+# compute (its layers, recompute, the optimizer), the blocking tensor-parallel collectives, waiting for
+# its own last pipeline sends to leave, the exposed DDP wait + ZeRO's collectives, waiting for the
+# scattered data, and the bubble: waiting for a neighbouring stage's activations or gradients.
+TIMELINE_PARTS = ("compute", "tp", "pp", "dp", "data", "bubble")
 
 
 def op_time(cost: Cost, link, gamma: float) -> dict:
@@ -100,6 +111,26 @@ class RankCosts:
         return sum(
             self._seconds(c, self.spec.prec.act) for _, c in block_collectives(self.spec, r, i, self.t, phase)
         )
+
+    def forward_tp(self, r: int) -> float:
+        """The tensor-parallel collectives inside forward(r): the g all-reduces, resmlp's block g
+        (or --sp's gather + scatter). They block, so they are part of the forward's seconds."""
+        return self._cached("Ftp", r, self._forward_tp)
+
+    def _forward_tp(self, r: int) -> float:
+        W, out = self.spec.widths, 0.0
+        for i, kind in zip(range(self.lo, self.hi), self.kinds):
+            if kind == "row":
+                out += self._tp(r * W[i + 1])
+            elif kind == "block":
+                out += self._block(r, i, "forward")
+        return out
+
+    def backward_tp(self, r: int) -> float:
+        """The tensor-parallel collectives inside backward(r) (also backward_input(r): the W half has
+        none): the f all-reduces, and the forward's again under --recompute full."""
+        redo = self.forward_tp(r) if self.spec.recompute == "full" else 0.0
+        return self._cached("Btp", r, lambda r: redo + sum(f for _, f in self.backward_layers(r)))
 
     def forward(self, r: int, loss: bool = True) -> float:
         return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
@@ -219,8 +250,11 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
     C = sum(len(stage_costs[s][0]) for s in range(S))
     split = spec.schedule in ("zb-h1", "zb-v") and S > 1
     clock = list(starts)
-    busy = [0.0] * S
     dp_exposed = 0.0
+    # each stage's timeline cut into what fills it (the parts add up to the stage's end exactly)
+    parts = [dict.fromkeys(TIMELINE_PARTS, 0.0) for _ in range(S)]
+    for s in range(S):
+        parts[s]["data"] = starts[s]  # --data-source root: idle until rank 0's rows have arrived
     for k in range(K):
         last_k = k == K - 1
         rows = [micro_rows(spec, stage_costs[s][1])[k] for s in range(S)]
@@ -246,15 +280,20 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         break  # its input has not been sent yet: let the other stages move
                     start = max(clock[s], need[(c, m)]) if waits else clock[s]
                     if kind == "F":
-                        work = costs.forward(r)
+                        work, tp = costs.forward(r), costs.forward_tp(r)
                     elif kind == "W":
-                        work = costs.weight(r)
+                        work, tp = costs.weight(r), 0.0
                     else:  # a step with one micro-batch per stage and no accumulation: its first
                         first = k == 0 and M == 1
                         work = costs.backward_input(r) if split else costs.backward(r, first)
+                        tp = costs.backward_tp(r)
                     if last_k and final[s].get(c) == pos[s]:
                         work += sum(costs.sp_sync)
-                    clock[s], busy[s] = start + work, busy[s] + work
+                        tp += sum(costs.sp_sync)
+                    parts[s]["bubble"] += start - clock[s]  # waiting for a neighbour's array
+                    parts[s]["compute"] += work - tp
+                    parts[s]["tp"] += tp
+                    clock[s] = start + work
                     if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
                         final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
                     out = None
@@ -284,8 +323,19 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
                 if stream:
                     dp_exposed = max(dp_exposed, stream - clock[s])
+                    parts[s]["dp"] += max(0.0, stream - clock[s])
                     clock[s] = max(clock[s], stream)
+            parts[s]["pp"] += max(0.0, left[s] - clock[s])  # its last sends still leaving
             clock[s] = max(clock[s], left[s])
     optimizer = [next(iter(stage_costs[s][0].values())).optimizer_s for s in range(S)]
     ends = [clock[s] + zero_dp_s + optimizer[s] for s in range(S)]
-    return {"makespan": max(ends), "busiest": max(busy), "dp_exposed": max(0.0, dp_exposed) + zero_dp_s}
+    for s in range(S):
+        parts[s]["dp"] += zero_dp_s  # ZeRO's collectives block
+        parts[s]["compute"] += optimizer[s]  # the optimizer's sweep: memory-bound compute
+    last = max(range(S), key=lambda s: ends[s])
+    return {
+        "makespan": max(ends),
+        "dp_exposed": max(0.0, dp_exposed) + zero_dp_s,
+        "critical_stage": last,
+        "parts": parts[last],
+    }

@@ -51,7 +51,7 @@ def grads_breakdown(sp: dict, widths: list, grads: float) -> str:
 
 
 def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None) -> str:
-    sp, t = pred["spec"], pred["time"]
+    sp = pred["spec"]
     ranks_word = "ranks" if pred["world"] > 1 else "rank"
     lines = [
         f"simpar plan: {describe_model(pred)}, global batch {sp['batch']}, {pred['layout']} on "
@@ -127,14 +127,46 @@ def format_plan(pred: dict, hw, limit: float | None, widths: list | None = None)
         keys = ("batch", "pp", "schedule", "microbatches", "virtual_stages")
         formula = cm.bubble_formula(cm.Spec(widths=[1, 1], **{k: sp[k] for k in keys}))
         lines.append(f"pipeline bubble ({sp['schedule']}): {formula} = {pred['bubble']:.1%} of the step")
-    lines += [
-        "",
-        f"time per step on {hw.name}: compute {fmt_time(t['compute_s'])} + tp {fmt_time(t['tp_s'])} "
-        f"+ pp {fmt_time(t['pp_s'])} + bubble {fmt_time(t['bubble_s'])} + dp/zero exposed "
-        f"{fmt_time(t['dp_exposed_s'])} (of {fmt_time(t['dp_s'])}) + data {fmt_time(t['data_s'])}",
+    lines += ["", *format_step_time(pred, hw)]
+    return "\n".join(lines)
+
+
+# What each part of the critical rank's timeline is called when printed (costmodel.TIMELINE_PARTS)
+PART_NAMES = {
+    "compute": "compute",
+    "tp": "tp",
+    "pp": "pp sends exposed",
+    "dp": "dp/zero exposed",
+    "data": "data",
+    "bubble": "bubble",
+}
+
+
+def format_step_time(pred: dict, hw) -> list[str]:
+    """The step as the sum of ONE rank's timeline (the rank that finishes last: the others wait for it
+    at the loss all-reduce), then each kind's largest total over all ranks, which need not add up: they
+    come from different ranks and pipeline sends and DDP buckets partly hide behind compute."""
+    t, crit = pred["time"], pred["time"]["critical"]
+    parts = crit["parts_s"]
+    shown = [k for k in PART_NAMES if k == "compute" or parts[k] > 0]
+    where = f"rank {crit['rank']}" + (f", stage {crit['stage']}" if pred["spec"]["pp"] > 1 else "")
+    sp = pred["spec"]
+    totals = [("compute", t["compute_s"])] + [
+        (g, t[f"{g}_s"]) for g in ("tp", "pp", "dp") if sp[g] > 1 or (g == "dp" and sp["zero"])
+    ]
+    out = [
+        f"time per step on {hw.name}, on the rank that finishes last ({where}): "
+        + " + ".join(f"{PART_NAMES[k]} {fmt_time(parts[k])}" for k in shown),
         f"  = {fmt_time(t['step_s'])} per step, {t['samples_per_s']:,.0f} samples/s",
     ]
-    return "\n".join(lines)
+    if "bubble" in shown:
+        out.append("  (bubble: idle, waiting for a neighbouring stage's activations or gradients)")
+    if len(totals) > 1:
+        out.append(
+            "  largest per rank over all ranks (not a sum: partly overlapped, from different ranks): "
+            + ", ".join(f"{g} {fmt_time(v)}" for g, v in totals)
+        )
+    return out
 
 
 def sp_saving(spec, pred: dict, other: dict) -> str:
@@ -148,7 +180,9 @@ def sp_saving(spec, pred: dict, other: dict) -> str:
         f"without, {fmt_bytes(act[1])} with ({act[1] / act[0]:.0%}: LayerNorm, residual and projections "
         f"keep 1/{spec.tp} of the rows); activation bytes per rank {fmt_bytes(sent[0])} vs "
         f"{fmt_bytes(sent[1])} "
-        "(reduce-scatter + all-gather = all-reduce), plus the sp gradient all-reduce "
+        "(reduce-scatter + all-gather = all-reduce"
+        + (f"; a stage boundary carries 1/{spec.tp} of the rows" if spec.pp > 1 else "")
+        + "), plus the sp gradient all-reduce "
         f"{fmt_bytes(with_sp['comm']['per_rank_max']['model'] - without['comm']['per_rank_max']['model'])}"
     )
 
@@ -181,17 +215,23 @@ def print_compare(spec, hw, world: int | None, limit: float | None, as_json: boo
     )
     for line in hardware_note(hw):
         print(line)
+    with_data = any(p["time"]["critical"]["parts_s"]["data"] > 0 for p in ranked[:15])
+    print(
+        "columns after mem/rank: the step of the rank that finishes last, in parts that add up to it "
+        "(compute + tp + pp+bubble + dp/zero exposed" + (" + data)" if with_data else ")")
+    )
     print(
         f"{'#':>3} {'layout':<24} {'step':>9} {'samples/s':>11} {'mem/rank':>9} {'compute':>9} {'tp':>9} "
-        f"{'pp+bubble':>9} {'dp/zero':>9}"
+        f"{'pp+bubble':>9} {'dp/zero':>9}" + (f" {'data':>9}" if with_data else "")
     )
     for i, p in enumerate(ranked[:15], 1):
-        t = p["time"]
+        t, parts = p["time"], p["time"]["critical"]["parts_s"]
         print(
             f"{i:>3} {p['layout']:<24} {fmt_time(t['step_s']):>9} {t['samples_per_s']:>11,.0f} "
             f"{fmt_bytes(p['memory']['max_total']):>9}{' ' if fits(p) else '!'}"
-            f"{fmt_time(t['compute_s']):>9} {fmt_time(t['tp_s']):>9} "
-            f"{fmt_time(t['pp_s'] + t['bubble_s']):>9} {fmt_time(t['dp_exposed_s']):>9}"
+            f"{fmt_time(parts['compute']):>9} {fmt_time(parts['tp']):>9} "
+            f"{fmt_time(parts['pp'] + parts['bubble']):>9} {fmt_time(parts['dp']):>9}"
+            + (f" {fmt_time(parts['data']):>9}" if with_data else "")
         )
     if len(ranked) > 15:
         print(f"    ... {len(ranked) - 15} more")
@@ -208,9 +248,35 @@ def print_compare(spec, hw, world: int | None, limit: float | None, as_json: boo
     return 0
 
 
-def format_moe_plan(spec, pred: dict, hw) -> str:
-    """What `plan --experts` prints: capacity, the all-to-all per rank (formula and numbers), the
-    gradient all-reduces, memory and the step time of the busiest rank."""
+def params_in_words(n: int) -> str:
+    return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.3g} M" if n >= 1e6 else f"{n:,}"
+
+
+def moe_params_line(spec, par: dict, from_params: bool = False) -> str:
+    """How many parameters the MoE model has in all and on one rank. With --experts every hidden layer
+    is E experts (Shazeer et al. 2017), so the model is about E times the dense model --params sized
+    (`from_params`: say so, with that dense model's size)."""
+    dense = sum(a * b + b for a, b in zip(spec.widths[:-1], spec.widths[1:]))
+    total = par["non_expert"] + par["experts_total"]
+    per_rank = par["non_expert"] + par["experts_per_rank"]
+    return (
+        f"parameters: {params_in_words(total)} in all = {params_in_words(par['non_expert'])} non-expert "
+        f"(first and last layer, routers) + {spec.experts} experts x "
+        f"{params_in_words(par['experts_total'] // spec.experts)} (one Linear in each of the "
+        f"{spec.n_layers - 2} MoE layers); per rank "
+        f"{params_in_words(per_rank)} (non-expert + {spec.experts // spec.ep} experts)"
+        + (
+            f"; --params sized the dense MLP ({params_in_words(dense)}) before its hidden layers "
+            f"became {spec.experts} experts each"
+            if from_params
+            else ""
+        )
+    )
+
+
+def format_moe_plan(spec, pred: dict, hw, from_params: bool = False) -> str:
+    """What `plan --experts` prints: the parameters in all and per rank, capacity, the all-to-all per
+    rank (formula and numbers), the gradient all-reduces, memory and the step time of the busiest rank."""
     D, P, E, K, B = spec.dp, spec.ep, spec.experts, spec.top_k, spec.batch
     N = B // spec.grad_accum + (1 if B % spec.grad_accum else 0)  # the first (largest) micro-step
     busiest = max(pred["comm"]["ranks"], key=lambda r: r["sent"]["activation"])
@@ -221,6 +287,7 @@ def format_moe_plan(spec, pred: dict, hw) -> str:
         f"layer(s) of {E} experts, top-{K}, global batch {B}, dp {D} x ep {P}, {spec.precision} "
         f"{spec.optimizer}, hardware {hw.name}",
         *hardware_note(hw),
+        moe_params_line(spec, par, from_params),
         f"capacity per expert: ceil(C*K*B/E) = ceil({spec.capacity_factor:g}*{K}*{B}/{E}) = "
         f"{pred['capacity']} tokens"
         if spec.grad_accum == 1

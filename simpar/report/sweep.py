@@ -38,22 +38,22 @@ def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: flo
     b.set_title("memory per rank (largest of each kind)")
     b.set_ylabel("bytes")
     _bytes_axis(b)
-    parts = (
-        ("compute_s", "compute"),
-        ("tp_s", "tp comm"),
-        ("pp_s", "pp comm"),
-        ("bubble_s", "bubble"),
-        ("dp_exposed_s", "dp/zero comm (exposed)"),
-        ("data_s", "data"),
+    parts = (  # the critical rank's timeline: the stacked bars add up to the step
+        ("compute", "compute"),
+        ("tp", "tp comm"),
+        ("pp", "pp sends (exposed)"),
+        ("bubble", "bubble"),
+        ("dp", "dp/zero comm (exposed)"),
+        ("data", "data"),
     )
     bottom = [0.0] * len(points)
     for key_t, label in parts:
-        vals = [p["time"][key_t] * 1e3 for _, p in points]
+        vals = [p["time"]["critical"]["parts_s"][key_t] * 1e3 for _, p in points]
         if any(vals):
             c.bar(range(len(xs)), vals, bottom=bottom, label=label)
             bottom = [s + v for s, v in zip(bottom, vals)]
     c.set_xticks(range(len(xs)), [str(x) for x in xs])
-    c.set_title(f"predicted step time on {hardware_name}")
+    c.set_title(f"predicted step time on {hardware_name} (rank that finishes last)")
     c.set_ylabel("milliseconds per step")
     for ax in (a, b, c):
         ax.set_xlabel(key)
