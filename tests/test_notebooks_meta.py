@@ -26,6 +26,7 @@ NAMES = (
     "10_experts_and_all_to_all",
     "11_sequence_parallel",
     "12_checkpoints_and_recovery",
+    "13_the_wall_clock",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
