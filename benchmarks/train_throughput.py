@@ -35,6 +35,8 @@ for _v in THREAD_VARS:  # one compute thread per process, before NumPy starts it
 
 import numpy as np  # noqa: E402
 
+from simpar.model import parameter_count  # noqa: E402
+
 LAYERS = [784, 1024, 1024, 10]
 PER_RANK_BATCH = 256
 
@@ -127,16 +129,12 @@ def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp", batch:
             return json.load(f)["time"]["samples_per_s_median"]
 
 
-def gradient_bytes(layers=LAYERS, itemsize: int = 4) -> int:
-    return itemsize * sum(a * b + b for a, b in zip(layers[:-1], layers[1:]))
-
-
 def ring_allreduce_alone(ranks: int) -> tuple[float, float]:
     """(seconds, memory-roofline seconds) of one ring all-reduce of the model's gradient, by itself:
     `simpar bench allreduce` on `ranks` ranks (median of its timed iterations)."""
     from simpar.launch import run
 
-    size = gradient_bytes()
+    size = 4 * parameter_count(LAYERS)  # float32 gradients
     res = run(ranks, ["bench", "allreduce", "--sizes", str(size), "--algorithms", "ring", "--json"])
     if res.returncode:
         raise SystemExit(res.stderr)
@@ -308,7 +306,8 @@ def main(argv=None) -> int:
     )
     print(
         f"  gradient all-reduce alone     : ring {result['allreduce_ms']:.2f} ms for "
-        f"{gradient_bytes() / 1e6:.2f} MB (memory roofline {result['allreduce_roofline_ms']:.2f} ms)"
+        f"{4 * parameter_count(LAYERS) / 1e6:.2f} MB "
+        f"(memory roofline {result['allreduce_roofline_ms']:.2f} ms)"
     )
     print(
         f"  bound, reduction on the cores : {med(bounds):.0%} of the limit: one rank's serial step + the "
