@@ -110,8 +110,9 @@ def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.n
 def layer_backward(
     layer: Linear, ctx: Context, dy: np.ndarray, need_dx: bool = True, bias: bool = True
 ) -> np.ndarray | None:
-    """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up); return dx.
-    Inside `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
+    """Accumulate dW, db into the layer's gradient buffers (+=, so micro-batches add up) -- or, the
+    first time after a lazy zero_grad, write them there -- and return dx. Inside
+    `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
     if _DEFERRED is not None:  # an empty list too: the first layer of the B pass defers as well
         return backward_input(layer, ctx, dy, need_dx, bias)
     kern = kernels.active()

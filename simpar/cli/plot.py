@@ -10,7 +10,8 @@ import os
 
 from ..config import SimparError
 from ..files import output_problem
-from ..report.plots import _save, comm_scaling, compare_figure, load_metrics
+from ..report.plots import _save, compare_figure, load_metrics
+from ..report.scaling import comm_scaling
 from ..report.timeline import plot_timeline
 from .base import Parser
 

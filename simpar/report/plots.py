@@ -1,6 +1,6 @@
 """The comparison plots: what each layout sent and held, measured, next to what the cost model predicts.
 
-    tour_plots(results, out_dir)     after the tour: comm_by_layout.png, comm_scaling.png,
+    tour_plots(results, out_dir)     after the tour: comm_by_layout.png, comm_scaling.png (scaling.py),
                                      memory_by_layout.png (+ timeline.png if a trace JSON is there)
     python -m simpar plot A.json B.json ... -o compare.png        compare_figure: the same, from metrics files
     python -m simpar plot --timeline trace.json -o timeline.png   (simpar.timeline)
@@ -13,63 +13,13 @@ renamed into place (report.atomic_write), so a half-written PNG never appears.
 from __future__ import annotations
 
 import glob
-import math
 import os
 
 from ..config import SimparError
 from ..files import read_json
+from .draw import CAT_COLOURS, CATS, KIND_COLOURS, KINDS, _bytes_axis, _plt, _save, _traffic_label
 from .metrics import modeled_ops
-
-CATS = ("data", "model", "activation")
-CAT_COLOURS = {"data": "#55A868", "model": "#4C72B0", "activation": "#DD8452"}
-KINDS = ("params", "grads", "optimizer", "activations_peak")
-KIND_COLOURS = {
-    "params": "#4C72B0",
-    "grads": "#8172B2",
-    "optimizer": "#C44E52",
-    "activations_peak": "#DD8452",
-}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str) -> str:
-    from ..files import atomic_write
-
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
-    _plt().close(fig)
-    return path
-
-
-def _bytes_axis(ax, axis: str = "y") -> None:
-    """Ticks at binary steps, labelled 1 KiB / 2 KiB / 4 KiB ... instead of 1e7 or 977 KiB.
-
-    A log axis gets powers of two (LogLocator base 2, few enough to read); a linear one gets multiples
-    of a power of two bytes (256 KiB, 512 KiB, 768 KiB ...), about five of them.
-    """
-    from matplotlib.ticker import FuncFormatter, LogLocator, MultipleLocator
-
-    def fmt(v, _):
-        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if abs(v) < 1024 or unit == "TiB":
-                return f"{v:.0f} {unit}" if unit == "B" else f"{v:.3g} {unit}"
-            v /= 1024
-
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    if (ax.get_yscale() if axis == "y" else ax.get_xscale()) == "log":
-        target.set_major_locator(LogLocator(base=2, numticks=8))
-    else:
-        lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
-        span = max(hi - lo, 1.0)
-        target.set_major_locator(MultipleLocator(2 ** max(0, math.floor(math.log2(span / 5)))))
-    target.set_major_formatter(FuncFormatter(fmt))
+from .scaling import comm_scaling
 
 
 def _prediction(metrics: dict) -> dict | None:
@@ -89,11 +39,6 @@ def _prediction(metrics: dict) -> dict | None:
 
 
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
-
-
-def _traffic_label(name: str, m: dict) -> str:
-    """The layout's name, marked when its bytes were modeled (--collectives mpi), not counted."""
-    return f"{name} (modeled)" if modeled_ops(m) else name
 
 
 def _alltoall_per_step(m: dict) -> float:
@@ -217,126 +162,6 @@ def _bar_figure(results, draw, path: str, title: str) -> str:
 # -- (b) scaling, from the cost model, with the measured points -----------------------------------------
 
 
-def _per_rank(pred: dict) -> float:
-    """Bytes the busiest rank sends per step (all three categories)."""
-    return max(sum(r["sent"][c] for c in CATS) for r in pred["comm"]["ranks"])
-
-
-def _family_curve(config: dict, key: str, values: list[int]):
-    """Predicted per-rank bytes of one layout family as `key` (world | width | batch) varies."""
-    from ..config import RunConfig
-    from ..costmodel import Spec, check, predict
-    from ..costmodel.hardware import LOCAL_DEFAULTS
-
-    xs, ys = [], []
-    for v in values:
-        cfg = RunConfig(**{k: val for k, val in config.items() if k in RunConfig.__dataclass_fields__})
-        spec = Spec.from_config(cfg)
-        d = dict(spec.__dict__)
-        if key == "world":
-            axis = next(a for a in ("tp", "pp", "dp") if d[a] > 1)
-            d[axis] = v
-        elif key == "width":
-            d["widths"] = [spec.widths[0]] + [v] * (len(spec.widths) - 2) + [spec.widths[-1]]
-        else:
-            d["batch"] = v
-        try:
-            pred = predict(check(Spec(**d)), LOCAL_DEFAULTS)
-        except SimparError:
-            continue
-        if _per_rank(pred) > 0:  # one rank sends nothing: no point on a log axis
-            xs.append(v)
-            ys.append(_per_rank(pred))
-    return xs, ys
-
-
-def comm_scaling(path: str, results) -> str:
-    """Per-rank bytes per step vs world size, hidden width and batch: lines = cost model, dots = measured."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    measured = [(n, m) for n, m in results if m["world_size"] > 1]
-    colours = plt.get_cmap("tab10")
-    base = results[0][1]["config"]
-    width0 = base["layers"][1] if len(base["layers"]) > 2 else base["layers"][0]
-    panels = (
-        ("world", "ranks in the layout's parallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
-        (
-            "width",
-            "hidden width (elements)",
-            sorted({width0 * f // 8 for f in (1, 2, 4, 8, 16, 32, 64)} - {0}),
-        ),
-        (
-            "batch",
-            "global batch (samples)",
-            sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)}),
-        ),
-    )
-    # Layouts whose predicted curves coincide in all three panels (ZeRO-1/2 and plain dp; GPipe and 1F1B)
-    # share one line, labelled with all their names: fewer lines, nothing hidden.
-    curves = {}
-    for name, m in measured:
-        cfg = m["config"]
-        key_curves = []
-        for key, _, values in panels:
-            if key == "world" and sum(cfg[a] > 1 for a in ("dp", "tp", "pp")) != 1:
-                key_curves.append(((), ()))  # hybrids have no single "world" axis
-            else:
-                xs, ys = _family_curve(cfg, key, values)
-                key_curves.append((tuple(xs), tuple(float(f"{y:.3g}") for y in ys)))  # equal to 3 digits
-        curves.setdefault(tuple(key_curves), []).append((name, m))
-    groups = list(curves.items())
-    for ax, (p_i, (key, label, values)) in zip(axes, enumerate(panels)):
-        for i, (key_curves, members) in enumerate(groups):
-            colour = colours(i % 10)
-            xs, ys = key_curves[p_i]
-            if xs:
-                xs, ys = _family_curve(members[0][1]["config"], key, values)
-                ax.plot(
-                    xs,
-                    ys,
-                    color=colour,
-                    alpha=0.8,
-                    label=" = ".join(_traffic_label(n, m) for n, m in members),
-                    linestyle=("-", "--", ":", "-.")[i % 4],
-                )
-            for name, m in members:
-                cfg = m["config"]
-                here = {
-                    "world": m["world_size"],
-                    "width": cfg["layers"][1] if len(cfg["layers"]) > 2 else None,
-                    "batch": cfg["batch"],
-                }[key]
-                busiest = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"])
-                per_rank = busiest / max(1, m["steps"])
-                if here is not None and per_rank > 0:
-                    ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(values, [str(v) for v in values])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("bytes sent per step by the busiest rank")
-        _bytes_axis(ax)
-        ax.grid(True, which="major", alpha=0.3)
-    axes[0].set_title("vs world size\n(dp/ZeRO: model bytes approach 2P or 3P; tp: activations)", fontsize=10)
-    axes[1].set_title("vs hidden width\n(model bytes ~ width^2, activations ~ width)", fontsize=10)
-    axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
-    handles, labels = [], []
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    fig.suptitle(
-        "Bytes per step of the busiest rank: lines = predicted by the cost model, "
-        "dots = measured by the ledger at the size that ran (layouts with equal predictions share a line)",
-        fontsize=10,
-    )
-    fig.tight_layout(rect=(0, 0.14, 1, 0.95))
-    return _save(fig, path)
-
-
 # -- the tour and `simpar plot` ------------------------------------------------------------------------
 
 
@@ -353,7 +178,7 @@ def tour_plots(results, out_dir: str) -> list[str]:
             "same model and data; bars = ledger (measured), ticks = cost model"
             + ("; (modeled): MPI's own collectives, bytes booked from the formula" if modeled else ""),
         ),
-        comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),
+        comm_scaling(os.path.join(out_dir, "comm_scaling.png"), results),  # scaling.py
         _bar_figure(
             results,
             memory_by_layout,

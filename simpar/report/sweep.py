@@ -5,7 +5,7 @@ plots.py; this file reuses its axis and colour helpers.
 
 from __future__ import annotations
 
-from .plots import CAT_COLOURS, CATS, KIND_COLOURS, KINDS, _bytes_axis, _plt, _save
+from .draw import CAT_COLOURS, CATS, KIND_COLOURS, KINDS, _bytes_axis, _plt, _save
 
 
 def plot_sweep(key: str, points, out: str, hardware_name: str, memory_limit: float | None = None) -> str:
