@@ -2,6 +2,12 @@
 
 `validate` runs on every rank before any MPI traffic, on the same inputs, so every rank reaches the
 same verdict: a bad configuration ends the whole job with one clear line instead of a hang.
+
+validate is the one entry point. The general rules are here; two cohesive groups have a file of their
+own, called from validate in their turn: config_pipeline.py (--pp, --schedule, --virtual-stages,
+--stage-layers, --recompute; the schedule shapes model_chunks and loss_stage) and config_moe.py
+(--experts, --top-k, --capacity-factor, --aux-loss-coef, --ep). SimparError lives in errors.py, so that
+all three can raise it; import it from here.
 """
 
 from __future__ import annotations
@@ -9,10 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-
-class SimparError(Exception):
-    """A problem the user can fix; reported as one line `simpar: error: ...`, exit status 2."""
-
+from .config_moe import moe_rules
+from .config_pipeline import pipeline_rules
+from .errors import SimparError
+from .errors import require as _require  # validate's many one-line rules
 
 DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")
@@ -113,11 +119,6 @@ class RunConfig:
 
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(np.float16 if self.precision == "mixed-fp16" else self.dtype)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise SimparError(message)
 
 
 def validate(cfg: RunConfig, world_size: int) -> RunConfig:
@@ -245,48 +246,8 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             f"--sp with --pp splits every micro-batch's rows evenly over --tp {cfg.tp}: --batch {cfg.batch} "
             f"must be a multiple of dp*grad-accum*microbatches*tp = {rows}",
         )
-    if cfg.pp > 1:
-        _require(
-            cfg.pp <= cfg.n_layers,
-            f"--pp {cfg.pp} asks for more pipeline stages than the model has layers ({cfg.n_layers})",
-        )
-        need = cfg.microbatches * cfg.dp * cfg.grad_accum
-        _require(
-            cfg.batch >= need,
-            f"--batch {cfg.batch} is too small for {cfg.microbatches} micro-batches on {cfg.dp} "
-            f"data-parallel rank(s) x {cfg.grad_accum} accumulation step(s): "
-            f"every micro-batch needs a row (>= {need})",
-        )
-    _require(
-        cfg.recompute == "none" or cfg.pp > 1,
-        f"--recompute {cfg.recompute} recomputes pipeline stages' activations: use it with --pp > 1",
-    )
-    problem = schedule_problem(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages, cfg.n_layers)
-    _require(problem is None, problem or "")
-    chunks = model_chunks(cfg.schedule, cfg.pp, cfg.virtual_stages)
-    if cfg.stage_layers is not None:
-        _require(
-            len(cfg.stage_layers) == chunks
-            and all(n >= 1 for n in cfg.stage_layers)
-            and sum(cfg.stage_layers) == cfg.n_layers,
-            f"--stage-layers {cfg.stage_layers} must give {chunks} positive counts summing to {cfg.n_layers}",
-        )
-    if cfg.experts or cfg.ep > 1:
-        moe_rules(cfg)
-    else:  # routing options on a dense model would be silently ignored: a forgotten --experts, most likely
-        defaults = RunConfig()
-        changed = [
-            flag
-            for flag, field in (
-                ("--top-k", "top_k"),
-                ("--capacity-factor", "capacity_factor"),
-                ("--aux-loss-coef", "aux_loss_coef"),
-            )
-            if getattr(cfg, field) != getattr(defaults, field)
-        ]
-        _require(
-            not changed, f"{', '.join(changed)}: options of a mixture of experts' router; add --experts E"
-        )
+    pipeline_rules(cfg)
+    moe_rules(cfg, RunConfig())
     if cfg.zero:
         _require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
         _require(
@@ -295,46 +256,6 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "all-reduce layouts only",
         )
     return cfg
-
-
-def moe_rules(cfg: RunConfig) -> None:
-    """--experts/--ep: what the MoE layers and expert parallelism need, and what they do not support."""
-    _require(cfg.experts >= 2 or cfg.ep == 1, f"--ep {cfg.ep} shards experts: add --experts E (E >= 2)")
-    _require(cfg.experts >= 2, f"--experts must be at least 2, got {cfg.experts}")
-    _require(
-        1 <= cfg.top_k <= cfg.experts,
-        f"--top-k must be between 1 and --experts {cfg.experts}, got {cfg.top_k}",
-    )
-    _require(
-        cfg.capacity_factor > 0 and math.isfinite(cfg.capacity_factor),
-        f"--capacity-factor must be a positive number, got {cfg.capacity_factor}",
-    )
-    _require(
-        cfg.aux_loss_coef >= 0 and math.isfinite(cfg.aux_loss_coef),
-        f"--aux-loss-coef must be a number >= 0, got {cfg.aux_loss_coef}",
-    )
-    _require(
-        cfg.n_layers >= 3,
-        f"--experts replaces the hidden-to-hidden layers; --layers {','.join(map(str, cfg.layers))} has none "
-        "(give at least two hidden widths, e.g. 64,128,128,10)",
-    )
-    _require(cfg.ep >= 1 and cfg.dp % cfg.ep == 0, f"--ep {cfg.ep} must divide --dp {cfg.dp} (EP inside DP)")
-    _require(cfg.experts % cfg.ep == 0, f"--experts {cfg.experts} must be divisible by --ep {cfg.ep}")
-    unsupported = [
-        name
-        for name, on in (
-            ("--tp", cfg.tp > 1),
-            ("--pp", cfg.pp > 1),
-            ("--zero", cfg.zero > 0),
-            ("--arch resmlp", cfg.arch != "mlp"),
-            ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
-        )
-        if on
-    ]
-    _require(
-        not unsupported,
-        f"--experts runs serial and --dp/--ep layouts of --arch mlp; not with {', '.join(unsupported)}",
-    )
 
 
 INJECTIONS = {
@@ -364,46 +285,6 @@ def parse_inject(text: str) -> dict:
     _require(set(fields) == set(INJECTIONS[kind]), usage)
     _require(fields["step"] >= 1 and fields["rank"] >= 0, usage)
     return {"kind": kind, **fields}
-
-
-def schedule_problem(schedule: str, S: int, M: int, V: int, n_layers: int | None = None) -> str | None:
-    """What is wrong with this schedule's shape, in one line, or None (the rules of schedules.py;
-    whether its steps can deadlock is schedule_check's job, run before training starts)."""
-    if V < 1:
-        return f"--virtual-stages must be at least 1, got {V}"
-    if V > 1 and schedule != "interleaved":
-        return (
-            f"--virtual-stages {V} needs --schedule interleaved (the other schedules hold one chunk per rank)"
-        )
-    if schedule == "interleaved" and S > 1:
-        if V < 2:
-            return "--schedule interleaved needs --virtual-stages V >= 2 model chunks per rank"
-        if M % S:
-            return (
-                f"--schedule interleaved needs --microbatches divisible by --pp: {M} micro-batches go round "
-                f"{S} stages in groups of {S} (try {M + S - M % S})"
-            )
-        if n_layers is not None and S * V > n_layers:
-            return (
-                f"--pp {S} x --virtual-stages {V} = {S * V} model chunks, but the model has {n_layers} layers"
-            )
-    if schedule == "zb-v" and S > 1 and n_layers is not None and 2 * S > n_layers:
-        return (
-            f"--schedule zb-v cuts the model into 2 x --pp {S} = {2 * S} chunks (two per rank, in a V), "
-            f"but the model has {n_layers} layers"
-        )
-    return None
-
-
-def model_chunks(schedule: str, S: int, V: int = 1) -> int:
-    """How many chunks the pipeline cuts the model into: S*V interleaved, 2S for zb-v, else S."""
-    return S * {"interleaved": V, "zb-v": 2}.get(schedule, 1)
-
-
-def loss_stage(schedule: str, S: int) -> int:
-    """The pipeline stage that holds the last chunk (the loss, so the labels): S-1, or 0 for zb-v,
-    whose V brings the micro-batch back up to rank 0."""
-    return 0 if schedule == "zb-v" else S - 1
 
 
 def layout_name(layout) -> str:

@@ -27,7 +27,8 @@ from importlib import resources
 
 import numpy as np
 
-from .config import RunConfig, SimparError, loss_stage
+from .config import RunConfig, SimparError
+from .config_pipeline import loss_stage
 from .precision import as_wire
 
 

@@ -225,7 +225,8 @@ def show_schedule(a) -> int:
 
     if a.pp < 1 or a.microbatches < 1:
         raise SimparError("--show-schedule needs --pp >= 1 and --microbatches >= 1")
-    from ..config import SCHEDULES, schedule_problem
+    from ..config import SCHEDULES
+    from ..config_pipeline import schedule_problem
     from ..parallel.schedule_check import load_schedule_file
 
     schedule = a.schedule
