@@ -217,14 +217,14 @@ def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.n
 
 
 # -- what each call costs on the simulated clock (simclock.py, --clock sim) ------------------------
-# The cost model (costmodel/rank.py, compute_work) writes the same accounting down in closed form.
+# The cost model (costmodel/work.py, layer_work) writes the same accounting down in closed form.
 #   forward of r rows through an (a x b) layer:  2rab FLOPs; bias add 2rb and activation 2rb elements
 #                                                moved (read + write); one layer call's overhead
 #   backward:  2rab FLOPs for dW, 2rab more for dx (not at layer 0); activation' 3rb (read dy, z;
 #              write dz), db's row sum rb, accumulating dW 3ab and db 3b (read, read, write).
 #              The first backward after a lazy zero_grad writes instead of accumulating: nothing more
 #              when the GEMM writes into the buffer ("into"), 2ab + 2b when it copies ("copy": read, write)
-#              -- the cost model knows which from the layout and the kernels (costmodel/rank.py first_grads)
+#              -- the cost model knows which from the layout and the kernels (costmodel/work.py first_grads)
 #   row-parallel layers move the same, split between the kernel and bias_act_forward/act_backward
 
 

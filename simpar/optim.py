@@ -89,7 +89,7 @@ class Adam:
 def _charge(params: list[np.ndarray], passes: int) -> None:
     """The simulated clock's cost of an update: `passes` sweeps over the parameters (read or write
     of w, g and the state, temporaries included; zeroing the gradients counted here too) --
-    memory-bound work. The cost model counts the same passes (costmodel/rank.py)."""
+    memory-bound work. The cost model counts the same passes (costmodel/work.py)."""
     clock = simclock.active()
     if clock is not None:
         clock.stream(passes * sum(w.nbytes for w in params))

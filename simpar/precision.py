@@ -48,7 +48,7 @@ GROWTH_INTERVAL = 2000  # good steps before the scale doubles (apex / GradScaler
 MIN_SCALE = 2.0**-24  # the scale never underflows to 0 however many steps overflow
 # Bytes per updated parameter the mixed step moves beyond the float32 optimizer's own sweeps: the
 # overflow check reads g (2), unscaling reads g and writes a float32 copy (2 + 4), rounding the
-# master back reads it and writes w (4 + 2). costmodel/rank.py counts the same.
+# master back reads it and writes w (4 + 2). costmodel/work.py counts the same.
 CAST_BYTES = 14
 
 

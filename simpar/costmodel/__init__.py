@@ -8,6 +8,7 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
   collectives.py  what one rank sends in one collective (ring, Rabenseifner, tree, PS, MPI)
   spec.py         the question (Spec, precisions, check) and how simpar cuts it up (stages, shards, buckets)
   rank.py         one rank's step: bytes, messages, memory, FLOPs (predict_rank)
+  work.py         what each layer's compute costs per row and per call (FLOPs, memory-bound elements)
   predict.py      the time model, the whole prediction (predict) and the comparison with a run
                   (predict_from_config, mismatches)
   hardware.py     hardware profiles (local, dgx-h100, ib-cluster, ethernet-100g, FILE.json) and links

@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
-from .rank import Book, _book_root_scatter, layer_work, loss_bytes, optimizer_bytes
+from .rank import Book, _book_root_scatter
 from .spec import Spec
+from .work import layer_work, loss_bytes, optimizer_bytes
 
 OPS = ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad")
 CATEGORY = {
@@ -259,7 +260,7 @@ def step_compute_s(spec: Spec, hw) -> float:
     """Compute of the fullest rank's step, balanced routing without drops: per dense layer its rows,
     per MoE layer the router on its rows and its E/P experts on (B/D) K rows in all (what a rank's
     experts receive from its group); matmul FLOPs at the FLOP rate, the memory-bound rest
-    (rank.layer_work, the loss, the optimizer's sweeps) at the reduction's speed, and the profile's
+    (work.layer_work, the loss, the optimizer's sweeps) at the reduction's speed, and the profile's
     overhead per layer call -- the accounting simclock charges (model.py, moe.py, optim.py)."""
     D, P, E, K, G = spec.dp, spec.ep, spec.experts, spec.top_k, spec.grad_accum
     rows, moe = max(chunk(spec.batch, D, d) for d in range(D)), set(moe_layers(spec))

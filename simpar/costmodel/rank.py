@@ -2,7 +2,8 @@
 holds and the FLOPs it computes (predict_rank).
 
 Part of the cost model: the formulas of each collective are in collectives.py, the Spec and how
-simpar cuts it up in spec.py; predict.py turns these numbers into a step time. The bytes and the
+simpar cuts it up in spec.py, what each layer's compute costs per row in work.py; predict.py turns
+these numbers into a step time. The bytes and the
 params/grads/optimizer memory are derived from the same rules the implementation follows, and the
 tests hold the ledger to them to the byte.
 
@@ -41,8 +42,15 @@ from collections import Counter
 
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .order import alive_window, chunk_stage, loss_stage, peak_alive
-from .resblocks import block_collectives, row_share, sharded, sharded_unit_work, sp_grad_allreduces
+from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
+from .work import (
+    elementwise_bytes,
+    first_grads,  # noqa: F401  (re-exported: tests/test_walltime.py imports it from here)
+    layer_work,
+    optimizer_passes,
+    recompute_elems,
+)
 
 CATS = ("data", "model", "activation")
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations_peak")
@@ -249,17 +257,6 @@ def activations_peak(spec: Spec, s: int, rows: list[list[int]], act_row: dict, h
     )
 
 
-def recompute_elems(spec: Spec, lo: int, hi: int, kinds: list) -> int:
-    """Elements moved per row by recomputation (rank.layer_work's forward terms): full re-runs the
-    forward's bias and activation, selective only y = act(z) (read z, write y: 2 per element)."""
-    if spec.recompute == "none":
-        return 0
-    works = [layer_work(spec, i, k) for i, k in zip(range(lo, hi), kinds)]
-    if spec.recompute == "full":
-        return sum(w["fwd_elems"] for w in works)
-    return sum(w["act_elems"] for w in works)
-
-
 def _book_root_scatter(spec: Spec, book: Book) -> None:
     """--data-source root: rank 0 sends every other rank its rows (data.BatchFeeder): x to each rank of
     the first stage, int64 labels to each rank of the loss stage (the last; zb-v: the first), one
@@ -273,131 +270,3 @@ def _book_root_scatter(spec: Spec, book: Book) -> None:
     y_msgs = (n_stage - (1 if last_is_mine else 0)) * K
     c = Cost(x_bytes + y_bytes, x_msgs + y_msgs, 0, x_msgs + y_msgs, x_bytes + y_bytes)
     book.add("data", "scatter-batch", "world", c, 1)
-
-
-def layer_work(spec: Spec, i: int, kind: str) -> dict:
-    """What layer i of kind `kind` costs one (tp) rank, per row of a micro-batch and per call.
-
-    Its shard is a_l x b_l (a column shard b/t wide, a row shard a/t tall); bias and activation run
-    on b_l elements per row (for a row shard: the whole b, after g). Forward: 2 a_l b_l FLOPs per row;
-    bias add 2 b_l and activation 2 b_l elements moved (read + write). Backward: 2 a_l b_l FLOPs for
-    dW and as many for dx (not at layer 0); activation' 3 b_l (read dy, z; write dz) and db's row sum
-    b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
-    activation. The first backward of a step after a lazy zero_grad writes dW, db instead of adding
-    to them (`first_call_elems`, see first_grads). (The same accounting the simulated clock charges:
-    simpar/model.py.)
-    """
-    if sharded(spec):
-        return sharded_unit_work(spec, i)
-    if spec.arch == "resmlp":
-        return resmlp_unit_work(spec, i)
-    W, t = spec.widths, spec.tp
-    a_l = W[i] // t if kind == "row" else W[i]
-    b_l = W[i + 1] // t if kind == "column" else W[i + 1]
-    act = 0 if i == spec.n_layers - 1 else 1
-    return {
-        "fwd_flops": 2 * a_l * b_l,
-        "bwd_flops": 2 * a_l * b_l * (1 if i == 0 else 2),
-        "fwd_elems": (2 + 2 * act) * b_l,
-        "bwd_elems": (3 * act + 1) * b_l,
-        "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
-        "first_call_elems": {"add": 3 * a_l * b_l + 3 * b_l, "into": 0, "copy": 2 * a_l * b_l + 2 * b_l}[
-            first_grads(spec)
-        ],
-        "w_elems": b_l,  # db's row sum: with bwd_call_elems, the W half of a split backward
-        "act_elems": 2 * act * b_l,  # y = act(z) alone: what selective recomputation redoes
-    }
-
-
-def first_grads(spec: Spec) -> str:
-    """How a layer's first backward of a step puts dW, db into the gradient buffer. Plain-MLP data
-    parallelism (serial included; not ZeRO, tp, pp, experts or resmlp) zeroes lazily
-    (model.ParamStore.zero_grad(lazy=True)): the first backward writes the gradients, straight from
-    the GEMM ("into": nothing more to move) where the kernels can (numpy, numba; auto is one of them),
-    else as a copy ("copy": --kernels cuda, mixed precision's half kernels). Everything else adds
-    ("add": read, read, write)."""
-    if spec.arch != "mlp" or spec.zero or spec.tp > 1 or spec.pp > 1 or spec.experts:
-        return "add"
-    return "copy" if spec.kernels == "cuda" or spec.precision == "mixed" else "into"
-
-
-def resmlp_unit_work(spec: Spec, i: int) -> dict:
-    """layer_work for unit i of --arch resmlp (simpar/resmlp.py), plus `act_row`: elements kept for
-    backward per row. Projections have no activation (a bias only; the input projection keeps x, the
-    output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
-    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
-    LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
-    and s (1). Split for zero-bubble schedules, the W half is the two dW matmuls (as many FLOPs as
-    the forward) and four row sums (db1, db2, dgamma, dbeta: w_elems 4d); the B half the rest. The
-    same accounting simclock is charged with (resmlp.BlockUnit)."""
-    W, n = spec.widths, spec.n_layers
-    if 0 < i < n - 1:
-        d = W[i]
-        return {
-            "fwd_flops": 4 * d * d,
-            "bwd_flops": 8 * d * d,
-            "fwd_elems": 17 * d,
-            "bwd_elems": 17 * d,
-            "bwd_call_elems": 3 * (2 * d * d + 4 * d),
-            "w_elems": 4 * d,
-            "act_elems": 10 * d,  # --recompute selective redoes LayerNorm (8) and act(z1) (2)
-            "act_row": 5 * d + 1,
-        }
-    a, b = W[i], W[i + 1]
-    return {
-        "fwd_flops": 2 * a * b,
-        "bwd_flops": 2 * a * b * (1 if i == 0 else 2),
-        "fwd_elems": 2 * b,
-        "bwd_elems": b,
-        "bwd_call_elems": 3 * a * b + 3 * b,
-        "w_elems": b,  # db's row sum, as an MLP layer's
-        "act_elems": 0,  # selective keeps its output z: nothing to redo
-        "act_row": a,
-    }
-
-
-def optimizer_passes(spec: Spec) -> int:
-    """Sweeps over the updated parameters per step: SGD 6 (10 with momentum), Adam 20 (reads and
-    writes of w, g, state and temporaries; zeroing the gradients included) -- simpar/optim.py."""
-    return {"sgd": 10 if spec.momentum else 6, "adam": 20}[spec.optimizer]
-
-
-LOSS_ELEMS = 6  # softmax cross-entropy sweeps rows x classes about 6 times
-MIXED_CAST_BYTES = 14  # mixed precision, per updated parameter: check 2, unscale 2+4, round back 4+2
-
-
-def elementwise_bytes(spec: Spec, lo: int, hi: int, kinds: list, rows: list[list[int]], updated: int) -> int:
-    """Bytes the memory-bound work of one step moves on a rank whose stage holds layers lo..hi-1:
-    bias, activations and their derivatives (layer_work), the loss on the last stage, and the
-    optimizer's sweeps over the `updated` parameters this rank owns (optimizer_passes)."""
-    per_row = per_call = first_call = 0
-    for i, kind in zip(range(lo, hi), kinds):
-        w = layer_work(spec, i, kind)
-        per_row += w["fwd_elems"] + w["bwd_elems"]
-        per_call += w["bwd_call_elems"]
-        first_call += w.get("first_call_elems", w["bwd_call_elems"])
-    micro_batches = sum(len(step) for step in rows)
-    loss = loss_bytes(spec) * sum(map(sum, rows)) if hi == spec.n_layers else 0
-    return (
-        (per_row * sum(map(sum, rows)) + per_call * (micro_batches - 1) + first_call) * spec.prec.act
-        + loss
-        + (optimizer_bytes(spec, updated))
-    )
-
-
-def loss_bytes(spec: Spec) -> int:
-    """Bytes the loss moves per row of the last stage: LOSS_ELEMS sweeps over the classes, in the
-    activations' type -- float32 under mixed precision (the half logits are upcast first). Under
-    --sp each tp rank computes the loss of its 1/t of the rows (resblocks.row_share)."""
-    return (
-        LOSS_ELEMS * spec.widths[-1] * (4 if spec.precision == "mixed" else spec.prec.act) * row_share(spec)
-    )
-
-
-def optimizer_bytes(spec: Spec, updated: int) -> int:
-    """Bytes the optimizer step moves over the `updated` parameters a rank owns: its sweeps over
-    parameters and state in their type -- float32 masters under mixed precision, plus the overflow
-    check, the unscaled float32 gradient and the rounding back to half (MIXED_CAST_BYTES)."""
-    if spec.precision == "mixed":
-        return (optimizer_passes(spec) * 4 + MIXED_CAST_BYTES) * updated
-    return optimizer_passes(spec) * updated * spec.prec.param

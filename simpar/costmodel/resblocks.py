@@ -1,5 +1,6 @@
-"""The residual MLP under tensor and sequence parallelism, in closed form: parallel/restensor.py's
-rules written down again (this file imports none of it).
+"""The residual MLP's units in closed form: what each costs one rank (resmlp_unit_work; simpar/resmlp.py),
+and under tensor and sequence parallelism parallel/restensor.py's rules written down again (this
+file imports none of it).
 
 t = --tp ranks, k = this rank's tp index, d = the residual width, dl = d/t, r = the rows of one
 micro-batch on this data-parallel rank, share = the part of them the LayerNorm/residual region and
@@ -58,15 +59,50 @@ def local_unit_sizes(spec) -> list[int]:
     ]
 
 
+def resmlp_unit_work(spec, i: int) -> dict:
+    """layer_work for unit i of --arch resmlp (simpar/resmlp.py), plus `act_row`: elements kept for
+    backward per row. Projections have no activation (a bias only; the input projection keeps x, the
+    output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
+    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
+    LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
+    and s (1). Split for zero-bubble schedules, the W half is the two dW matmuls (as many FLOPs as
+    the forward) and four row sums (db1, db2, dgamma, dbeta: w_elems 4d); the B half the rest. The
+    same accounting simclock is charged with (resmlp.BlockUnit)."""
+    W, n = spec.widths, spec.n_layers
+    if 0 < i < n - 1:
+        d = W[i]
+        return {
+            "fwd_flops": 4 * d * d,
+            "bwd_flops": 8 * d * d,
+            "fwd_elems": 17 * d,
+            "bwd_elems": 17 * d,
+            "bwd_call_elems": 3 * (2 * d * d + 4 * d),
+            "w_elems": 4 * d,
+            "act_elems": 10 * d,  # --recompute selective redoes LayerNorm (8) and act(z1) (2)
+            "act_row": 5 * d + 1,
+        }
+    a, b = W[i], W[i + 1]
+    return {
+        "fwd_flops": 2 * a * b,
+        "bwd_flops": 2 * a * b * (1 if i == 0 else 2),
+        "fwd_elems": 2 * b,
+        "bwd_elems": b,
+        "bwd_call_elems": 3 * a * b + 3 * b,
+        "w_elems": b,  # db's row sum, as an MLP layer's
+        "act_elems": 0,  # selective keeps its output z: nothing to redo
+        "act_row": a,
+    }
+
+
 def sharded_unit_work(spec, i: int) -> dict:
-    """rank.layer_work for unit i on one tp rank, per row of a micro-batch (Fractions under --sp).
+    """work.layer_work for unit i on one tp rank, per row of a micro-batch (Fractions under --sp).
 
     A block: two r x d x dl matmuls forward, four backward; forward LayerNorm 8, b2 2, the residual 3
     elements per feature on the shared rows, b1 and act 4 per column of this rank; backward LN' 10
     and the residual 2 on the shared rows, b2's row sum 1 on all rows (it sums the gathered dL/dy),
     act' 3 and b1's row sum 1 per column. Split for a zero-bubble pipeline, the W half is the two dW
     matmuls and the row sums of b2 (d) and b1 (dl); B keeps LayerNorm's. --recompute selective redoes
-    LayerNorm (8 per feature) and act(z1) (2 per column). A projection: as rank.resmlp_unit_work, on
+    LayerNorm (8 per feature) and act(z1) (2 per column). A projection: as resmlp_unit_work, on
     share*r rows. (The same accounting parallel/restensor.py charges the simulated clock with.)"""
     W, s = spec.widths, row_share(spec)
     if is_block(spec, i):

@@ -92,7 +92,7 @@ class Spec:
     top_k: int = 2
     capacity_factor: float = 1.25
     ep: int = 1
-    kernels: str = "auto"  # --kernels: which backward writes the gradients how (rank.first_grads)
+    kernels: str = "auto"  # --kernels: which backward writes the gradients how (work.first_grads)
 
     @property
     def world(self) -> int:

@@ -3,7 +3,7 @@
 Costs are the alpha-beta-gamma model (Thakur, Rabenseifner & Gropp 2005) on a hardware profile:
 a collective costs rounds x alpha + bytes on its critical path x beta + bytes reduced x gamma on
 its group's link; compute is matmul FLOPs / FLOP rate plus memory-bound bytes x gamma / 3 plus a
-per-layer call overhead (rank.layer_work says which bytes). Ranks that share cores compute slower,
+per-layer call overhead (work.layer_work says which bytes). Ranks that share cores compute slower,
 and memory-bound work slows when every core streams at once (Hardware.stream_share).
 
 How they add up -- the rules simpar's execution follows, written down as max-plus recurrences
@@ -42,9 +42,9 @@ from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the recurrence's order)
-from .rank import layer_work, loss_bytes, optimizer_bytes
 from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers, micro_rows
+from .work import layer_work, loss_bytes, optimizer_bytes
 
 # What fills one stage's timeline, from 0 to the end of its step (they add up to it, nothing overlaps):
 # compute (its layers, recompute, the optimizer), the blocking tensor-parallel collectives, waiting for
@@ -161,7 +161,7 @@ class RankCosts:
     def backward_layers(self, r: int, first: bool = False) -> list[tuple[float, float]]:
         """(compute, f all-reduce after it) of each layer in backward order, last layer first;
         `first`: the step's first backward, which may write the gradients instead of adding
-        (rank.first_grads)."""
+        (work.first_grads)."""
         return self._cached(("layers", first), r, lambda r: self._backward_layers(r, first))
 
     def _backward_layers(self, r: int, first: bool) -> list[tuple[float, float]]:
