@@ -6,7 +6,8 @@ layers a pipeline stage gets, how long a stage keeps activations alive -- is wri
 as a formula. So when the execution code changes its behaviour, `mismatches` reports it.
 
   collectives.py  what one rank sends in one collective (ring, Rabenseifner, tree, PS, MPI)
-  spec.py         the question (Spec, precisions, check) and how simpar cuts it up (stages, shards, buckets)
+  spec.py         the question (Spec, precisions, check) and how simpar cuts it up (shards, buckets, rows)
+  stages.py       which layers each pipeline stage gets (the balanced split, by bisection)
   rank.py         one rank's step: bytes, messages, memory, FLOPs (predict_rank)
   work.py         what each layer's compute costs per row and per call (FLOPs, memory-bound elements)
   predict.py      the time model, the whole prediction (predict) and the comparison with a run
@@ -39,7 +40,6 @@ from .spec import (  # noqa: F401
     Precision,
     Shape,
     Spec,
-    balanced_counts,
     check,
     coords_of,
     dp_buckets,
@@ -47,6 +47,6 @@ from .spec import (  # noqa: F401
     local_layer_size,
     micro_rows,
     split,
-    stage_bounds,
     tp_kinds,
 )
+from .stages import balanced_counts, stage_bounds  # noqa: F401

@@ -19,7 +19,8 @@ from ..config import layout_name
 from . import hardware
 from .order import loss_stage, zb_v_orders
 from .rank import CATS, MEMORY_KINDS, predict_rank
-from .spec import Shape, Spec, check, coords_of, micro_rows, unit_sizes
+from .spec import Shape, Spec, check, coords_of, micro_rows
+from .stages import unit_sizes
 from .steptime import RankCosts, op_time, step_time
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------

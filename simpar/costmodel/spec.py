@@ -2,8 +2,9 @@
 
 A Spec is a model (its widths), a global batch and a layout: a RunConfig without the I/O; `check`
 holds it to the rules `simpar train` enforces. The rest writes down, as closed forms of its
-own, the rules by which simpar divides the work -- pipeline stages, tensor-parallel column/row kinds
-and shard sizes, gradient buckets, micro-batch rows, a rank's (pp, dp, tp) coordinates -- so that the
+own, the rules by which simpar divides the work -- tensor-parallel column/row kinds and shard sizes,
+gradient buckets, micro-batch rows, a rank's (pp, dp, tp) coordinates; the pipeline stages in
+stages.py -- so that the
 per-rank formulas (rank.py) can be held to what runs. It imports none of the code that moves bytes or
 schedules work: if that code changes its rules, the prediction and the ledger disagree and
 `prediction_mismatches` says so (tests/test_costmodel.py mutates the execution code to prove it).
@@ -20,8 +21,12 @@ from dataclasses import dataclass
 
 from ..config import SimparError
 from .collectives import chunk
-from .order import n_chunks, stage_chunks
+from .order import stage_chunks
 from .resblocks import local_unit_sizes, unit_kinds
+from .stages import (
+    stage_bounds,
+    unit_sizes,  # noqa: F401  (re-exported: tests/test_resmlp.py reads cm.spec.unit_sizes)
+)
 
 # -- precisions ---------------------------------------------------------------------------------------
 
@@ -199,62 +204,6 @@ def micro_rows(spec: Spec, dp_index: int) -> list[list[int]]:
     ]
 
 
-def stage_bounds(spec: Spec) -> list[tuple[int, int]]:
-    """[(first layer, one past last)] per pipeline stage -- per model chunk for the interleaved
-    schedule, whose S*V chunks are cut by the same rule (chunk c then runs on stage c mod S).
-
-    The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
-    stage holds the fewest parameters; among equally good splits, later stages take as many layers as
-    they can. Found here by bisection on that largest stage (`_min_bottleneck`), then filled from the
-    back; `--stage-layers` overrides it. For resmlp the "layers" are its units, each weighed by
-    its parameters (unit_sizes: a block's 2d^2 + 4d).
-    """
-    counts = spec.stage_layers or balanced_counts(
-        unit_sizes(spec), n_chunks(spec.schedule, spec.pp, spec.virtual_stages)
-    )
-    bounds, lo = [], 0
-    for c in counts:
-        bounds.append((lo, lo + c))
-        lo += c
-    return bounds
-
-
-def _parts_needed(costs: list[int], cap: int) -> int:
-    """Fewest contiguous parts of `costs` with every part's sum <= cap (greedy: fill each part fully)."""
-    parts, current = 1, 0
-    for c in costs:
-        if current + c > cap:
-            parts, current = parts + 1, 0
-        current += c
-    return parts
-
-
-def _min_bottleneck(costs: list[int], S: int) -> int:
-    """The smallest cap such that `costs` splits into at most S contiguous parts of sum <= cap."""
-    lo, hi = max(costs), sum(costs)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _parts_needed(costs, mid) <= S else (mid + 1, hi)
-    return lo
-
-
-def balanced_counts(costs: list[int], S: int) -> list[int]:
-    """Layers per stage: S non-empty contiguous parts, the largest part as small as possible, the
-    last parts as long as possible. From the back, each stage takes the most layers that keep its sum
-    within the cap and leave one layer for each stage before it. (Taking the most is also what keeps
-    the rest splittable: greedy maximal parts from the back need the fewest parts.)"""
-    cap = _min_bottleneck(costs, S)
-    counts, end = [], len(costs)
-    for k in range(S, 0, -1):  # k stages left, this one ends at `end`
-        start, total = end, 0
-        while start - 1 >= k - 1 and total + costs[start - 1] <= cap:
-            start -= 1
-            total += costs[start]
-        counts.append(end - start)
-        end = start
-    return counts[::-1]
-
-
 def tp_kinds(n_stage_layers: int, tp: int) -> list[str]:
     """Megatron pairs inside a stage: column, row, column, row, ...; an odd last layer replicated."""
     if tp == 1:
@@ -263,17 +212,6 @@ def tp_kinds(n_stage_layers: int, tp: int) -> list[str]:
     if n_stage_layers % 2:
         kinds[-1] = "replicated"
     return kinds
-
-
-def unit_sizes(spec: Spec) -> list[int]:
-    """Parameters per unit. MLP: each layer's fi*fo + fo. resmlp (simpar/resmlp.py): the input and
-    output projections like layers, each residual block of width d 2d^2 + 4d (LayerNorm's gamma and
-    beta, W1 and b1, W2 and b2)."""
-    W = spec.widths
-    sizes = [a * b + b for a, b in zip(W[:-1], W[1:])]
-    if spec.arch == "resmlp":
-        sizes[1:-1] = [2 * d * d + 4 * d for d in W[1:-2]]
-    return sizes
 
 
 def local_layer_size(fan_in: int, fan_out: int, kind: str, tp: int) -> int:
