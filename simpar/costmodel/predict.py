@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from ..config import layout_name
 from . import hardware
+from .chunktime import RankCosts, op_time
 from .order import loss_stage, zb_v_orders
 from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check, coords_of, micro_rows
 from .stages import unit_sizes
-from .steptime import RankCosts, op_time, step_time
+from .steptime import step_time
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
 
