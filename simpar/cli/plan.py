@@ -204,7 +204,7 @@ def plan_main(argv: list[str]) -> int:
 def plan_moe(spec: cm.Spec, hw, a) -> int:
     """--experts: the MoE what-if (costmodel/moe.py) for balanced routing times --imbalance."""
     from ..costmodel.moe import predict_moe
-    from ..report.plan import format_moe_plan
+    from ..report.plan_moe import format_moe_plan
 
     if a.compare or a.sweep:
         raise SimparError("--compare and --sweep do not cover --experts yet; plan one layout at a time")
