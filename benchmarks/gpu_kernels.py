@@ -24,6 +24,9 @@ milliseconds and, with the peer, cuBLAS's GFLOP/s and the ratio simpar/cuBLAS (1
 last line is one JSON object with every number. It is sized to finish well under 90 s on a data-centre
 GPU, the first-call compiles included (an estimate: it has not run on a GPU yet). Without a GPU (and
 without --sim) it prints one line on stderr and exits with status 2.
+
+(Over 300 lines: one script, run once on a GPU machine, whose three parts -- correctness, speed,
+the cuBLAS peer -- print one report; the speed runs and the peer time the same device arrays.)
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ exactly -- no averaging step that could be forgotten or done twice.
 
 Weights come from (seed, layer index) on the FULL shape, so a tensor-parallel shard is a slice of
 exactly the numbers the serial model starts from.
+
+(Over 300 lines: the layer's forward, its backward, the backward's two zero-bubble halves and what
+each costs on the simulated clock sit together, so that the accounting changes with the code it
+counts.)
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@
 Run it:
     python -m simpar train --dtype float64 --steps 20
     mpiexec -n 4 python -m mpi4py -m simpar train --dp 4 --metrics-out m.json
+
+(Over 300 lines: the loop is read top to bottom as one story, from validate to the metrics; what
+is set up around it is already in runsetup.py, checkpoints in resume.py, the report in report/.)
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ and MLP blocks.
 
 --hardware local is this machine as `python -m simpar bench --calibrate` measured it; without that
 measurement it is a set of documented defaults, and every text output says so (times are then rough).
+
+(A little over 300 lines: one subcommand, its parser and a short driver per mode -- one layout,
+--compare, --sweep, --experts, --show-schedule -- that share the parsed Spec; the longer tables are
+in report/plan.py and report/plan_moe.py.)
 """
 
 from __future__ import annotations
