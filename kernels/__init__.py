@@ -10,6 +10,14 @@ A backend is an object with
 
 `b` may be None (no bias). `act` is one of "relu", "tanh", "gelu", "none".
 
+And what those calls move through memory besides their GEMMs, as counted from the backend's source
+(elements read or written: the simulated clock charges these, simpar/model.py and optim.py; the cost
+model writes the same table again, simpar/costmodel/passes.py):
+
+    forward_passes(bias, act)        per element of z: bias add and activation after the GEMM
+    backward_passes(act)             per element of dy: act' and the bias gradient's row sum
+    optimizer_passes(name, momentum) per updated parameter: "sgd" or "adam"
+
 Backends: "numpy" (the readable reference in reference.py; NumPy calls OpenBLAS), "numba" (kernels/cpu.py),
 "cuda" (kernels/cuda.py). `use(name)` picks one for the whole process; `active()` returns it.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .reference import ACTIVATIONS, adam_update, linear_backward, linear_forward, sgd_update
+from .reference import optimizer_passes as reference_optimizer_passes
 
 
 class NumpyKernels:
@@ -50,6 +59,21 @@ class NumpyKernels:
 
     sgd_update = staticmethod(sgd_update)
     adam_update = staticmethod(adam_update)
+
+    # What reference.py's lines move, one temporary at a time (a ufunc reads its operands and writes
+    # its result: `z += b` reads z, writes z = 2; `w -= t` reads w, t, writes w = 3).
+    @staticmethod
+    def forward_passes(bias: bool, act: bool) -> int:
+        """z += b (2), then y = act(z) (2: relu and tanh; gelu's temporaries are not counted)."""
+        return 2 * bias + 2 * act
+
+    @staticmethod
+    def backward_passes(act: bool) -> int:
+        """dz = act'(dy, z) reads dy and z (or y), writes dz (3); identity returns dy itself (0);
+        then db = dz.sum(0) reads dz (1)."""
+        return 3 * act + 1
+
+    optimizer_passes = staticmethod(reference_optimizer_passes)
 
 
 _BACKENDS = {"numpy": NumpyKernels}

@@ -488,3 +488,21 @@ class NumbaKernels:
     reduce_add = staticmethod(reduce_add)
     sgd_update = staticmethod(sgd_update)
     adam_update = staticmethod(adam_update)
+
+    # What these kernels move besides the GEMMs (kernels/__init__.py: the clock charges it).
+    @staticmethod
+    def forward_passes(bias: bool, act: bool) -> int:
+        """_bias_act's one sweep: reads z (1), writes z += b (1) and y (1) while the row is in L1."""
+        return (1 if bias or act else 0) + bias + act
+
+    @staticmethod
+    def backward_passes(act: bool) -> int:
+        """_act_backward's one sweep: reads dy (and z or y: 1), writes dz; db adds up in the same
+        sweep (a row of b numbers, in cache). Even the identity copies dy into dz: 2."""
+        return 2 + act
+
+    @staticmethod
+    def optimizer_passes(name: str, momentum: bool) -> int:
+        """The fused loops: _sgd reads w, g, writes w (3); _sgd_momentum also reads and writes v (5);
+        _adam reads w, g, m, v and writes m, v, w (7)."""
+        return {"sgd": 5 if momentum else 3, "adam": 7}[name]

@@ -225,3 +225,19 @@ class CudaKernels:
     # parameters to live on the GPU between calls, which this host-in/host-out backend does not do).
     sgd_update = staticmethod(reference.sgd_update)
     adam_update = staticmethod(reference.adam_update)
+
+    # What the device kernels move besides the GEMM's own reads and its write of z (kernels/__init__.py).
+    # The host <-> device copies of this host-in/host-out backend are NOT counted: a GPU profile
+    # models device-resident tensors, as a real framework keeps them.
+    @staticmethod
+    def forward_passes(bias: bool, act: bool) -> int:
+        """`linear`'s fused epilogue adds the bias in registers; only y = act(z) is one more write."""
+        return int(act)
+
+    @staticmethod
+    def backward_passes(act: bool) -> int:
+        """act_backward reads dy (and z or y: 1), writes dz (2 + act); column_sum reads dz again (1)."""
+        return 3 + act
+
+    # The optimizer is NumPy's reference on the host: the same passes as NumpyKernels.
+    optimizer_passes = staticmethod(reference.optimizer_passes)

@@ -107,3 +107,13 @@ def adam_update(w, g, m, v, lr, beta1, beta2, eps, m_scale, v_scale):
     v *= t(beta2)
     v += t(1 - beta2) * (g * g)
     w -= t(lr) * (m * t(m_scale)) / (np.sqrt(v * t(v_scale)) + t(eps))
+
+
+def optimizer_passes(name: str, momentum: bool) -> int:
+    """Elements the two updates above read or write per parameter, one ufunc at a time (each reads
+    its operands and writes its result; the simulated clock charges this, kernels/__init__.py):
+    sgd_update: v *= mu (2), v += g (3), t = lr*v (2), w -= t (3) -- without momentum only the last
+    two. adam_update: m *= b1 (2), t = c*g (2), m += t (3), v *= b2 (2), t = g*g (2), t = c*t (2),
+    v += t (3), then w -= lr*(m*ms) / (sqrt(v*vs) + eps): five one-operand temporaries (2 each),
+    the division (3) and the update (3) = 16; 32 in all."""
+    return {"sgd": 10 if momentum else 5, "adam": 32}[name]

@@ -222,10 +222,12 @@ def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.n
 
 # -- what each call costs on the simulated clock (simclock.py, --clock sim) ------------------------
 # The cost model (costmodel/work.py, layer_work) writes the same accounting down in closed form.
-#   forward of r rows through an (a x b) layer:  2rab FLOPs; bias add 2rb and activation 2rb elements
-#                                                moved (read + write); one layer call's overhead
-#   backward:  2rab FLOPs for dW, 2rab more for dx (not at layer 0); activation' 3rb (read dy, z;
-#              write dz), db's row sum rb, accumulating dW 3ab and db 3b (read, read, write).
+#   forward of r rows through an (a x b) layer:  2rab FLOPs; bias add and activation: the backend's
+#                                                forward_passes x rb elements moved (NumPy 2 + 2,
+#                                                Numba's one sweep 1 + 1 + 1); one layer call's overhead
+#   backward:  2rab FLOPs for dW, 2rab more for dx (not at layer 0); activation' and db's row sum:
+#              backward_passes x rb (NumPy 3 + 1, Numba 2 + 1); accumulating dW 3ab and db 3b (read,
+#              read, write). The zero-bubble halves below are NumPy's own lines: NumPy's counts.
 #              The first backward after a lazy zero_grad writes instead of accumulating: nothing more
 #              when the GEMM writes into the buffer ("into"), 2ab + 2b when it copies ("copy": read, write)
 #              -- the cost model knows which from the layout and the kernels (costmodel/work.py first_grads)
@@ -234,7 +236,7 @@ def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.n
 
 def charge_forward(clock, r: int, a: int, b: int, bias: bool, act: str, bpe: int) -> None:
     clock.matmul(r, a, b)
-    clock.stream(((2 if bias else 0) + (2 if act != "none" else 0)) * r * b * bpe)
+    clock.stream(kernels.active().forward_passes(bias, act != "none") * r * b * bpe)
     clock.layer_call()
 
 
@@ -249,7 +251,7 @@ def charge_backward(
         "into": 0,
         "copy": 2 * a * b + (2 * b if bias else b),
     }[grads]
-    clock.stream(((3 * r * b if act != "none" else 0) + r * b + into_buffer) * bpe)
+    clock.stream((kernels.active().backward_passes(act != "none") * r * b + into_buffer) * bpe)
 
 
 @dataclass

@@ -7,8 +7,8 @@ beside the shard it updates -- which is precisely what ZeRO-1 exploits to cut me
 
 The update itself is the kernel backend's (kernels/reference.py has the math): NumPy's makes a
 temporary per operation, the Numba backend's is one fused sweep with the same bits. The simulated
-clock charges the reference's sweeps either way (_charge): it models the algorithm on the target
-machine, not which kernel this CPU happened to run.
+clock charges the sweeps the backend that ran really makes (_charge: its `optimizer_passes`, counted
+from its source), so a run on the Numba kernels is not charged NumPy's temporaries.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SGD:
                 if v is None:
                     v = self.velocity[i] = np.zeros_like(w)
             update(w, g, v, self.lr, self.momentum)
-        _charge(params, 10 if self.momentum else 6)
+        _charge(params, "sgd", bool(self.momentum))
 
     def state_nbytes(self) -> int:
         return sum(v.nbytes for v in self.velocity.values())
@@ -70,7 +70,7 @@ class Adam:
             if i not in self.m:
                 self.m[i], self.v[i] = np.zeros_like(w), np.zeros_like(w)
             update(w, g, self.m[i], self.v[i], self.lr, self.beta1, self.beta2, self.eps, m_scale, v_scale)
-        _charge(params, 20)
+        _charge(params, "adam", False)
 
     def state_nbytes(self) -> int:
         return sum(a.nbytes for a in self.m.values()) + sum(a.nbytes for a in self.v.values())
@@ -86,12 +86,13 @@ class Adam:
         self.t = int(scalars.get("t", 0))
 
 
-def _charge(params: list[np.ndarray], passes: int) -> None:
-    """The simulated clock's cost of an update: `passes` sweeps over the parameters (read or write
-    of w, g and the state, temporaries included; zeroing the gradients counted here too) --
-    memory-bound work. The cost model counts the same passes (costmodel/work.py)."""
+def _charge(params: list[np.ndarray], name: str, momentum: bool) -> None:
+    """The simulated clock's cost of an update: the active backend's sweeps over the parameters
+    (reads and writes of w, g, the state and NumPy's temporaries; kernels/__init__.py) -- memory-bound
+    work. The cost model writes the same table again (costmodel/passes.py)."""
     clock = simclock.active()
     if clock is not None:
+        passes = kernels.active().optimizer_passes(name, momentum)
         clock.stream(passes * sum(w.nbytes for w in params))
 
 

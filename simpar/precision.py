@@ -85,6 +85,16 @@ class HalfKernels:
     def adam_update(self, *args):
         self.inner.adam_update(*args)
 
+    # The passes of the float32 work are the inner backend's (the casts are charged on their own).
+    def forward_passes(self, bias: bool, act: bool) -> int:
+        return self.inner.forward_passes(bias, act)
+
+    def backward_passes(self, act: bool) -> int:
+        return self.inner.backward_passes(act)
+
+    def optimizer_passes(self, name: str, momentum: bool) -> int:
+        return self.inner.optimizer_passes(name, momentum)
+
 
 def scaled_loss_grad(logits, labels, global_batch: int, scale: float):
     """Softmax cross-entropy of half logits, computed in float32 (exp and log of half numbers lose

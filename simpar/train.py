@@ -256,6 +256,9 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     from .costmodel import mismatches, predict_from_config
 
     hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
+    # The backend that ran (auto resolved; "numba+float16" under mixed precision is numba's float32
+    # work): its memory passes are what the clock charged (costmodel/passes.py).
+    cfg = dataclasses.replace(cfg, kernels=kernels_name.split("+")[0])
     metrics["predicted"] = predict_from_config(
         cfg, world.size, steps=steps - first, hw=hw, routing=metrics.get("moe")
     )

@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-source", default="local", help="local | root")
     g.add_argument("--precision", default="fp32", help="fp32 | fp64 | mixed (2-byte params/grads, K=12 Adam)")
     g.add_argument("--optimizer", default="sgd", help="sgd | adam")
+    g.add_argument(
+        "--kernels",
+        default="numpy",
+        choices=("numpy", "numba", "cuda"),
+        help="whose memory passes to charge (bias, activation, optimizer): numpy, the reference (default), "
+        "numba's fused sweeps, or cuda's epilogues",
+    )
     g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks)")
     g.add_argument(
         "--sp",
@@ -167,6 +174,7 @@ def spec_from_args(a) -> cm.Spec:
         precision=precision,
         optimizer=a.optimizer,
         momentum=a.momentum,
+        kernels=a.kernels,
         arch=a.arch,
         sp=a.sp,
         experts=a.experts,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from . import passes
 from .collectives import ALLREDUCE, Cost, ring_allgather, ring_reduce_scatter
 
 
@@ -63,7 +64,8 @@ def resmlp_unit_work(spec, i: int) -> dict:
     """layer_work for unit i of --arch resmlp (simpar/resmlp.py), plus `act_row`: elements kept for
     backward per row. Projections have no activation (a bias only; the input projection keeps x, the
     output one too). A block of width d: two d x d matmuls forward (4d^2 FLOPs), four backward;
-    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d); act' 3,
+    LayerNorm ~8 passes, bias + activation 4, bias 2, the residual add 3 forward (17d; NumPy's counts
+    for every backend, as resmlp.BlockUnit charges them); act' 3,
     LayerNorm' ~10, two bias sums 2, the residual 2 backward (17d); it keeps x, xh, h, z1, u (5d)
     and s (1). Split for zero-bubble schedules, the W half is the two dW matmuls (as many FLOPs as
     the forward) and four row sums (db1, db2, dgamma, dbeta: w_elems 4d); the B half the rest. The
@@ -85,13 +87,22 @@ def resmlp_unit_work(spec, i: int) -> dict:
     return {
         "fwd_flops": 2 * a * b,
         "bwd_flops": 2 * a * b * (1 if i == 0 else 2),
-        "fwd_elems": 2 * b,
-        "bwd_elems": b,
+        "fwd_elems": projection_passes(spec)[0] * b,
+        "bwd_elems": projection_passes(spec)[1] * b,
         "bwd_call_elems": 3 * a * b + 3 * b,
         "w_elems": b,  # db's row sum, as an MLP layer's
         "act_elems": 0,  # selective keeps its output z: nothing to redo
         "act_row": a,
     }
+
+
+def projection_passes(spec) -> tuple[int, int]:
+    """A projection's kernel calls (model.layer_forward, layer_backward: a bias, no activation):
+    elements moved per output element forward and backward, as the run's kernels make them (numpy
+    2 and 1). The blocks' own passes above are the reference's for every backend."""
+    return passes.forward_passes(passes.backend(spec), True, False), passes.backward_passes(
+        passes.backward_backend(spec), False
+    )
 
 
 def sharded_unit_work(spec, i: int) -> dict:
@@ -122,8 +133,8 @@ def sharded_unit_work(spec, i: int) -> dict:
     return {
         "fwd_flops": 2 * a * b * s,
         "bwd_flops": 2 * a * b * (1 if i == 0 else 2) * s,
-        "fwd_elems": 2 * b * s,
-        "bwd_elems": b * s,
+        "fwd_elems": projection_passes(spec)[0] * b * s,
+        "bwd_elems": projection_passes(spec)[1] * b * s,
         "bwd_call_elems": 3 * a * b + 3 * b,
         "w_elems": b * s,  # db's row sum, as an MLP layer's
         "act_elems": 0,  # selective keeps its output z: nothing to redo

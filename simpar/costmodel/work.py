@@ -10,6 +10,7 @@ parallel/restensor.py (units), optim.py (the optimizer's passes), precision.py (
 
 from __future__ import annotations
 
+from . import passes
 from .resblocks import resmlp_unit_work, row_share, sharded, sharded_unit_work
 from .spec import Spec
 
@@ -19,12 +20,14 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
 
     Its shard is a_l x b_l (a column shard b/t wide, a row shard a/t tall); bias and activation run
     on b_l elements per row (for a row shard: the whole b, after g). Forward: 2 a_l b_l FLOPs per row;
-    bias add 2 b_l and activation 2 b_l elements moved (read + write). Backward: 2 a_l b_l FLOPs for
-    dW and as many for dx (not at layer 0); activation' 3 b_l (read dy, z; write dz) and db's row sum
-    b_l per row; accumulating dW (3 a_l b_l) and db (3 b_l) per call. The raw-logits layer has no
-    activation. The first backward of a step after a lazy zero_grad writes dW, db instead of adding
-    to them (`first_call_elems`, see first_grads). (The same accounting the simulated clock charges:
-    simpar/model.py.)
+    the bias add and activation move the backend's forward passes x b_l elements (passes.py: numpy
+    2 + 2, numba's fused sweep 3). Backward: 2 a_l b_l FLOPs for dW and as many for dx (not at layer
+    0); activation' and db's row sum its backward passes x b_l per row (numpy 3 + 1, numba 3);
+    accumulating dW (3 a_l b_l) and db (3 b_l) per call. A row shard's kernel call has neither bias
+    nor activation: NumPy adds them after g (model.bias_act_forward, act_backward). The raw-logits
+    layer has no activation. The first backward of a step after a lazy zero_grad writes dW, db
+    instead of adding to them (`first_call_elems`, see first_grads). (The same accounting the
+    simulated clock charges: simpar/model.py.)
     """
     if sharded(spec):
         return sharded_unit_work(spec, i)
@@ -34,11 +37,17 @@ def layer_work(spec: Spec, i: int, kind: str) -> dict:
     a_l = W[i] // t if kind == "row" else W[i]
     b_l = W[i + 1] // t if kind == "column" else W[i + 1]
     act = 0 if i == spec.n_layers - 1 else 1
+    fk, bk = passes.backend(spec), passes.backward_backend(spec)
+    if kind == "row":  # the kernel: a bare GEMM; then NumPy: z += b, act (2 + 2), act' (3)
+        fwd = 2 + 2 * act + passes.forward_passes(fk, False, False)
+        bwd = 3 * act + passes.backward_passes(bk, False)
+    else:
+        fwd, bwd = passes.forward_passes(fk, True, act), passes.backward_passes(bk, act)
     return {
         "fwd_flops": 2 * a_l * b_l,
         "bwd_flops": 2 * a_l * b_l * (1 if i == 0 else 2),
-        "fwd_elems": (2 + 2 * act) * b_l,
-        "bwd_elems": (3 * act + 1) * b_l,
+        "fwd_elems": fwd * b_l,
+        "bwd_elems": bwd * b_l,
         "bwd_call_elems": 3 * a_l * b_l + 3 * b_l,
         "first_call_elems": {"add": 3 * a_l * b_l + 3 * b_l, "into": 0, "copy": 2 * a_l * b_l + 2 * b_l}[
             first_grads(spec)
@@ -72,9 +81,9 @@ def recompute_elems(spec: Spec, lo: int, hi: int, kinds: list) -> int:
 
 
 def optimizer_passes(spec: Spec) -> int:
-    """Sweeps over the updated parameters per step: SGD 6 (10 with momentum), Adam 20 (reads and
-    writes of w, g, state and temporaries; zeroing the gradients included) -- simpar/optim.py."""
-    return {"sgd": 10 if spec.momentum else 6, "adam": 20}[spec.optimizer]
+    """Sweeps over the updated parameters per step, as the run's kernels make them (passes.py):
+    numpy SGD 5 (10 with momentum), Adam 32; numba's fused loops 3 (5), 7 -- simpar/optim.py."""
+    return passes.optimizer_passes(passes.backend(spec), spec.optimizer, bool(spec.momentum))
 
 
 LOSS_ELEMS = 6  # softmax cross-entropy sweeps rows x classes about 6 times

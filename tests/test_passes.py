@@ -1,0 +1,99 @@
+"""Memory passes per kernel backend: the simulated clock charges what the backend that ran moves
+(kernels/: forward_passes, backward_passes, optimizer_passes), the cost model writes the same table
+again without importing kernels/ (costmodel/passes.py); the two must agree, and a run on the Numba
+kernels is predicted exactly as it is simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+import kernels
+from simpar import costmodel as cm
+from simpar import optim, simclock
+from simpar.config import RunConfig
+from simpar.costmodel import hardware, passes, work
+from simpar.launch import launch
+from simpar.precision import HalfKernels
+
+BACKENDS = ["numpy", "numba", "cuda"]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_cost_models_table_is_the_kernels_own(name):
+    backend = kernels.load(name)
+    for kern in (backend, HalfKernels(backend, np.float16)):  # mixed precision: the inner backend's
+        for bias, act in itertools.product((False, True), repeat=2):
+            assert kern.forward_passes(bias, act) == passes.forward_passes(name, bias, act), (bias, act)
+        for act in (False, True):
+            assert kern.backward_passes(act) == passes.backward_passes(name, act), act
+        for optimizer, momentum in (("sgd", False), ("sgd", True), ("adam", False), ("adam", True)):
+            spec = cm.Spec([4, 8, 2], 8, optimizer=optimizer, momentum=0.9 * momentum, kernels=name)
+            expected = kern.optimizer_passes(optimizer, momentum)
+            assert work.optimizer_passes(spec) == expected, (optimizer, momentum)
+    # `auto` without a run (plan, the tour's table) is the reference's
+    assert work.optimizer_passes(cm.Spec([4, 8, 2], 8, kernels="auto")) == 10
+
+
+class Recorder:
+    """A stand-in clock: the bytes the optimizer streams."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def stream(self, nbytes):
+        self.bytes += nbytes
+
+
+def charged(name: str, optimizer) -> int:
+    kernels.use(name)
+    clock = simclock.install(Recorder())
+    try:
+        w = [np.ones(1000, np.float32), np.ones(24, np.float32)]
+        optimizer.step(w, [np.full_like(a, 0.5) for a in w])
+    finally:
+        simclock.uninstall()
+        kernels.use("numpy")
+    return clock.bytes
+
+
+@pytest.mark.parametrize(
+    "make, numpy_passes, numba_passes",
+    [
+        # NumPy: t = lr*g (read g, write t), w -= t (read w, t; write w). Numba: read w, g; write w.
+        (lambda: optim.SGD(0.1, 0.0), 2 + 3, 2 + 1),
+        # NumPy: v *= mu (2), v += g (3), then as above (5). Numba: read w, g, v; write v, w.
+        (lambda: optim.SGD(0.1, 0.9), 2 + 3 + 2 + 3, 3 + 2),
+        # NumPy: m's two lines 2 + 2 + 3, v's 2 + 2 + 2 + 3, the update's five one-operand temporaries
+        # 5 x 2, the division 3 and w -= 3. Numba: read w, g, m, v; write m, v, w.
+        (lambda: optim.Adam(0.1), 7 + 9 + 10 + 3 + 3, 4 + 3),
+    ],
+)
+def test_optimizer_charges_differ_between_numpy_and_numba_by_the_passes(make, numpy_passes, numba_passes):
+    nbytes = (1000 + 24) * 4
+    assert charged("numpy", make()) == numpy_passes * nbytes
+    assert charged("numba", make()) == numba_passes * nbytes
+    assert charged("numpy", make()) - charged("numba", make()) == (numpy_passes - numba_passes) * nbytes
+
+
+def test_a_numba_run_is_predicted_as_simulated():
+    """Tensor parallelism (column and row layers: the row shard's bias and activation are NumPy's
+    after g) with Adam, on the Numba kernels and the simulated clock: predict == simulate exactly,
+    bytes and memory exact, and the prediction is the Numba kernels' (not the reference's)."""
+    args = dict(tp=2, layers="64,128,128,10", batch=32, steps=2, optimizer="adam", lr=0.001)
+    m = launch(2, kernels="numba", clock="sim", hardware="dgx-h100", **args)
+    assert m["kernels"] == "numba"
+    assert m["prediction_mismatches"] == []
+    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=1e-9)
+    hw = hardware.load("dgx-h100")
+    cfg = RunConfig(**{k: v for k, v in args.items() if k != "layers"}, layers=[64, 128, 128, 10])
+    step = {
+        k: cm.predict_from_config(dataclasses.replace(cfg, kernels=k), 2, steps=2, hw=hw)
+        for k in ("numpy", "numba")
+    }
+    assert m["predicted"]["time"]["step_s"] == step["numba"]["time"]["step_s"]
+    assert step["numba"]["time"]["step_s"] < step["numpy"]["time"]["step_s"]  # Adam: 7 passes, not 32
