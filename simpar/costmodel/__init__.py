@@ -10,6 +10,7 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
   stages.py       which layers each pipeline stage gets (the balanced split, by bisection)
   rank.py         one rank's step: bytes, messages, memory, FLOPs (predict_rank)
   work.py         what each layer's compute costs per row and per call (FLOPs, memory-bound elements)
+  passes.py       the memory passes each kernel backend's layer and optimizer calls make (per backend)
   chunktime.py    the seconds of one rank's work on one model chunk (the alpha-beta-gamma model)
   steptime.py     those pieces in a schedule's order: one step's time as max-plus recurrences
   predict.py      the time model, the whole prediction (predict) and the comparison with a run
