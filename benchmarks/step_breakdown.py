@@ -1,9 +1,9 @@
 """Where one serial step's wall-clock time goes, call by call, beside what the cost model charges.
 
-    python benchmarks/step_breakdown.py [--kernels numpy|numba] [--rows 512] [--steps 30]
+    python benchmarks/step_breakdown.py [--kernels numpy|numba] [--rows 512] [--steps 30] [--optimizer adam]
 
 Runs the serial step of benchmarks/predict_vs_measure.py (MLP 784-1024-1024-10, float32, SGD with
-momentum, lazy zero_grad, as parallel/data.py does it) through simpar's own functions, with the
+momentum or Adam, lazy zero_grad, as parallel/data.py does it) through simpar's own functions, with the
 simulated clock installed on a profile measured in this process just before (bench/calibrate.py's
 GEMM rate, numpy.add speed, per-layer call overhead). The simulated clock charges each call exactly
 what the cost model predicts for it (tests/test_simclock.py holds the two together), so each row
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import kernels  # noqa: E402
 from simpar import model, simclock  # noqa: E402
 from simpar.bench.calibrate import measure_gamma, measure_gemm, measure_layer_overhead  # noqa: E402
-from simpar.optim import SGD  # noqa: E402
+from simpar.optim import SGD, Adam  # noqa: E402
 
 WARMUP = 5
 
@@ -44,6 +44,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--layers", default="784,1024,1024,10")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="sgd: with momentum 0.9")
     args = p.parse_args()
     widths = [int(w) for w in args.layers.split(",")]
     kernels.use(args.kernels)
@@ -77,7 +78,7 @@ def main() -> int:
     model.softmax_cross_entropy = timed("loss", model.softmax_cross_entropy)
 
     store = model.serial_store(widths, "relu", 0, np.float32)
-    optimizer = SGD(1e-4, 0.9)
+    optimizer = SGD(1e-4, 0.9) if args.optimizer == "sgd" else Adam(1e-4)
     optimizer.step = timed("optimizer", optimizer.step)
     rng = np.random.default_rng(1)
     data_x = rng.standard_normal((8 * args.rows, widths[0])).astype(np.float32)
@@ -100,7 +101,8 @@ def main() -> int:
     names = [n for n in wall if n != "step"]
     rest = med(wall["step"]) - sum(med(wall[n]) for n in names)
     print(
-        f"serial step, MLP {args.layers} float32, {args.rows} rows, {args.kernels} kernels; GEMM "
+        f"serial step, MLP {args.layers} float32, {args.rows} rows, {args.kernels} kernels, "
+        f"{args.optimizer}; GEMM "
         f"{rate / 1e9:.1f} GFLOP/s before, {after / 1e9:.1f} after; numpy.add "
         f"{3 / profile.gamma / 1e9:.1f} GB/s moved; layer overhead {profile.layer_overhead * 1e6:.1f} us"
     )
