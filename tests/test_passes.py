@@ -7,7 +7,10 @@ kernels is predicted exactly as it is simulated.
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
+import json
+from contextlib import redirect_stdout
 
 import numpy as np
 import pytest
@@ -97,3 +100,30 @@ def test_a_numba_run_is_predicted_as_simulated():
     }
     assert m["predicted"]["time"]["step_s"] == step["numba"]["time"]["step_s"]
     assert step["numba"]["time"]["step_s"] < step["numpy"]["time"]["step_s"]  # Adam: 7 passes, not 32
+
+
+def test_plan_charges_the_kernels_asked_for():
+    """plan --kernels: the default is the reference; numba's fused sweeps make the same step cheaper by
+    exactly its passes (SGD with momentum: 10 - 5 per parameter; forward 4 - 3 and backward 4 - 3 per
+    hidden element, the logits' 2 - 2 and 1 - 2), in the step's compute."""
+    from simpar.cli.plan import plan_main
+    from simpar.errors import SimparError
+
+    def step(*extra) -> float:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert (
+                plan_main(["--layers", "6,8,4", "--batch", "16", "--json", "--hardware", "dgx-h100", *extra])
+                == 0
+            )
+        return json.loads(out.getvalue())["time"]["step_s"]
+
+    assert step() == step("--kernels", "numpy")
+    P, rows, hidden, logits = 6 * 8 + 8 + 8 * 4 + 4, 16, 8, 4
+    saved = (10 - 5) * P * 4 + rows * (
+        (4 - 3) * hidden + (4 - 3) * hidden + (2 - 2) * logits + (1 - 2) * logits
+    ) * 4
+    per_byte = hardware.load("dgx-h100").gamma / 3  # a byte moved: a third of numpy.add's reduced byte
+    assert step() - step("--kernels", "numba") == pytest.approx(saved * per_byte, rel=1e-9)
+    with pytest.raises(SimparError, match="invalid choice"):
+        plan_main(["--kernels", "bogus"])
