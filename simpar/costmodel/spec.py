@@ -23,10 +23,7 @@ from ..config import SimparError
 from .collectives import chunk
 from .order import stage_chunks
 from .resblocks import local_unit_sizes, unit_kinds
-from .stages import (
-    stage_bounds,
-    unit_sizes,  # noqa: F401  (re-exported: tests/test_resmlp.py reads cm.spec.unit_sizes)
-)
+from .stages import stage_bounds
 
 # -- precisions ---------------------------------------------------------------------------------------
 
