@@ -18,7 +18,7 @@ import os
 from ..config import SimparError
 from ..files import read_json
 from .draw import CAT_COLOURS, CATS, KIND_COLOURS, KINDS, _bytes_axis, _plt, _save, _traffic_label
-from .metrics import modeled_ops
+from .metrics import alltoall_per_step, modeled_ops
 from .scaling import comm_scaling
 
 
@@ -41,19 +41,11 @@ def _prediction(metrics: dict) -> dict | None:
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
 
 
-def _alltoall_per_step(m: dict) -> float:
-    """Bytes per step of expert parallelism's all-to-all ops (activation/ep-*), all ranks together."""
-    ops = (
-        v["sent"] for r in m["comm"]["ranks"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")
-    )
-    return sum(ops) / max(m["steps"], 1)
-
-
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
     names = [_traffic_label(n, m) for n, m in results]
     bottom = [0.0] * len(results)
-    a2a = [_alltoall_per_step(m) for _, m in results]
+    a2a = [alltoall_per_step(m) for _, m in results]
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
         if cat == "activation":  # expert parallelism's all-to-all gets a segment of its own
