@@ -98,6 +98,7 @@ KEPT_ACTIVATIONS = {
     "tp": "tp: every row (its column slice, plus each layer's full-width input)",
     "sp": "tp with --sp: LayerNorm's and the residual's for 1/t of the rows, the matmuls' for every row",
     "pp": "pp: its stage's layers only, for each micro-batch in flight",
+    "ep": "ep: also, for its experts, the rows its ep group sent them (inputs and pre-activations)",
 }
 
 
@@ -107,7 +108,7 @@ def activations_note(results) -> list[str]:
     for _, m in results:
         cfg, mesh = m.get("config", {}), m.get("mesh", {})
         dp, tp, pp = (mesh.get(a, cfg.get(a) or 1) for a in ("dp", "tp", "pp"))
-        kinds |= {k for k, on in (("dp", dp > 1), ("pp", pp > 1)) if on}
+        kinds |= {k for k, on in (("dp", dp > 1), ("pp", pp > 1), ("ep", (cfg.get("ep") or 1) > 1)) if on}
         if tp > 1:
             kinds.add("sp" if cfg.get("sp") else "tp")
     said = [text for kind, text in KEPT_ACTIVATIONS.items() if kind in kinds]
@@ -175,7 +176,9 @@ def tour_plots(results, out_dir: str) -> list[str]:
             results,
             memory_by_layout,
             os.path.join(out_dir, "memory_by_layout.png"),
-            "activations: peak kept for backward; ZeRO shards params/grads/optimizer",
+            "activations: peak kept for backward; "
+            + ("ep shards the experts" if any(m.get("moe") for _, m in results) else "ZeRO shards")
+            + " params/grads/optimizer",
         ),
     ]
     written += _timelines(out_dir)
