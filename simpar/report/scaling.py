@@ -121,7 +121,10 @@ def comm_scaling(path: str, results) -> str:
         ax.set_ylabel("bytes sent per step by the busiest rank")
         _bytes_axis(ax)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].set_title("vs world size\n(dp/ZeRO: model bytes approach 2P or 3P; tp: activations)", fontsize=10)
+    world = "dp/ZeRO: model bytes approach 2P or 3P; tp: activations"
+    if base.get("experts"):  # the world panel varies dp; a layout's --ep stays (sizes it divides)
+        world = "dp grows, --ep fixed: gradients up, all-to-all down"
+    axes[0].set_title(f"vs world size\n({world})", fontsize=10)
     axes[1].set_title("vs hidden width\n(model bytes ~ width^2, activations ~ width)", fontsize=10)
     axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
     handles, labels = [], []
