@@ -54,10 +54,11 @@ def alltoall(
     fresh buffer (never aliasing a later receive)."""
     width, dtype, r = send[0].shape[1:], send[0].dtype, comm.rank
     send = [np.ascontiguousarray(s) for s in send]
-    recv = [np.empty((rows[q][r], *width), dtype) for q in range(comm.size)]
-    if algorithm == "bruck":
+    if algorithm == "bruck":  # fills recv with views of its fresh receive buffers
+        recv = [None] * comm.size
         rounds = bruck_alltoall_rounds(comm, send, recv, rows, category, op)
     else:
+        recv = [np.empty((rows[q][r], *width), dtype) for q in range(comm.size)]
         rounds = pairwise_alltoall_rounds(comm, send, recv, category, op)
     run(rounds, comm.name)
     return recv

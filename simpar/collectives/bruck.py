@@ -1,7 +1,7 @@
 """Bruck's all-to-all with pieces of any size, on counted messages: the latency-optimal choice.
 
 Bruck, Ho, Kipnis, Upfal & Weathersby 1997, "Efficient algorithms for all-to-all communications in
-multiport message-passing systems", IEEE TPDS 8(11), sec. 3 (the index algorithm), for one port.
+multiport message-passing systems", IEEE TPDS 8(11): the index algorithm, radix 2, one port.
 
 Rank r of p holds one piece for every rank q (`send[q]`, any number of rows, possibly none). Number a
 piece by its RELATIVE destination j = (q - r) mod p. The algorithm has three phases:
@@ -11,7 +11,9 @@ piece by its RELATIVE destination j = (q - r) mod p. The algorithm has three pha
   2. ceil(log2 p) rounds: in round k rank r sends, in ONE message to rank (r + 2^k) mod p, every
      piece at a position j whose bit k is set, and receives the same positions from rank
      (r - 2^k) mod p, which replace its own;
-  3. inverse rotation: position j now holds the piece from rank (r - j) mod p, copied into recv.
+  3. inverse rotation: position j now holds the piece from rank (r - j) mod p; it becomes recv[(r - j)
+     % p] as it is, a view of the fresh buffer its last round received it in (only rank r's own piece,
+     which never moves, is copied).
 
 Why bit k: a piece never changes position, and in round k it moves 2^k ranks on exactly when bit k of
 its j is set. After all rounds it has moved sum of its bits = j ranks, from r to (r + j) mod p: its
@@ -51,12 +53,12 @@ def bruck_rounds(p: int) -> int:
 def bruck_alltoall_rounds(
     comm: Communicator,
     send: list[np.ndarray],
-    recv: list[np.ndarray],
+    recv: list,
     rows: list[list[int]],
     category: str,
     op: str,
 ) -> Rounds:
-    """Fill recv[q] with what rank q sent this rank (module doc); recv[q] is sized by the caller."""
+    """Set recv[q] (a list of p slots) to what rank q sent this rank (module doc)."""
     p, r = comm.size, comm.rank
     held = [send[(r + j) % p] for j in range(p)]  # phase 1: position j -> destination (r + j) % p
     tag = new_tag(comm)
@@ -69,12 +71,15 @@ def bruck_alltoall_rounds(
         sources = [(frm - j % hop) % p for j in moving]
         arriving = [rows[s][(s + j) % p] for s, j in zip(sources, moving)]
         inbox = np.empty((sum(arriving), *row_shape), dtype)  # fresh: never aliases a later round
-        outgoing = np.concatenate([held[j] for j in moving])
+        # one message: the pieces side by side (a single piece goes as it is: it is contiguous already)
+        outgoing = held[moving[0]] if len(moving) == 1 else np.concatenate([held[j] for j in moving])
         yield [
             comm.irecv(inbox, frm, category, op, tag),  # receive posted first (see base.Pending)
             comm.isend(outgoing, to, category, op, tag),
         ]
-        for j, piece in zip(moving, np.split(inbox, np.cumsum(arriving)[:-1])):
-            held[j] = piece
-    for j in range(p):  # phase 3: position j holds the piece from rank (r - j) % p
-        recv[(r - j) % p][...] = held[j]
+        start = 0  # cut the inbox into its pieces (plain slices: np.split costs microseconds a call)
+        for j, n in zip(moving, arriving):
+            held[j], start = inbox[start : start + n], start + n
+    recv[r] = send[r].copy()  # phase 3: position j holds the piece from rank (r - j) % p
+    for j in range(1, p):
+        recv[(r - j) % p] = held[j]

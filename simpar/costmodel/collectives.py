@@ -165,7 +165,7 @@ def pairwise_alltoall(m: list[list[float]], p: int, r: int) -> Cost:
 
 
 def bruck_alltoall(m: list[list[float]], p: int, r: int) -> Cost:
-    """Bruck et al. 1997, sec. 3 (the index algorithm): ceil(log2 p) rounds; in round k rank r sends
+    """Bruck et al. 1997 (the index algorithm, radix 2): ceil(log2 p) rounds; in round k rank r sends
     rank r + 2^k every piece whose relative destination j (1..p-1) has bit k set. Such a piece has
     made the moves of j's lower bits already, so it left s = r - (j mod 2^k) for s + j (mod p):
 

@@ -32,7 +32,8 @@ activations as `activation_bytes` counts them, the most of any step (exact with 
 --precision mixed-bf16: everything in 2-byte halves except the router, which computes and keeps its
 probabilities in float32 (Switch's selective precision, Fedus et al. 2021, sec. 2.4): n_d x E x 4 B.
 Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
-per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
+per round and beta per byte on its critical path (an all-to-all: every round's message, one after the
+other), blocking (parallel/expert.py overlaps nothing);
 under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
 """
 
