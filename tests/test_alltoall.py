@@ -89,7 +89,20 @@ def test_cost_model_formulas_follow_every_piece():
                 assert c.round_elems == sent[r]  # every round's message, one after the other
 
 
-MOE = ["--dtype", "float64", "--steps", "4", "--top-k", "2", "--capacity-factor", "1.0"]
+def moe_args(E: int) -> list[str]:
+    """tests/test_moe.py's MOE run with E experts (E = 4 is that very run: the serial cache serves both)."""
+    return [
+        "--dtype",
+        "float64",
+        "--steps",
+        "4",
+        "--experts",
+        str(E),
+        "--top-k",
+        "2",
+        "--capacity-factor",
+        "1.0",
+    ]
 
 
 def expected_ops(moe_metrics: dict, P: int, E: int, d: int, rows_routed: int = 64) -> dict:
@@ -119,7 +132,7 @@ def test_bruck_trains_the_serial_model_with_closed_form_bytes(serial, tmp_path):
 
     sim = ["--clock", "sim", "--hardware", "dgx-h100"]
     for P, extra in ((4, sim), (5, [])):
-        args = [*MOE, "--experts", str(P)]
+        args = moe_args(P)
         run = train_json(
             P, [*args, "--dp", str(P), "--ep", str(P), "--alltoall", "bruck", *extra], tmp_path, f"b{P}"
         )
