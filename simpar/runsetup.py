@@ -173,6 +173,7 @@ def start_clock(cfg: RunConfig, world: Communicator):
         stream_share=hw.stream_share(min(world.size, hw.devices_per_node)),
         links=links,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
+        host_progress=hw.host_progress,
     )
     clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))
     world.enable_headers()

@@ -87,6 +87,7 @@ class Profile:
     links: dict  # communicator name ("tp", "dp", "pp", "world") -> Link
     measured_scale: float = 0.0  # --compute measured: profile seconds per local CPU second
     stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
+    host_progress: bool = False  # Hardware.host_progress: a collective runs when its rank waits for it
 
 
 @dataclass

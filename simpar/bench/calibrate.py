@@ -213,6 +213,7 @@ def calibrate(timeout: float = 25.0) -> Hardware:
         busy_share=min(1.0, pp["busy_gemm"] / flops["fp32"]),
         busy_stream_share=min(1.0, gamma / pp["busy_gamma"]),
         layer_overhead=measure_layer_overhead(),
+        host_progress=True,  # MPI on CPU cores: collectives take the rank's own time (hardware.py)
         sources=[
             "measured by `python -m simpar bench --calibrate`: the three GEMMs of a 512x1024x1024 layer "
             "on one thread (alone, and with every core doing the same: busy_share), numpy.add "

@@ -123,7 +123,9 @@ class Pending:
     it starts when the rank started it, but not before the previous collective ended; `progress()`
     does nothing and `wait()` runs the rounds (earlier collectives first), chaining their simulated
     times through the arrival of each round's messages. Deterministic: the simulated time never
-    depends on when the real messages happened to arrive.
+    depends on when the real messages happened to arrive. On a profile with host_progress (`local`:
+    MPI on CPU cores, no spare core to move the bytes) a collective starts no earlier than the
+    moment its rank waits for it: started during backward, it still costs the rank its own time.
     """
 
     def __init__(self, rounds: Rounds, group: str = "world", call: dict | None = None):
@@ -189,9 +191,12 @@ class Pending:
     def _run_on_stream(self) -> float:
         """Run this collective (and every one started before it) on the simulated stream; its end."""
         clock, queue = self._clock, self._clock.in_flight[self.group]
+        waited_at = clock.issue_time()
         while queue and not self.done:
             first = queue.pop(0)
             t = max(first.started_at, clock.stream_free.get(self.group, 0.0))
+            if clock.profile.host_progress:  # MPI on the rank's own core: it moves when the rank waits
+                t = max(t, waited_at)
             start = t
             outer, clock.cursor = clock.cursor, t
             try:

@@ -58,6 +58,9 @@ class Hardware:
     # math nor memory: Python and NumPy call overhead here; 0 for presets
     busy_stream_share: float = 1.0  # local: as busy_share, for memory-bound work (numpy.add on 64 MiB
     # on every core at once vs alone: the cores share one memory bus); 1 for presets
+    host_progress: bool = False  # True for local: a collective moves only while its rank is inside MPI
+    # (no spare core, no DMA engine), so a DDP bucket started during backward runs when the rank waits
+    # for it, on the rank's own time. False for GPUs: NCCL's kernels run beside compute on their streams.
 
     def compute_share(self, ranks_per_node: int) -> float:
         """The fraction of a device one rank gets: 1; or cores/ranks when ranks outnumber cores
@@ -177,6 +180,7 @@ LOCAL_DEFAULTS = Hardware(
     inter_name="none",
     cores=os.cpu_count() or 1,
     layer_overhead=30e-6,
+    host_progress=True,
     sources=["defaults: single-core NumPy/OpenBLAS GEMM and MPICH shared memory on a typical x86 machine"],
 )
 
@@ -210,19 +214,19 @@ def load(name_or_file: str = "local") -> Hardware:
         return PRESETS[name_or_file]
     if name_or_file == "local":
         path = cache_path()
-        if os.path.exists(path):
-            return _read(path)
+        if os.path.exists(path):  # a cache written before host_progress existed is still a CPU's
+            return _read(path, defaults={"host_progress": True})
         return LOCAL_DEFAULTS
     if name_or_file.endswith(".json") or os.path.exists(name_or_file):
         return _read(name_or_file)
     raise SimparError(f"unknown hardware {name_or_file!r}: choose local, {', '.join(PRESETS)} or a FILE.json")
 
 
-def _read(path: str) -> Hardware:
+def _read(path: str, defaults: dict | None = None) -> Hardware:
     d = read_json(path, "hardware file")
     if not isinstance(d, dict):
         raise SimparError(f"hardware file {path} must hold a JSON object")
-    return from_dict(d, path)
+    return from_dict({**(defaults or {}), **d}, path)
 
 
 # -- which link a group uses -------------------------------------------------------------------------

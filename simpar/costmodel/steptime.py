@@ -23,7 +23,9 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 * Data parallelism (DDP): each gradient bucket's all-reduce starts as soon as backward has
   finished its layers (in the last micro-batch of the last accumulation step), on the dp group's
   stream, one bucket after another; the rank waits for the last one after backward (Li et al.
-  2020, sec. 3.2). ZeRO's collectives block: they add up.
+  2020, sec. 3.2). ZeRO's collectives block: they add up. On a CPU (Hardware.host_progress: the
+  `local` profile) MPI moves bytes only while the rank is inside it, on the rank's own core: the
+  buckets run one after another from the moment the rank waits for them, overlapping nothing.
 * --sp (resmlp under --tp): a stage boundary carries the tp rank's rows/t; each unit's once-a-step
   gradient all-reduce over tp blocks its chunk's final backward (zero-bubble: W pass) right after
   that unit, before the unit's gradient bucket is handed to data parallelism.
@@ -317,7 +319,9 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                 stream = 0.0
                 for c in sorted(final_start[s], key=lambda c: final_start[s][c][0]):
                     buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
-                    if buckets:
+                    if buckets and hw.host_progress:  # they run once the rank waits, after its schedule
+                        stream = max(stream, clock[s]) + sum(secs for _, secs in buckets)
+                    elif buckets:
                         start, m = final_start[s][c]
                         first = K == 1 and M == 1
                         stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
