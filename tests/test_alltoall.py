@@ -122,7 +122,7 @@ def expected_ops(moe_metrics: dict, P: int, E: int, d: int, rows_routed: int = 6
 
 
 def test_bruck_trains_the_serial_model_with_closed_form_bytes(serial, tmp_path):
-    """P = 4 (a power of two, on the simulated clock: the cost model's step holds to it) and P = 5 (not)."""
+    """P = 4 (a power of two) and P = 5 (not), on the simulated clock: the cost model's step holds to it."""
     from dataclasses import replace
 
     from simpar.config import RunConfig
@@ -131,10 +131,10 @@ def test_bruck_trains_the_serial_model_with_closed_form_bytes(serial, tmp_path):
     from tests.conftest import assert_same_model, train_json
 
     sim = ["--clock", "sim", "--hardware", "dgx-h100"]
-    for P, extra in ((4, sim), (5, [])):
+    for P in (4, 5):
         args = moe_args(P)
         run = train_json(
-            P, [*args, "--dp", str(P), "--ep", str(P), "--alltoall", "bruck", *extra], tmp_path, f"b{P}"
+            P, [*args, "--dp", str(P), "--ep", str(P), "--alltoall", "bruck", *sim], tmp_path, f"b{P}"
         )
         assert_same_model(run, serial(args), rtol=1e-12)
         assert run["config"]["alltoall"] == run["moe"]["alltoall"] == "bruck"
@@ -148,15 +148,14 @@ def test_bruck_trains_the_serial_model_with_closed_form_bytes(serial, tmp_path):
                     "sent": entry["sent"],
                     "messages": entry["messages"],
                 }
-        if extra:
-            # the simulated clock charges each of the ceil(log2 P) messages alpha + bytes x beta, as the
-            # cost model does: the step agrees closely; the pairwise exchange, predicted on the same
-            # routing, takes longer here: at 2-32 KiB per piece an NVLink message is mostly its latency
-            simulated, predicted = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
-            assert abs(predicted - simulated) <= 0.02 * simulated, (predicted, simulated)
-            cfg = replace(RunConfig(**run["config"]), alltoall="pairwise")
-            pairwise = predict_from_config(cfg, P, 4, load("dgx-h100"), run["moe"])["time"]["step_s"]
-            assert pairwise > 1.2 * simulated, (pairwise, simulated)
+        # the simulated clock charges each of the ceil(log2 P) messages alpha + bytes x beta, as the cost
+        # model does: the step agrees closely; the pairwise exchange, predicted on the same routing,
+        # takes longer here: at 2-32 KiB per piece an NVLink message is mostly its latency
+        simulated, predicted = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
+        assert abs(predicted - simulated) <= 0.02 * simulated, (P, predicted, simulated)
+        cfg = replace(RunConfig(**run["config"]), alltoall="pairwise")
+        pairwise = predict_from_config(cfg, P, 4, load("dgx-h100"), run["moe"])["time"]["step_s"]
+        assert pairwise > 1.15 * simulated, (P, pairwise, simulated)
 
 
 def test_alltoall_option_is_checked_and_planned(capsys):
