@@ -117,6 +117,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
             "--ep", type=int, default=1, help="expert-parallel ranks (inside --dp; with --experts)"
         )
         g.add_argument(
+            "--alltoall",
+            default=d.alltoall,
+            help="expert parallelism's all-to-all: pairwise (P-1 messages) or bruck (log2 P messages, "
+            "more bytes)",
+        )
+        g.add_argument(
             "--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1"
         )
     g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
@@ -208,6 +214,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         capacity_factor=args.capacity_factor,
         aux_loss_coef=args.aux_loss_coef,
         ep=getattr(args, "ep", 1),
+        alltoall=getattr(args, "alltoall", "pairwise"),
         dataset=args.dataset,
         samples=args.samples,
         data_dir=args.data_dir,
