@@ -56,6 +56,11 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
             candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
             if n == 4:
                 candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
+    if cfg.alltoall != "pairwise":  # --alltoall picks the ep layouts' algorithm; the others have none
+        candidates = [
+            (name, over if over.get("ep", 1) > 1 else dict(over, alltoall="pairwise"))
+            for name, over in candidates
+        ]
     # serial always runs: it is the reference, and a problem with the options shows there as one line
     return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
 
@@ -183,7 +188,10 @@ def print_tour_table(results, dtype: str) -> bool:
         )
         all_ok &= not m["prediction_mismatches"]
     if moe:
-        print(moe_note(mixed))
+        algorithm = next(
+            (m["config"].get("alltoall") for _, m in results if m["config"].get("ep", 1) > 1), None
+        )
+        print(moe_note(mixed, algorithm))
     which = f"of the first {MIXED_STEPS} steps' losses" if mixed else "of any step's loss"
     also = f"; acc within {MIXED_ACCURACY} of serial's (mixed precision: see tour.py)" if mixed else ""
     print(
@@ -206,7 +214,7 @@ def print_tour_table(results, dtype: str) -> bool:
 # Under mixed precision the layouts' weights differ by roundoff from step 1 on (see MIXED_STEPS), so
 # a router may pick another expert for a row near a tie and the drops differ a little: only the losses
 # and the accuracy are held to serial's then.
-def moe_note(mixed: bool) -> str:
+def moe_note(mixed: bool, algorithm: str | None = None) -> str:
     same = (
         "close to serial's, not equal: under mixed precision each layout's weights differ by roundoff, "
         "so a row near a tie may pick another expert"
@@ -216,7 +224,12 @@ def moe_note(mixed: bool) -> str:
     )
     return (
         "(a2a/step: the all-to-alls of expert parallelism -- ep-dispatch, ep-combine and their -grad -- "
-        f"part of act/step; dropped: top-k assignments over capacity in the whole run, {same})"
+        + (
+            "by Bruck's algorithm (pieces forwarded: more bytes, fewer messages), "
+            if algorithm == "bruck"
+            else ""
+        )
+        + f"part of act/step; dropped: top-k assignments over capacity in the whole run, {same})"
     )
 
 

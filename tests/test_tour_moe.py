@@ -46,6 +46,10 @@ def test_moe_tour_offers_dp_and_each_ep_that_divides():
     # a dense model refuses --ep, a mixture of experts --zero, --tp and --pp: neither list leaks
     assert not any("ep" in n for n in names(4))
     assert not any(n.startswith(("tp", "pp")) or "zero" in n for n in names(4, experts=4))
+    # --alltoall bruck: the ep layouts use it; serial and dp4 have no all-to-all and stay pairwise
+    bruck = dict(layouts_for(4, RunConfig(experts=4, alltoall="bruck")))
+    assert list(bruck) == names(4, experts=4)
+    assert [bruck[n].get("alltoall", "bruck") for n in bruck] == ["pairwise", "pairwise", "bruck", "bruck"]
 
 
 def alltoall_rows(routed_by_rank, D, P, d):

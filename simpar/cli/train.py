@@ -117,14 +117,14 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
             "--ep", type=int, default=1, help="expert-parallel ranks (inside --dp; with --experts)"
         )
         g.add_argument(
-            "--alltoall",
-            default=d.alltoall,
-            help="expert parallelism's all-to-all: pairwise (P-1 messages) or bruck (log2 P messages, "
-            "more bytes)",
-        )
-        g.add_argument(
             "--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1"
         )
+    g.add_argument(
+        "--alltoall",
+        default=d.alltoall,
+        help="expert parallelism's all-to-all: pairwise (P-1 messages) or bruck (log2 P messages, "
+        "more bytes)" + ("; the tour's dp x ep layouts use it" if tour else ""),
+    )
     g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--microbatches", type=int, default=d.microbatches)
     g.add_argument(
