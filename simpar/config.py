@@ -29,6 +29,7 @@ ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 RECOMPUTE = ("none", "full", "selective")
 COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
+ALLTOALLS = ("pairwise", "bruck")  # expert parallelism's all-to-all (collectives/alltoall.py, bruck.py)
 KERNELS = ("auto", "numpy", "numba", "cuda")
 DATA_SOURCES = ("local", "root")
 CLOCKS = ("wall", "sim")
@@ -78,6 +79,7 @@ class RunConfig:
     bucket_mb: float = 1.0
     overlap: bool = True
     collectives: str = "ring"
+    alltoall: str = "pairwise"  # --alltoall: expert parallelism's all-to-all algorithm
     kernels: str = "auto"
     # time: the wall clock, or the simulated clock of simclock.py on a hardware profile
     clock: str = "wall"
@@ -170,6 +172,13 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         f"unknown recompute {cfg.recompute!r} (choose from {', '.join(RECOMPUTE)})",
     )
     _require(cfg.collectives in COLLECTIVES, f"unknown collectives {cfg.collectives!r}")
+    _require(
+        cfg.alltoall in ALLTOALLS, f"unknown alltoall {cfg.alltoall!r} (choose from {', '.join(ALLTOALLS)})"
+    )
+    _require(
+        cfg.alltoall == "pairwise" or cfg.ep > 1,
+        f"--alltoall {cfg.alltoall} picks expert parallelism's all-to-all: add --experts E --ep P (P >= 2)",
+    )
     _require(cfg.kernels in KERNELS, f"unknown kernels {cfg.kernels!r} (choose from {', '.join(KERNELS)})")
     _require(cfg.data_source in DATA_SOURCES, f"unknown data source {cfg.data_source!r}")
     _require(cfg.clock in CLOCKS, f"unknown clock {cfg.clock!r} (choose from {', '.join(CLOCKS)})")

@@ -6,6 +6,10 @@ Each layout runs on its own sub-communicator with a fresh ledger (the serial ref
 rank 0 alone while the others wait), and is checked against the serial run: the largest difference
 of any step's loss must stay within the dtype's tolerance (float64 1e-10, float32 1e-4 relative).
 Writes simpar-out/<layout>.json for each layout, then the comparison plots.
+
+With --experts E the model is a mixture of experts, and the layouts are the ones `train` runs for it:
+serial, dp n (every rank holds all E experts) and dp n x ep m for each m that divides n and E; the
+table gains the all-to-all bytes per step and the tokens capacity dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from .comm import Communicator, Ledger
 from .config import RunConfig, SimparError, validate
 from .files import write_json, write_trace
-from .report.metrics import bytes_verdict
+from .report.metrics import alltoall_per_step, bytes_verdict
 from .units import fmt_bytes
 
 # Mixed precision: a sharded layout sums the same half gradients in another order (ring chunks vs one
@@ -34,13 +38,15 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     """(name, overrides) of every layout to show on this many ranks, the serial reference first.
 
     The candidates are the layouts of the README's tour (and, for --arch resmlp, each tensor-parallel
-    one again with --sp); a candidate stays when config.validate accepts it on its ranks, so the tour
-    offers exactly the layouts `train` would run with the same options (--arch, --precision, --layers,
-    --batch, ...), and one rule set decides both."""
+    one again with --sp; for --experts, dp n x ep m for every m > 1 dividing n); a candidate stays
+    when config.validate accepts it on its ranks, so the tour offers exactly the layouts `train` would
+    run with the same options (--arch, --precision, --layers, --experts, --batch, ...), and one rule
+    set decides both: a dense model refuses --ep, a mixture of experts refuses --zero, --tp and --pp."""
     n = world_size
     candidates = [("serial", dict(dp=1))]
     if n > 1:
         candidates.append((f"dp{n}", dict(dp=n)))
+        candidates += [(f"dp{n}xep{m}", dict(dp=n, ep=m)) for m in range(2, n + 1) if n % m == 0]
         candidates += [(f"dp{n}-zero{stage}", dict(dp=n, zero=stage)) for stage in (1, 2, 3)]
         candidates += with_sp(f"tp{n}", dict(dp=1, tp=n), cfg)
         candidates.append((f"pp{n}-gpipe", dict(dp=1, pp=n, schedule="gpipe")))
@@ -50,6 +56,11 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
             candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
             if n == 4:
                 candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
+    if cfg.alltoall != "pairwise":  # --alltoall picks the ep layouts' algorithm; the others have none
+        candidates = [
+            (name, over if over.get("ep", 1) > 1 else dict(over, alltoall="pairwise"))
+            for name, over in candidates
+        ]
     # serial always runs: it is the reference, and a problem with the options shows there as one line
     return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
 
@@ -144,9 +155,12 @@ def print_tour_table(results, dtype: str) -> bool:
     serial = results[0][1]["losses"]
     tol = TOLERANCE[dtype]
     print(f"\nsimpar tour: {len(results)} layouts, same model and data, {len(serial)} steps, {dtype}")
+    moe = any(m.get("moe") for _, m in results)  # --experts: the all-to-all and the drops get columns
     head = (
         f"{'layout':<14} {'ranks':>5} {'final loss':>10} {'max|dloss|':>10} {'acc':>6} "
-        f"{'data/step':>10} {'model/step':>10} {'act/step':>10} {'mem/rank':>10} {'bytes=pred':>10}"
+        f"{'data/step':>10} {'model/step':>10} {'act/step':>10} "
+        + (f"{'a2a/step':>10} {'dropped':>7} " if moe else "")
+        + f"{'mem/rank':>10} {'bytes=pred':>10}"
     )
     print(head)
     print("-" * len(head))
@@ -169,9 +183,15 @@ def print_tour_table(results, dtype: str) -> bool:
             f"{name:<14} {m['world_size']:>5} {m['final_loss']:>10.4f} {diff:>10.1e}{'' if ok else '!'} "
             f"{(acc if acc is not None else float('nan')):>6.3f} {fmt_bytes(per['data']):>10} "
             f"{fmt_bytes(per['model']):>10} {fmt_bytes(per['activation']):>10} "
-            f"{fmt_bytes(mem):>10} {bytes_verdict(m):>10}"
+            + (f"{fmt_bytes(alltoall_per_step(m)):>10} {dropped(m):>7} " if moe else "")
+            + f"{fmt_bytes(mem):>10} {bytes_verdict(m):>10}"
         )
         all_ok &= not m["prediction_mismatches"]
+    if moe:
+        algorithm = next(
+            (m["config"].get("alltoall") for _, m in results if m["config"].get("ep", 1) > 1), None
+        )
+        print(moe_note(mixed, algorithm))
     which = f"of the first {MIXED_STEPS} steps' losses" if mixed else "of any step's loss"
     also = f"; acc within {MIXED_ACCURACY} of serial's (mixed precision: see tour.py)" if mixed else ""
     print(
@@ -186,6 +206,36 @@ def print_tour_table(results, dtype: str) -> bool:
         )
     )
     return all_ok
+
+
+# Why an MoE layout may be held to the serial run's losses at all: capacity is global (ceil(C*K*B/E)
+# slots per expert, filled in global row order), so every dp/ep layout keeps and drops exactly the
+# assignments the serial run does (parallel/expert.py), and the same tokens reach the same experts.
+# Under mixed precision the layouts' weights differ by roundoff from step 1 on (see MIXED_STEPS), so
+# a router may pick another expert for a row near a tie and the drops differ a little: only the losses
+# and the accuracy are held to serial's then.
+def moe_note(mixed: bool, algorithm: str | None = None) -> str:
+    same = (
+        "close to serial's, not equal: under mixed precision each layout's weights differ by roundoff, "
+        "so a row near a tie may pick another expert"
+        if mixed
+        else "the same in every layout because capacity is global and filled in global row order, so dp "
+        "and dp x ep compute the serial model"
+    )
+    return (
+        "(a2a/step: the all-to-alls of expert parallelism -- ep-dispatch, ep-combine and their -grad -- "
+        + (
+            "by Bruck's algorithm (pieces forwarded: more bytes, fewer messages), "
+            if algorithm == "bruck"
+            else ""
+        )
+        + f"part of act/step; dropped: top-k assignments over capacity in the whole run, {same})"
+    )
+
+
+def dropped(m: dict) -> int:
+    """Top-k assignments an expert's capacity turned away, over every step and MoE layer of the run."""
+    return sum(sum(layers) for layers in m["moe"]["dropped"])
 
 
 def step_seconds(m: dict) -> float:

@@ -24,6 +24,7 @@ choices = {
     "--sp": [None, ""],
     "--experts": [None, "4"],
     "--ep": [None, "2"],
+    "--alltoall": [None, "bruck"],
     "--precision": ["fp32", "mixed-fp16", "mixed-bf16"],
     "--schedule": ["1f1b", "gpipe", "zb-h1", "zb-v", "interleaved"],
     "--recompute": ["none", "full", "selective"],

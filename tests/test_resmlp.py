@@ -58,7 +58,7 @@ def test_units_and_the_cost_models_sizes_agree():
     cfg = RunConfig(layers=LAYERS, arch="resmlp")
     units = build_units(cfg)
     assert [type(u).__name__ for u in units] == ["LinearUnit", "BlockUnit", "BlockUnit", "LinearUnit"]
-    sizes = cm.spec.unit_sizes(cm.Spec(widths=LAYERS, batch=64, arch="resmlp"))
+    sizes = cm.stages.unit_sizes(cm.Spec(widths=LAYERS, batch=64, arch="resmlp"))
     assert [u.size for u in units] == sizes == [64 * 96 + 96, 2 * 96 * 96 + 4 * 96, 2 * 96 * 96 + 4 * 96, 970]
 
 
@@ -91,7 +91,7 @@ def test_unsupported_layouts_are_one_line(args, message):
 
 
 def test_cost_model_predicts_the_simulated_step_and_activations(tmp_path):
-    """The cost model writes a block's work down again (rank.resmlp_unit_work): on the simulated
+    """The cost model writes a block's work down again (resblocks.resmlp_unit_work): on the simulated
     clock its step time agrees with the run within 5% (as for every MLP layout), and the activations
     each rank keeps for backward are predicted exactly."""
     m = train_json(2, [*BASE, "--zero", "3", "--clock", "sim", "--hardware", "dgx-h100"], tmp_path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from simpar import costmodel as cm
-from simpar.costmodel.rank import elementwise_bytes, first_grads
 from simpar.costmodel.spec import Shape, micro_rows
+from simpar.costmodel.work import elementwise_bytes, first_grads
 from simpar.model import charge_backward
 
 from .conftest import layer_sizes

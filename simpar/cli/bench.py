@@ -2,6 +2,8 @@
 
 python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 --json --breakdown]
 mpiexec -n 2 python -m mpi4py -m simpar bench allreduce [--sizes 1K,...,64M --algorithms ring,tree]
+mpiexec -n 4 python -m mpi4py -m simpar bench alltoall [--sizes 64,1K,16K,256K --iters N]   pairwise
+                                                 vs Bruck vs MPI_Alltoallv, pieces of SIZE bytes
 python -m simpar bench --calibrate [-o FILE]     measure this machine (< 30 s) and save a hardware
                                                  profile for `plan --hardware local`
 """
@@ -22,7 +24,8 @@ from ..units import parse_buffer_size
 from .base import Parser
 
 USAGE = (
-    "usage: simpar bench matmul [ARGS] | simpar bench allreduce [ARGS] | simpar bench --calibrate [-o FILE]"
+    "usage: simpar bench matmul [ARGS] | simpar bench allreduce [ARGS] | simpar bench alltoall [ARGS] | "
+    "simpar bench --calibrate [-o FILE]"
 )
 
 
@@ -34,6 +37,8 @@ def bench_main(argv: list[str]) -> int:
         return matmul_main(argv[1:])
     if argv[0] == "allreduce":
         return allreduce_main(argv[1:])
+    if argv[0] == "alltoall":
+        return alltoall_main(argv[1:])
     if argv[0].startswith("--calibrate"):
         return calibrate_main(argv)
     raise SimparError(f"unknown benchmark {argv[0]!r}; {USAGE}")
@@ -147,9 +152,7 @@ def allreduce_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=20, help="timed iterations at 1 MiB and below (fewer above)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args(argv)
-    args.sizes = [parse_buffer_size(s) for s in args.sizes.split(",") if s.strip()]
-    if not args.sizes:
-        raise SimparError("bench allreduce: --sizes is empty")
+    args.sizes = buffer_sizes("allreduce", args.sizes)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALLREDUCE_ALGORITHMS]
     if unknown or not names:
@@ -173,12 +176,8 @@ def allreduce_main(argv: list[str]) -> int:
     args = allreduce_args(argv)
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    if world.Get_size() < 2:
-        raise SimparError(
-            "bench allreduce needs at least 2 ranks: mpiexec -n 2 python -m mpi4py -m simpar bench allreduce"
-        )
-    comm = allreduce.Communicator(world, allreduce.Ledger())
+    comm = bench_world("allreduce", 2)
+    world = comm.mpi
     # MPICH switches Allreduce to its shared-memory algorithm only after a few collective calls
     # (MPIR_CVAR_POSIX_NUM_COLLS_THRESHOLD = 5): time its steady state, not its start-up.
     for _ in range(8):
@@ -197,6 +196,67 @@ def allreduce_main(argv: list[str]) -> int:
             json.dumps(doc, indent=1) if args.json else allreduce.format_table(rows, comm.size, args.dtype),
             flush=True,
         )
+    return 0
+
+
+def buffer_sizes(name: str, text: str) -> list[int]:
+    """--sizes 1K,4M -> bytes; an empty list is one error line."""
+    sizes = [parse_buffer_size(s) for s in text.split(",") if s.strip()]
+    if not sizes:
+        raise SimparError(f"bench {name}: --sizes is empty")
+    return sizes
+
+
+def bench_world(name: str, ranks: int):
+    """MPI's world as a counted Communicator, for a benchmark that needs at least 2 ranks."""
+    from mpi4py import MPI
+
+    from ..comm import Communicator, Ledger
+
+    if MPI.COMM_WORLD.Get_size() < 2:
+        raise SimparError(
+            f"bench {name} needs at least 2 ranks: mpiexec -n {ranks} python -m mpi4py -m simpar bench {name}"
+        )
+    return Communicator(MPI.COMM_WORLD, Ledger())
+
+
+# -- bench alltoall ---------------------------------------------------------------------------------
+
+
+def alltoall_args(argv: list[str]) -> argparse.Namespace:
+    from ..bench import alltoall
+
+    ap = Parser(
+        prog="simpar bench alltoall",
+        description=alltoall.__doc__.split("\n")[0],
+        error_prefix="bench alltoall: ",
+    )
+    ap.add_argument(
+        "--sizes", default=alltoall.DEFAULT_SIZES, help=f"bytes per piece (default {alltoall.DEFAULT_SIZES})"
+    )
+    ap.add_argument(
+        "--iters", type=int, default=40, help="timed iterations up to 64 KiB pieces (fewer above)"
+    )
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    args = ap.parse_args(argv)
+    args.sizes = buffer_sizes("alltoall", args.sizes)
+    for size in args.sizes:
+        if size < 8 or size % 8:
+            raise SimparError(f"bench alltoall: size {size} is not a positive multiple of 8 bytes (float64)")
+    if args.iters < 1:
+        raise SimparError("bench alltoall: --iters must be at least 1")
+    return args
+
+
+def alltoall_main(argv: list[str]) -> int:
+    from ..bench import alltoall
+
+    args = alltoall_args(argv)
+    comm = bench_world("alltoall", 4)
+    rows = [row for size in args.sizes for row in alltoall.measure(comm, size, args.iters)]
+    if comm.rank == 0:
+        doc = {"ranks": comm.size, "rows": rows}
+        print(json.dumps(doc, indent=1) if args.json else alltoall.format_table(rows, comm.size), flush=True)
     return 0
 
 

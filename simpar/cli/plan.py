@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacity-factor", type=float, default=1.25, help="with --experts: C (slots ceil(CKB/E))"
     )
     g.add_argument("--ep", type=int, default=1, help="with --experts: expert-parallel ranks inside --dp")
+    g.add_argument("--alltoall", default="pairwise", help="with --ep: the all-to-all, pairwise | bruck")
     g.add_argument(
         "--imbalance", type=float, default=1.0, help="with --experts: hottest expert's load / the mean (>= 1)"
     )
@@ -181,6 +182,7 @@ def spec_from_args(a) -> cm.Spec:
         top_k=a.top_k,
         capacity_factor=a.capacity_factor,
         ep=a.ep,
+        alltoall=a.alltoall,
     )
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 

@@ -1,6 +1,7 @@
 """`simpar tour` (the default command): every layout that fits the world size, checked against serial.
 
 mpiexec -n 4 python -m mpi4py -m simpar            # or: ... -m simpar tour --quick
+mpiexec -n 4 python -m mpi4py -m simpar tour --experts 4 --top-k 2     # serial, dp4, dp4xep2, dp4xep4
 """
 
 from __future__ import annotations

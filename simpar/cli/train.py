@@ -47,26 +47,26 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp or --pp)",
     )
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
-    if not tour:  # the tour's layouts include tp and pp, which MoE does not support
-        g.add_argument(
-            "--experts",
-            type=int,
-            default=d.experts,
-            help="mixture of experts: E experts in every hidden-to-hidden layer (0: the plain MLP)",
-        )
-        g.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (gates renormalised)")
-        g.add_argument(
-            "--capacity-factor",
-            type=float,
-            default=d.capacity_factor,
-            help="token slots per expert = ceil(C * K * rows / E); tokens beyond are dropped (counted)",
-        )
-        g.add_argument(
-            "--aux-loss-coef",
-            type=float,
-            default=d.aux_loss_coef,
-            help="Switch load-balancing loss weight alpha",
-        )
+    g.add_argument(
+        "--experts",
+        type=int,
+        default=d.experts,
+        help="mixture of experts: E experts in every hidden-to-hidden layer (0: the plain MLP)"
+        + ("; the tour then shows serial, dp and each dp x ep layout" if tour else ""),
+    )
+    g.add_argument("--top-k", type=int, default=d.top_k, help="experts per token (gates renormalised)")
+    g.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=d.capacity_factor,
+        help="token slots per expert = ceil(C * K * rows / E); tokens beyond are dropped (counted)",
+    )
+    g.add_argument(
+        "--aux-loss-coef",
+        type=float,
+        default=d.aux_loss_coef,
+        help="Switch load-balancing loss weight alpha",
+    )
     g.add_argument(
         "--precision",
         default=d.precision,
@@ -119,6 +119,12 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         g.add_argument(
             "--stage-layers", type=int_list, default=None, help="layers per pipeline stage, e.g. 2,1,1"
         )
+    g.add_argument(
+        "--alltoall",
+        default=d.alltoall,
+        help="expert parallelism's all-to-all: pairwise (P-1 messages) or bruck (log2 P messages, "
+        "more bytes)" + ("; the tour's dp x ep layouts use it" if tour else ""),
+    )
     g.add_argument("--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--microbatches", type=int, default=d.microbatches)
     g.add_argument(
@@ -203,11 +209,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         precision=args.precision,
         loss_scale=args.loss_scale,
         seed=args.seed,
-        experts=getattr(args, "experts", 0),
-        top_k=getattr(args, "top_k", 2),
-        capacity_factor=getattr(args, "capacity_factor", 1.25),
-        aux_loss_coef=getattr(args, "aux_loss_coef", 0.01),
+        experts=args.experts,
+        top_k=args.top_k,
+        capacity_factor=args.capacity_factor,
+        aux_loss_coef=args.aux_loss_coef,
         ep=getattr(args, "ep", 1),
+        alltoall=getattr(args, "alltoall", "pairwise"),
         dataset=args.dataset,
         samples=args.samples,
         data_dir=args.data_dir,

@@ -8,6 +8,7 @@ One file per algorithm, all on base.py's generator shape (see its docstring):
   ps.py            parameter-server all-reduce                      (Li et al. 2014)
   native.py        MPI's own MPI_Allreduce (volume booked as modeled)
   alltoall.py      pairwise-exchange all-to-all of pieces of any size (expert parallelism)
+  bruck.py         Bruck's all-to-all: log2 p rounds, pieces forwarded  (Bruck et al. 1997)
 
 Every all-reduce moves 2(p-1) N elements over all ranks; each file's docstrings derive how that
 is spread over ranks and rounds. `--collectives NAME` picks the all-reduce from ALLREDUCE_ALGORITHMS.
@@ -36,6 +37,7 @@ from .base import (  # noqa: F401
     scratch,
     set_reduce_kernel,
 )
+from .bruck import bruck_alltoall_rounds, bruck_rounds  # noqa: F401
 from .native import mpi_allreduce_rounds
 from .ps import ps_allreduce_rounds
 from .rabenseifner import rabenseifner_allreduce_rounds

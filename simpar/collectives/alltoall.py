@@ -1,4 +1,5 @@
-"""Pairwise-exchange all-to-all with pieces of any size (MPI_Alltoallv's job), on counted messages.
+"""Pairwise-exchange all-to-all with pieces of any size (MPI_Alltoallv's job), on counted messages;
+and `alltoall`, which runs it or Bruck's algorithm (bruck.py: fewer messages, more bytes).
 
 Rank r of p holds one piece for every rank q (`send[q]`, any number of rows, possibly none) and
 receives one piece from every rank (`recv[q]`, sized by the caller: in expert parallelism every
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..comm import Communicator
 from .base import Rounds, new_tag, run
+from .bruck import bruck_alltoall_rounds
 
 
 def pairwise_alltoall_rounds(
@@ -39,12 +41,24 @@ def pairwise_alltoall_rounds(
 
 
 def alltoall(
-    comm: Communicator, send: list[np.ndarray], recv_rows: list[int], category: str, op: str
+    comm: Communicator,
+    send: list[np.ndarray],
+    rows: list[list[int]],
+    category: str,
+    op: str,
+    algorithm: str = "pairwise",
 ) -> list[np.ndarray]:
-    """Exchange pieces of rows: send[q] goes to rank q; returns the pieces received, recv_rows[q]
-    rows from rank q, each in a fresh buffer (never aliasing a later receive)."""
-    width, dtype = send[0].shape[1:], send[0].dtype
+    """Exchange pieces of rows: send[q] goes to rank q; rows[s][q] is how many rows rank s sends rank q,
+    for the whole group (every rank passes the same matrix; Bruck's algorithm forwards other ranks'
+    pieces and needs their sizes). Returns the pieces received, rows[q][rank] from rank q, each in a
+    fresh buffer (never aliasing a later receive)."""
+    width, dtype, r = send[0].shape[1:], send[0].dtype, comm.rank
     send = [np.ascontiguousarray(s) for s in send]
-    recv = [np.empty((n, *width), dtype) for n in recv_rows]
-    run(pairwise_alltoall_rounds(comm, send, recv, category, op), comm.name)
+    if algorithm == "bruck":  # fills recv with views of its fresh receive buffers
+        recv = [None] * comm.size
+        rounds = bruck_alltoall_rounds(comm, send, recv, rows, category, op)
+    else:
+        recv = [np.empty((rows[q][r], *width), dtype) for q in range(comm.size)]
+        rounds = pairwise_alltoall_rounds(comm, send, recv, category, op)
+    run(rounds, comm.name)
     return recv

@@ -8,9 +8,12 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
   collectives.py  what one rank sends in one collective (ring, Rabenseifner, tree, PS, MPI)
   spec.py         the question (Spec, precisions, check) and how simpar cuts it up (shards, buckets, rows)
   stages.py       which layers each pipeline stage gets (the balanced split, by bisection)
+  order.py        a pipeline rank's order of work (each schedule) and the activations it keeps alive
   rank.py         one rank's step: bytes, messages, memory, FLOPs (predict_rank)
   work.py         what each layer's compute costs per row and per call (FLOPs, memory-bound elements)
   passes.py       the memory passes each kernel backend's layer and optimizer calls make (per backend)
+  resblocks.py    --arch resmlp's units, and their tensor/sequence-parallel rules, in closed form
+  moe.py          mixture of experts with expert parallelism: all-to-all rows, memory, time
   chunktime.py    the seconds of one rank's work on one model chunk (the alpha-beta-gamma model)
   steptime.py     those pieces in a schedule's order: one step's time as max-plus recurrences
   predict.py      the time model, the whole prediction (predict) and the comparison with a run

@@ -151,6 +151,41 @@ ALLREDUCE = {
 }
 
 
+# -- all-to-alls of pieces of any size (expert parallelism) ------------------------------------------------
+# m[s][q]: elements rank s sends rank q, for every s, q of the group (in expert parallelism every rank
+# knows them all from the routing histograms). Time: one round after the other, each alpha + its one
+# message's bytes x beta, so round_elems is everything the rank sends (simclock charges each message so).
+
+
+def pairwise_alltoall(m: list[list[float]], p: int, r: int) -> Cost:
+    """Pairwise exchange (Thakur et al. 2005, sec. 3.4): round j = 1..p-1 sends m[r][(r+j) % p]
+    straight to its owner: sum over q != r of m[r][q], in p-1 messages and rounds."""
+    sent = sum(m[r][q] for q in range(p) if q != r)
+    return Cost(sent, p - 1, 0, p - 1, sent)
+
+
+def bruck_alltoall(m: list[list[float]], p: int, r: int) -> Cost:
+    """Bruck et al. 1997 (the index algorithm, radix 2): ceil(log2 p) rounds; in round k rank r sends
+    rank r + 2^k every piece whose relative destination j (1..p-1) has bit k set. Such a piece has
+    made the moves of j's lower bits already, so it left s = r - (j mod 2^k) for s + j (mod p):
+
+        sent = sum_k sum_{j: bit k of j} m[s][(s + j) % p],   s = (r - j mod 2^k) mod p
+
+    Equal pieces m: sum_j popcount(j) m = (p/2) log2 p m for p a power of two (pairwise: (p-1) m)."""
+    sent, rounds = 0, 0
+    while (1 << rounds) < p:
+        hop = 1 << rounds
+        for j in range(1, p):
+            if j & hop:
+                s = (r - j % hop) % p
+                sent += m[s][(s + j) % p]
+        rounds += 1
+    return Cost(sent, rounds, 0, rounds, sent)
+
+
+ALLTOALL = {"pairwise": pairwise_alltoall, "bruck": bruck_alltoall}
+
+
 def to_bytes(cost: Cost, elem_bytes: int, times: int = 1) -> Cost:
     """Elements -> bytes (messages and rounds stay counts), `times` repetitions."""
     k = times * elem_bytes

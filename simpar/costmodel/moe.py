@@ -10,6 +10,9 @@ expert e keeps (capacity ceil(C K B / E), filled in global row order), per MoE l
   ep-combine        it returns what its experts computed for the group's other ranks:
                     sum_{s in group, s != d} sum_{e on d} kept[s][e] x d_out          (P-1 messages)
   ep-combine-grad   as ep-dispatch, d_out wide;  ep-dispatch-grad: as ep-combine, d_in wide
+  --alltoall bruck  the same pieces (ep rank a to b in dispatch: sum_{e on b} kept[a][e] rows; combine
+                    the transpose) by Bruck's algorithm: ceil(log2 P) messages, each piece sent once
+                    per set bit of its relative destination (collectives.bruck_alltoall)
   ep-histogram      (control) ring all-gather of D x E int64 counts over the dp group: (D-1) E x 8 B
   grad-allreduce    the non-expert parameters (dense layers, routers) over the D dp ranks, one call
   expert-grad-allreduce  this rank's E/P experts over its expert-data-parallel group (D/P ranks)
@@ -29,7 +32,8 @@ activations as `activation_bytes` counts them, the most of any step (exact with 
 --precision mixed-bf16: everything in 2-byte halves except the router, which computes and keeps its
 probabilities in float32 (Switch's selective precision, Fedus et al. 2021, sec. 2.4): n_d x E x 4 B.
 Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
-per round and beta per byte of the largest message, blocking (parallel/expert.py overlaps nothing);
+per round and beta per byte on its critical path (an all-to-all: every round's message, one after the
+other), blocking (parallel/expert.py overlaps nothing);
 under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
 """
 
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, to_bytes
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
 from .rank import Book, _book_root_scatter
 from .spec import Spec
 from .work import layer_work, loss_bytes, optimizer_bytes
@@ -94,19 +98,17 @@ def kept_in_row_order(H: list[list[int]], cap: int) -> list[list[int]]:
     return kept
 
 
-def rank_alltoall_rows(spec: Spec, kept: list[list[float]], d: int) -> dict:
-    """Rows rank d sends per MoE layer in each all-to-all, from one layer's kept[s][e]."""
+def alltoall_pieces(spec: Spec, kept: list[list[float]], d: int) -> dict:
+    """The rows of every piece in rank d's ep group, per all-to-all: m[a][b] is what ep rank a sends ep
+    rank b. Dispatch (and combine-grad): a's kept assignments to b's experts; combine (and
+    dispatch-grad): the transpose, b's experts' outputs going back to a's rows."""
     P, per = spec.ep, spec.experts // spec.ep
-    j, base = d % P, d - d % P
-    mine = range(j * per, (j + 1) * per)
-    out_rows = sum(kept[d][e] for e in range(spec.experts) if e not in mine)
-    back_rows = sum(kept[s][e] for s in range(base, base + P) if s != d for e in mine)
-    return {
-        "ep-dispatch": out_rows,
-        "ep-combine-grad": out_rows,
-        "ep-combine": back_rows,
-        "ep-dispatch-grad": back_rows,
-    }
+    base = d - d % P
+    out = [
+        [sum(kept[base + a][e] for e in range(b * per, (b + 1) * per)) for b in range(P)] for a in range(P)
+    ]
+    back = [[out[b][a] for b in range(P)] for a in range(P)]
+    return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
 
 
 def activation_bytes(spec: Spec, kept_per_layer: list[list[list[float]]], d: int, k: int = 0) -> float:
@@ -174,11 +176,12 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
 
         for step in per_step:
             for layer, kept in zip(layers, step):
-                rows = rank_alltoall_rows(spec, kept, d)
+                pieces = alltoall_pieces(spec, kept, d)
                 for op in OPS:
                     width = W[layer] if op in ("ep-dispatch", "ep-dispatch-grad") else W[layer + 1]
-                    n = rows[op] * width
-                    add(op, Cost(round(n), P - 1, 0, P - 1, math.ceil(n / max(P - 1, 1))), bpe)
+                    m = [[rows * width for rows in line] for line in pieces[op]]
+                    c = ALLTOALL[spec.alltoall](m, P, d % P)
+                    add(op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
                 add("ep-histogram", ring_allgather(D * E, D, d), 8)
         add("grad-allreduce", allreduce(dense, D, d), spec.prec.grad, steps)
         add("expert-grad-allreduce", allreduce(experts, D // P, d // P), spec.prec.grad, steps)

@@ -46,7 +46,6 @@ from .resblocks import block_collectives, row_share, sp_grad_allreduces
 from .spec import Shape, Spec, coords_of, layer_flops, micro_rows, split
 from .work import (
     elementwise_bytes,
-    first_grads,  # noqa: F401  (re-exported: tests/test_walltime.py imports it from here)
     layer_work,
     optimizer_passes,
     recompute_elems,

@@ -23,10 +23,7 @@ from ..config import SimparError
 from .collectives import chunk
 from .order import stage_chunks
 from .resblocks import local_unit_sizes, unit_kinds
-from .stages import (
-    stage_bounds,
-    unit_sizes,  # noqa: F401  (re-exported: tests/test_resmlp.py reads cm.spec.unit_sizes)
-)
+from .stages import stage_bounds
 
 # -- precisions ---------------------------------------------------------------------------------------
 
@@ -97,6 +94,7 @@ class Spec:
     top_k: int = 2
     capacity_factor: float = 1.25
     ep: int = 1
+    alltoall: str = "pairwise"  # expert parallelism's all-to-all: pairwise | bruck (collectives.ALLTOALL)
     kernels: str = "auto"  # --kernels: which backward writes the gradients how (work.first_grads)
 
     @property
@@ -145,6 +143,7 @@ class Spec:
             top_k=getattr(cfg, "top_k", 2),
             capacity_factor=getattr(cfg, "capacity_factor", 1.25),
             ep=getattr(cfg, "ep", 1),
+            alltoall=getattr(cfg, "alltoall", "pairwise"),
             kernels=getattr(cfg, "kernels", "auto"),
         )
 
@@ -182,6 +181,7 @@ def check(spec: Spec) -> Spec:
         top_k=spec.top_k,
         capacity_factor=spec.capacity_factor,
         ep=spec.ep,
+        alltoall=spec.alltoall,
     )
     validate(cfg, spec.world)
     return spec

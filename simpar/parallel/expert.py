@@ -25,7 +25,9 @@ Bytes per step for rank d (j = d mod P, group g), with kept[s][e] kept assignmen
   ep-dispatch and ep-combine-grad: sum over experts e NOT on d of kept[d][e] rows (d_in, d_out wide)
   ep-combine and ep-dispatch-grad: sum over ranks s != d of g, over e on d, of kept[s][e] rows
   each in P-1 messages per layer (collectives/alltoall.py); balanced routing with no drops:
-  (P-1)/P x rows x K x width x bpe for each of the four.
+  (P-1)/P x rows x K x width x bpe for each of the four. That is --alltoall pairwise (the default);
+  --alltoall bruck (collectives/bruck.py) sends ceil(log2 P) messages instead, forwarding pieces on
+  the way, so more bytes (its docstring has the sum; costmodel/moe.py writes both again).
 Gradients: the non-expert parameters all-reduced over the dp group (`model/grad-allreduce`, one
 call), the experts' over their expert-data-parallel group (`model/expert-grad-allreduce`), both
 after backward: no buckets and no overlap (--bucket-mb and --no-overlap do not apply), kept simple
@@ -92,6 +94,10 @@ class MoELayer:
     def owned_by(self, q: int) -> range:
         return range(q * self.per, (q + 1) * self.per)
 
+    def alltoall(self, send, rows, op: str):
+        """One all-to-all over the ep group, by --alltoall (pairwise exchange or Bruck's algorithm)."""
+        return collectives.alltoall(self.s.ep, send, rows, "activation", op, self.s.cfg.alltoall)
+
     def forward(self, x, N: int, B: int):
         """N: the global rows of this micro-step (its capacity and f_e); B: the global batch (the aux
         loss is weighted N/B per micro-step, so the G micro-steps' shares add up like the main loss)."""
@@ -112,7 +118,11 @@ class MoELayer:
         # come from_q[q][k] rows for this rank's k-th expert (known from the histograms: no size messages)
         send = [np.concatenate([x[assigned[e][0]] for e in self.owned_by(q)]) for q in range(P)]
         from_q = [[int(kept[base + q, e]) for e in self.owned_by(j)] for q in range(P)]
-        got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-dispatch")
+        # dispatch_rows[a][b]: what ep rank a sends ep rank b, for the whole group (Bruck's all-to-all
+        # forwards other ranks' pieces, so every rank needs every size); combine: the transpose
+        dispatch_rows = kept[base : base + P].reshape(P, P, self.per).sum(axis=2).tolist()
+        combine_rows = [list(col) for col in zip(*dispatch_rows)]
+        got = self.alltoall(send, dispatch_rows, "ep-dispatch")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
         outs, ectx, width = [[] for _ in range(P)], {}, self.experts[self.owned_by(j)[0]].W.shape[1]
         for k, e in enumerate(self.owned_by(j)):
@@ -125,7 +135,7 @@ class MoELayer:
         # combine: each expert's outputs go back where its rows came from; to_q[q]: rows this rank sent q
         to_q = [[len(assigned[e][0]) for e in self.owned_by(q)] for q in range(P)]
         outs = [np.concatenate(o) for o in outs]
-        back = collectives.alltoall(s.ep, outs, [sum(c) for c in to_q], "activation", "ep-combine")
+        back = self.alltoall(outs, combine_rows, "ep-combine")
         # gate x output summed in the router's type (float32 under mixed precision), rounded once
         y, hs = np.zeros((x.shape[0], width), p.dtype), {}
         for q in range(P):
@@ -134,14 +144,14 @@ class MoELayer:
                 y[rows] += gates[rows, slots][:, None] * h.astype(p.dtype, copy=False)
                 hs[e] = h
         y = y.astype(x.dtype, copy=False)
-        ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q)
+        ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows)
         held = x.nbytes + p.nbytes + sum(h.nbytes for h in hs.values())
         held += sum(c.nbytes for c in ectx.values() if c is not None)
         return y, aux, ctx, held
 
     def backward(self, dy, ctx):
-        s, P, j = self.s, self.P, self.s.ep.rank
-        x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q = ctx
+        P, j = self.P, self.s.ep.rank
+        x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows = ctx
         # the forward's two all-to-alls in reverse, with the same piece sizes: gate * dy to the experts
         # (combine-grad), dL/d(expert input) back to the rows' ranks (dispatch-grad)
         # (in the router's type, gate * dy rounded to the model's before it travels)
@@ -155,7 +165,7 @@ class MoELayer:
                 dgates[rows, slots] = (dyr * hs[e].astype(f, copy=False)).sum(axis=1)
                 pieces.append((gates[rows, slots][:, None] * dyr).astype(x.dtype, copy=False))
             send.append(np.concatenate(pieces))
-        got = collectives.alltoall(s.ep, send, [sum(c) for c in from_q], "activation", "ep-combine-grad")
+        got = self.alltoall(send, dispatch_rows, "ep-combine-grad")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
         outs = [[] for _ in range(P)]
         for k, e in enumerate(self.owned_by(j)):
@@ -167,9 +177,7 @@ class MoELayer:
             )
             for q, piece in enumerate(split_rows(dxe, [c[k] for c in from_q])):
                 outs[q].append(piece)
-        back = collectives.alltoall(
-            s.ep, [np.concatenate(o) for o in outs], [sum(c) for c in to_q], "activation", "ep-dispatch-grad"
-        )
+        back = self.alltoall([np.concatenate(o) for o in outs], combine_rows, "ep-dispatch-grad")
         dx = np.zeros_like(x)
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
@@ -293,6 +301,7 @@ class ExpertParallel(Strategy):
             "capacity": capacity(self.cfg.capacity_factor, self.cfg.top_k, rows, self.cfg.experts),
             "grad_accum": self.cfg.grad_accum,
             "ep": self.cfg.ep,
+            "alltoall": self.cfg.alltoall,
             "layers": order,
             "tokens_per_expert": [[step[i][1].sum(axis=0).tolist() for i in order] for step in self.routing],
             "routed_per_expert": [[step[i][0].sum(axis=0).tolist() for i in order] for step in self.routing],

@@ -41,7 +41,7 @@ def _bytes_axis(ax, axis: str = "y") -> None:
     A log axis gets powers of two (LogLocator base 2, few enough to read); a linear one gets multiples
     of a power of two bytes (256 KiB, 512 KiB, 768 KiB ...), about five of them.
     """
-    from matplotlib.ticker import FuncFormatter, LogLocator, MultipleLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, MultipleLocator, NullFormatter
 
     def fmt(v, _):
         for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -52,6 +52,9 @@ def _bytes_axis(ax, axis: str = "y") -> None:
     target = ax.yaxis if axis == "y" else ax.xaxis
     if (ax.get_yscale() if axis == "y" else ax.get_xscale()) == "log":
         target.set_major_locator(LogLocator(base=2, numticks=8))
+        # matplotlib labels the minor (decimal) ticks itself when the axis spans less than a decade:
+        # "2x10^6" printed over "2 MiB"; the binary major ticks are the labels
+        target.set_minor_formatter(NullFormatter())
     else:
         lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
         span = max(hi - lo, 1.0)

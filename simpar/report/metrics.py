@@ -107,6 +107,14 @@ def sim_summary(per_rank_steps: list, cfg, hw, predicted: dict, serial_step_s: f
     return out
 
 
+def alltoall_per_step(m: dict) -> float:
+    """Bytes per step of expert parallelism's all-to-all ops (activation/ep-*), all ranks together."""
+    ops = (
+        v["sent"] for r in m["comm"]["ranks"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")
+    )
+    return sum(ops) / max(m["steps"], 1)
+
+
 def modeled_ops(m: dict) -> list[str]:
     """The ops (category/op) of a run whose bytes were booked from a formula, not counted: MPI's own
     collectives (--collectives mpi) hide their messages, so Communicator.record_modeled books the

@@ -60,7 +60,12 @@ def format_moe_plan(spec, pred: dict, hw, from_params: bool = False) -> str:
         f"{pred['capacity']} tokens",
         f"routing: {pred['routing']} (an imbalance u above C is capped at C: the expert drops the rest)",
         "all-to-all per MoE layer per rank, balanced: 4 x (P-1)/P x (B/D) x K x width x bytes "
-        f"(dispatch, combine and their gradients); the busiest rank (rank {busiest['rank']}) per step:",
+        f"(dispatch, combine and their gradients); the busiest rank (rank {busiest['rank']}) per step:"
+        if spec.alltoall == "pairwise"
+        else f"all-to-all by Bruck's algorithm: ceil(log2 P) = {(P - 1).bit_length()} messages each, a "
+        "piece forwarded once per set bit of its relative destination (balanced, P a power of two: "
+        "(P/2) log2 P pieces of (B/D) x K/P rows, against P-1 pairwise); the busiest rank "
+        f"(rank {busiest['rank']}) per step:",
     ]
     for op in ("ep-dispatch", "ep-combine", "ep-combine-grad", "ep-dispatch-grad"):
         entry = busiest["by_op"].get(f"activation/{op}")

@@ -18,7 +18,7 @@ import os
 from ..config import SimparError
 from ..files import read_json
 from .draw import CAT_COLOURS, CATS, KIND_COLOURS, KINDS, _bytes_axis, _plt, _save, _traffic_label
-from .metrics import modeled_ops
+from .metrics import alltoall_per_step, modeled_ops
 from .scaling import comm_scaling
 
 
@@ -41,19 +41,11 @@ def _prediction(metrics: dict) -> dict | None:
 # -- (a) traffic per layout, (c) memory per layout ----------------------------------------------------
 
 
-def _alltoall_per_step(m: dict) -> float:
-    """Bytes per step of expert parallelism's all-to-all ops (activation/ep-*), all ranks together."""
-    ops = (
-        v["sent"] for r in m["comm"]["ranks"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")
-    )
-    return sum(ops) / max(m["steps"], 1)
-
-
 def comm_by_layout(ax, results) -> None:
     """Stacked bars: bytes per step by category (all ranks together); a black tick = the prediction."""
     names = [_traffic_label(n, m) for n, m in results]
     bottom = [0.0] * len(results)
-    a2a = [_alltoall_per_step(m) for _, m in results]
+    a2a = [alltoall_per_step(m) for _, m in results]
     for cat in CATS:
         vals = [m["comm"]["per_step"][cat] for _, m in results]
         if cat == "activation":  # expert parallelism's all-to-all gets a segment of its own
@@ -106,6 +98,7 @@ KEPT_ACTIVATIONS = {
     "tp": "tp: every row (its column slice, plus each layer's full-width input)",
     "sp": "tp with --sp: LayerNorm's and the residual's for 1/t of the rows, the matmuls' for every row",
     "pp": "pp: its stage's layers only, for each micro-batch in flight",
+    "ep": "ep: also, for its experts, the rows its ep group sent them (inputs and pre-activations)",
 }
 
 
@@ -115,7 +108,7 @@ def activations_note(results) -> list[str]:
     for _, m in results:
         cfg, mesh = m.get("config", {}), m.get("mesh", {})
         dp, tp, pp = (mesh.get(a, cfg.get(a) or 1) for a in ("dp", "tp", "pp"))
-        kinds |= {k for k, on in (("dp", dp > 1), ("pp", pp > 1)) if on}
+        kinds |= {k for k, on in (("dp", dp > 1), ("pp", pp > 1), ("ep", (cfg.get("ep") or 1) > 1)) if on}
         if tp > 1:
             kinds.add("sp" if cfg.get("sp") else "tp")
     said = [text for kind, text in KEPT_ACTIVATIONS.items() if kind in kinds]
@@ -183,7 +176,9 @@ def tour_plots(results, out_dir: str) -> list[str]:
             results,
             memory_by_layout,
             os.path.join(out_dir, "memory_by_layout.png"),
-            "activations: peak kept for backward; ZeRO shards params/grads/optimizer",
+            "activations: peak kept for backward; "
+            + ("ep shards the experts" if any(m.get("moe") for _, m in results) else "ZeRO shards")
+            + " params/grads/optimizer",
         ),
     ]
     written += _timelines(out_dir)

@@ -5,7 +5,9 @@
                                      runs measured
 
 The lines are closed forms (costmodel.predict on the `local` profile), so they extend past the runs that
-fit this machine; the dots sit on them because the ledger and the cost model agree exactly.
+fit this machine; the dots sit on them because the ledger and the cost model agree exactly. A mixture
+of experts' lines assume balanced routing (no run routed those sizes), so its dots, as routed, sit near
+them: above where the routing was unbalanced, below where capacity dropped tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def _family_curve(config: dict, key: str, values: list[int]):
     from ..config import RunConfig
     from ..costmodel import Spec, check, predict
     from ..costmodel.hardware import LOCAL_DEFAULTS
+    from ..costmodel.moe import predict_moe
 
     xs, ys = [], []
     for v in values:
@@ -38,7 +41,10 @@ def _family_curve(config: dict, key: str, values: list[int]):
         else:
             d["batch"] = v
         try:
-            pred = predict(check(Spec(**d)), LOCAL_DEFAULTS)
+            spec = check(Spec(**d))  # a size `train` would refuse (e.g. --ep not dividing dp) is no point
+            # --experts: sizes that did not run have no routing to predict from, so the line assumes
+            # balanced routing without drops (moe.predict_moe); the run's own dot is as routed
+            pred = predict_moe(spec, LOCAL_DEFAULTS) if spec.experts else predict(spec, LOCAL_DEFAULTS)
         except SimparError:
             continue
         if _per_rank(pred) > 0:  # one rank sends nothing: no point on a log axis
@@ -115,7 +121,10 @@ def comm_scaling(path: str, results) -> str:
         ax.set_ylabel("bytes sent per step by the busiest rank")
         _bytes_axis(ax)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].set_title("vs world size\n(dp/ZeRO: model bytes approach 2P or 3P; tp: activations)", fontsize=10)
+    world = "dp/ZeRO: model bytes approach 2P or 3P; tp: activations"
+    if base.get("experts"):  # the world panel varies dp; a layout's --ep stays (sizes it divides)
+        world = "dp grows, --ep fixed: gradients up, all-to-all down"
+    axes[0].set_title(f"vs world size\n({world})", fontsize=10)
     axes[1].set_title("vs hidden width\n(model bytes ~ width^2, activations ~ width)", fontsize=10)
     axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
     handles, labels = [], []
@@ -127,7 +136,12 @@ def comm_scaling(path: str, results) -> str:
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     fig.suptitle(
         "Bytes per step of the busiest rank: lines = predicted by the cost model, "
-        "dots = measured by the ledger at the size that ran (layouts with equal predictions share a line)",
+        "dots = measured by the ledger at the size that ran (layouts with equal predictions share a line)"
+        + (
+            "\nmixture of experts: lines for balanced routing without drops, dots as routed"
+            if base.get("experts")
+            else ""
+        ),
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0.14, 1, 0.95))
