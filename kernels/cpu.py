@@ -422,7 +422,11 @@ def _sgd_momentum(w, g, v, lr, mu):
         w[i] = w[i] - lr * vi
 
 
-@njit(cache=True)
+# error_model="numpy": a division by zero gives inf or nan, as in NumPy, instead of Numba's default
+# check-and-raise per element -- a branch that kept LLVM from vectorising the square root and the
+# division (5.5 -> 1.6 ms at 1.86M float32 parameters). Vector sqrt and divide round exactly like the
+# scalar ones (IEEE), so the bits stay NumPy's; no fast-math is involved.
+@njit(cache=True, error_model="numpy")
 def _adam(w, g, m, v, lr, b1, c1, b2, c2, eps, ms, vs):
     for i in range(w.shape[0]):
         gi = g[i]
