@@ -11,7 +11,7 @@ median of the per-pair differences (what the change saves), in ms and as a share
 
   lazy zero_grad   fill(0) + "dW += x.T @ dz"  vs  the first backward writing dW straight into
                    the flat gradient buffer (model.ParamStore.zero_grad(lazy=True))
-  fused optimizer  NumPy's "w -= lr * g" (a temporary)  vs  one Numba sweep (kernels/cpu.py _sgd)
+  fused optimizer  NumPy's "w -= lr * g" (a temporary)  vs  one Numba sweep (kernels/cpu_optim.py _sgd)
   fused layers     kernels "numpy" (NumPy's unfused bias, activation and their backward)  vs
                    "numba" (one sweep epilogue after each BLAS GEMM)
 
