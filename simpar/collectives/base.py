@@ -191,12 +191,11 @@ class Pending:
     def _run_on_stream(self) -> float:
         """Run this collective (and every one started before it) on the simulated stream; its end."""
         clock, queue = self._clock, self._clock.in_flight[self.group]
-        waited_at = clock.issue_time()
+        # host_progress: nothing moved before the rank waited, so the stream starts no earlier than now
+        waited_at = clock.issue_time() if clock.profile.host_progress else 0.0
         while queue and not self.done:
             first = queue.pop(0)
-            t = max(first.started_at, clock.stream_free.get(self.group, 0.0))
-            if clock.profile.host_progress:  # MPI on the rank's own core: it moves when the rank waits
-                t = max(t, waited_at)
+            t = max(first.started_at, clock.stream_free.get(self.group, 0.0), waited_at)
             start = t
             outer, clock.cursor = clock.cursor, t
             try:
