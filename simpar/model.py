@@ -36,7 +36,13 @@ def softmax_cross_entropy(logits, labels, global_batch):
     """Loss of these rows divided by the global batch size, and dL/dlogits for them.
 
     Returns (loss_share, dlogits): summing loss_share over all shards gives the mean loss.
+    Logits (rows, s, V) with labels (rows, s) -- a sequence model, every position predicting its next
+    token (gpt.py) -- are s times as many rows: the mean is over the global batch's tokens.
     """
+    if logits.ndim == 3:
+        rows, s, v = logits.shape
+        loss, d = softmax_cross_entropy(logits.reshape(rows * s, v), labels.reshape(-1), global_batch * s)
+        return loss, d.reshape(rows, s, v)
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
     sum_exp = exp.sum(axis=1, keepdims=True)
