@@ -22,7 +22,7 @@ from .config import RunConfig, SimparError, validate
 from .limits import check_memory
 
 # Config fields whose command-line flag is not simply --field-name.
-_FLAGS = {"overlap": "--no-overlap", "eval_every_epoch": "(eval every epoch)"}
+_FLAGS = {"overlap": "--no-overlap", "eval_every_epoch": "(eval every epoch)", "blocks": "--n-layers"}
 
 
 def allgather(world, obj) -> list:

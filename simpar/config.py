@@ -20,10 +20,10 @@ from .config_pipeline import pipeline_rules
 from .errors import SimparError
 from .errors import require as _require  # validate's many one-line rules
 
-DATASETS = ("digits", "synthetic", "mnist")
+DATASETS = ("digits", "synthetic", "mnist", "text", "copy")  # text, copy: --arch gpt (textdata.py)
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
-ARCHS = ("mlp", "resmlp")
+ARCHS = ("mlp", "resmlp", "gpt")
 PRECISIONS = ("fp32", "mixed-fp16", "mixed-bf16")  # fp32: everything in --dtype (simpar/precision.py)
 ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -42,6 +42,12 @@ class RunConfig:
     layers: list[int] = field(default_factory=lambda: [64, 128, 128, 128, 10])
     activation: str = "relu"
     arch: str = "mlp"  # resmlp: pre-LayerNorm residual blocks between two projections (resmlp.py)
+    # --arch gpt (gpt.py): --n-layers is `blocks` (n_layers below is the MLP's len(layers) - 1)
+    blocks: int = 2
+    hidden: int = 64
+    heads: int = 4
+    seq_len: int = 32
+    vocab: int = 256
     dtype: str = "float32"
     precision: str = "fp32"  # mixed-fp16 | mixed-bf16: half weights/activations/grads, fp32 master
     loss_scale: float | None = None  # mixed: the initial dynamic loss scale (None: the format's default)
@@ -125,8 +131,15 @@ class RunConfig:
 
 def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     """Check every rule; fill in dp from the world size. Raises SimparError naming the first problem."""
-    _require(len(cfg.layers) >= 2, "--layers needs at least an input and an output width, e.g. 64,128,10")
-    _require(all(w >= 1 for w in cfg.layers), f"--layers widths must be positive, got {cfg.layers}")
+    _require(cfg.arch in ARCHS, f"unknown arch {cfg.arch!r} (choose from {', '.join(ARCHS)})")
+    if cfg.arch == "gpt":
+        gpt_rules(cfg)
+    else:
+        _require(len(cfg.layers) >= 2, "--layers needs at least an input and an output width, e.g. 64,128,10")
+        _require(all(w >= 1 for w in cfg.layers), f"--layers widths must be positive, got {cfg.layers}")
+        _require(
+            cfg.dataset not in ("text", "copy"), f"--dataset {cfg.dataset} is token sequences: add --arch gpt"
+        )
     _require(cfg.dataset in DATASETS, f"unknown dataset {cfg.dataset!r} (choose from {', '.join(DATASETS)})")
     _require(
         cfg.optimizer in OPTIMIZERS,
@@ -137,7 +150,6 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         cfg.precision in PRECISIONS,
         f"unknown precision {cfg.precision!r} (choose from {', '.join(PRECISIONS)})",
     )
-    _require(cfg.arch in ARCHS, f"unknown arch {cfg.arch!r} (choose from {', '.join(ARCHS)})")
     if cfg.arch == "resmlp":
         hidden = cfg.layers[1:-1]
         _require(
@@ -265,6 +277,45 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
             "all-reduce layouts only",
         )
     return cfg
+
+
+def gpt_rules(cfg: RunConfig) -> None:
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3)."""
+    for name, value in (
+        ("--n-layers", cfg.blocks),
+        ("--hidden", cfg.hidden),
+        ("--heads", cfg.heads),
+        ("--seq-len", cfg.seq_len),
+        ("--vocab", cfg.vocab),
+    ):
+        _require(value >= 1, f"{name} must be at least 1, got {value}")
+    _require(cfg.hidden % cfg.heads == 0, f"--hidden {cfg.hidden} is not divisible by --heads {cfg.heads}")
+    _require(
+        cfg.dataset in ("text", "copy"),
+        f"--arch gpt trains on token sequences: --dataset text or copy, not {cfg.dataset}",
+    )
+    _require(
+        cfg.dataset != "copy" or (cfg.seq_len >= 2 and cfg.seq_len % 2 == 0 and cfg.vocab >= 2),
+        "--dataset copy needs an even --seq-len >= 2 (symbols, separator, copy) and --vocab >= 2",
+    )
+    later = [
+        name
+        for name, used in (
+            ("--tp", cfg.tp > 1),
+            ("--pp", cfg.pp > 1),
+            ("--sp", cfg.sp),
+            ("--experts", cfg.experts > 0),
+            ("--recompute", cfg.recompute != "none"),
+            ("--clock sim", cfg.clock == "sim"),
+            ("--data-source root", cfg.data_source == "root"),
+        )
+        if used
+    ]
+    _require(
+        not later,
+        f"--arch gpt runs serially, with --dp and with --zero 1-3 so far; {', '.join(later)} "
+        "not yet (issue 23)",
+    )
 
 
 INJECTIONS = {

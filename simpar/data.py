@@ -6,6 +6,7 @@ Datasets (all return float inputs in [0, 1]-ish range and integer labels):
   synthetic  teacher-student classification of any size/width: inputs ~ N(0, 1), labels from a
              fixed random two-layer "teacher" network -- for scaling studies with big widths.
   mnist      local IDX files (train-images-idx3-ubyte etc., optionally .gz); nothing is downloaded.
+  text, copy token sequences for --arch gpt (textdata.py): shipped byte-level text; a copy task.
 
 How a global batch reaches the ranks: every step draws the same global row indices on every rank
 (a per-epoch permutation of (seed, epoch)). Gradient accumulation cuts them into K micro-steps,
@@ -39,6 +40,7 @@ class Dataset:
     x_val: np.ndarray
     y_val: np.ndarray
     n_classes: int
+    val_mask: np.ndarray | None = None  # sequences (textdata.py): the positions accuracy counts
 
     @property
     def width(self) -> int:
@@ -125,6 +127,15 @@ def load_mnist(data_dir: str, dtype) -> Dataset:
 
 def load_dataset(cfg: RunConfig) -> Dataset:
     dtype = cfg.compute_dtype()  # half under --precision mixed-*: the model's input is half too
+    if cfg.arch == "gpt":  # token sequences (textdata.py): integer inputs, no --layers
+        from .textdata import load_tokens
+
+        data = load_tokens(cfg)
+        if len(data.x_train) < cfg.batch:
+            raise SimparError(
+                f"--batch {cfg.batch} is larger than the {len(data.x_train)} training sequences"
+            )
+        return data
     if cfg.dataset == "digits":
         data = load_digits(dtype)
     elif cfg.dataset == "synthetic":
@@ -198,7 +209,7 @@ class BatchFeeder:
 
     def __init__(self, data: Dataset | None, cfg: RunConfig, mesh, dtype):
         self.data, self.cfg, self.mesh, self.dtype = data, cfg, mesh, np.dtype(dtype)
-        self.width = cfg.layers[0]
+        self.width = cfg.layers[0] if cfg.layers else None  # gpt: token ids (no --data-source root yet)
 
     def _needs(self, world_rank: int) -> tuple[int, bool, bool]:
         from .mesh import coords_of

@@ -65,6 +65,12 @@ def model_bytes(cfg: RunConfig) -> int:
     """Per rank: its share of parameters, gradients and optimizer state; the full-shape float64
     draw of the largest layer (every layout initialises the full shape, then slices); activations."""
     item = 4 if cfg.dtype == "float32" else 8
+    if cfg.arch == "gpt":  # parameters as gpt.py builds them; activations ~ (34 + 5 a s / h) s b h bytes
+        h, s, V = cfg.hidden, cfg.seq_len, cfg.vocab
+        params = cfg.blocks * (12 * h * h + 13 * h) + (2 * V + s + 2) * h
+        rows = cfg.batch / ((cfg.dp or 1) * cfg.grad_accum)
+        acts = cfg.blocks * rows * s * h * (17 + cfg.heads * s / h) + rows * s * V
+        return int(params * item * (2 + (2 if cfg.optimizer == "adam" else 1)) + acts * item)
     widths = cfg.layers
     params = sum((a + 1) * b for a, b in zip(widths[:-1], widths[1:]))
     states = 2 if cfg.optimizer == "adam" else 1
@@ -92,7 +98,7 @@ def check_memory(cfg: RunConfig, world_size: int) -> None:
     here = ranks_on_this_machine(world_size)
     loaders = here if cfg.data_source == "local" else 1
     need_model, need_data = model_bytes(cfg), data_bytes(cfg)
-    layers = ",".join(map(str, cfg.layers))
+    layers = ",".join(map(str, cfg.layers)) or f"{cfg.blocks} gpt blocks"
     if need_model * here > free:
         raise SimparError(
             f"--layers {layers} needs about {fmt_bytes(need_model)} per rank ({cfg.dtype} parameters, "

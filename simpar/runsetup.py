@@ -38,7 +38,10 @@ def select_kernels(cfg: RunConfig) -> str:
     if name == "auto":
         splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
         rows = -(-cfg.batch // splits)
-        widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
+        if cfg.arch == "gpt":  # its matmuls: h -> h (q, k, v, o), h -> 4h -> h, h -> V, over rows x s tokens
+            widths, rows = [cfg.hidden, 4 * cfg.hidden, cfg.hidden, cfg.vocab], rows * cfg.seq_len
+        else:
+            widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
         name = kernels.choose_auto(widths, rows, cfg.dtype)  # mixed: the float32 compute under HalfKernels
     if name == "cuda":
         from numba import cuda

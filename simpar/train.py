@@ -63,6 +63,12 @@ from .runsetup import (
 def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = None) -> float:
     """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
     x = data.x_val
+    if cfg is not None and cfg.arch == "gpt":  # token accuracy (copy: on the copied half only)
+        from .gpt import gpt_logits, token_accuracy
+        from .resmlp import build_units
+
+        logits = gpt_logits(build_units(cfg), weights, x)
+        return token_accuracy(logits, data.y_val, data.val_mask)
     if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
         x = x.astype(np.float32)
         weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]

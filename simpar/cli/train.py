@@ -44,8 +44,14 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
         "--arch",
         default=d.arch,
         choices=ARCHS,
-        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp or --pp)",
+        help="mlp, or resmlp: pre-LayerNorm residual blocks x + W2 act(W1 LN(x)) (dp, --zero, --tp or --pp), "
+        "or gpt: a decoder-only transformer on --dataset text or copy (serial, dp, --zero)",
     )
+    g.add_argument("--n-layers", dest="blocks", type=int, default=d.blocks, help="gpt: transformer blocks L")
+    g.add_argument("--hidden", type=int, default=d.hidden, help="gpt: width h of the residual stream")
+    g.add_argument("--heads", type=int, default=d.heads, help="gpt: attention heads a (head size h/a)")
+    g.add_argument("--seq-len", type=int, default=d.seq_len, help="gpt: tokens per sequence s")
+    g.add_argument("--vocab", type=int, default=d.vocab, help="gpt: vocabulary V (text: bytes, 256)")
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES)
     g.add_argument(
         "--experts",
@@ -83,7 +89,9 @@ def add_run_arguments(p: argparse.ArgumentParser, tour: bool = False) -> None:
     )
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default=d.dataset, choices=DATASETS)
+    g.add_argument(
+        "--dataset", default=d.dataset, choices=DATASETS, help="text and copy: --arch gpt (its default: text)"
+    )
     g.add_argument("--samples", type=int, default=d.samples, help="synthetic: number of samples")
     g.add_argument("--data-dir", default=None, help="mnist: folder with the four IDX files")
     g.add_argument(
@@ -201,10 +209,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     layers = args.layers
     if layers is None:
         layers = DEFAULT_LAYERS.get(args.dataset)
+    gpt = args.arch == "gpt"
     cfg = RunConfig(
-        layers=layers or [],
+        layers=[] if gpt else layers or [],
         activation=args.activation,
         arch=args.arch,
+        blocks=args.blocks,
+        hidden=args.hidden,
+        heads=args.heads,
+        seq_len=args.seq_len,
+        vocab=args.vocab,
         dtype=args.dtype,
         precision=args.precision,
         loss_scale=args.loss_scale,
@@ -215,7 +229,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         aux_loss_coef=args.aux_loss_coef,
         ep=getattr(args, "ep", 1),
         alltoall=getattr(args, "alltoall", "pairwise"),
-        dataset=args.dataset,
+        dataset="text" if gpt and args.dataset == "digits" else args.dataset,  # the default: gpt's is text
         samples=args.samples,
         data_dir=args.data_dir,
         data_source=args.data_source,
@@ -254,7 +268,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         checkpoint_every=getattr(args, "checkpoint_every", None),
         resume=getattr(args, "resume", None),
     )
-    if not cfg.layers:
+    if not cfg.layers and not gpt:
         raise SimparError(
             f"--dataset {args.dataset} needs --layers (input width first, number of classes last)"
         )

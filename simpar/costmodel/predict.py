@@ -230,8 +230,12 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     ledger's; `per_step` holds one step's. Time is on the `local` hardware profile unless `hw` is given.
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
-    spec = Spec.from_config(cfg, world_size)
     steps = steps if steps is not None else (cfg.steps or 1)
+    if getattr(cfg, "arch", "mlp") == "gpt":  # a transformer's units and activations (costmodel/gpt.py)
+        from .gpt import predict_run
+
+        return predict_run(cfg, world_size, steps, hw or hardware.load("local"))
+    spec = Spec.from_config(cfg, world_size)
     if spec.experts:
         from .moe import predict_moe
 

@@ -119,6 +119,6 @@ def restore_selective(x, kept: list, stack) -> list:
 def make_stack(cfg, lo: int = 0, hi: int | None = None):
     """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp."""
     indices = list(range(lo, cfg.n_layers if hi is None else hi))
-    if cfg.arch == "resmlp":
-        return UnitStack(cfg, indices)
+    if cfg.arch in ("resmlp", "gpt"):
+        return UnitStack(cfg, indices if cfg.arch == "resmlp" else None)  # gpt: every unit (no --pp yet)
     return SerialStack(cfg, indices)

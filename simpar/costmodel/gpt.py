@@ -1,0 +1,309 @@
+"""A decoder-only transformer (--arch gpt) in closed form: parameters, FLOPs, memory, time and MFU.
+
+Notation: L blocks, hidden h, a heads, sequence s, vocabulary V, b sequences per micro-batch, B per
+step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula written again here:
+
+  parameters   simpar's model (gpt.py): L (12h^2 + 13h) + (V + s) h + 2h + V h (untied head, final LN);
+               Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters
+               Using Megatron-LM", sec. 5.1): 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)), head tied
+  FLOPs/step   Narayanan et al. 2021, sec. 5.1 (matmuls only, causal scores counted in full):
+               72 B s L h^2 (1 + s/(6h) + V/(12 L h)); with full recomputation
+               96 B s L h^2 (1 + s/(6h) + V/(16 L h)) -- simpar's matmuls are exactly these
+  activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+               Models", Table 2), bytes per layer with 16-bit activations and 1-byte dropout masks:
+                 no parallelism            s b h (34 + 5 a s / h)
+                 tensor parallel           s b h (10 + 24/t + 5 a s / (h t))
+                 tensor + sequence par.    s b h (34/t + 5 a s / (h t))
+                 tp + selective recompute  s b h (10 + 24/t);  tp + sp + selective  s b h 34/t
+                 full recomputation        2 s b h (the layer's input only)
+               simpar's own block has no dropout: it keeps 16 s h + a s^2 + 2 s ELEMENTS per sequence
+               (LN1's xh, the attention input, q, k, v, P, the heads' output o, LN2's xh, the MLP
+               input, W1's output and GELU's; each LayerNorm's 1/sigma per token). In 16-bit that is
+               32 sbh + 2 a s^2 b + 4 sb: Korthikanti's 34 sbh + 5 a s^2 b less the two sbh dropout
+               masks, the a s^2 b attention-dropout mask and its 2 a s^2 b output, plus the row stats.
+  optimizer    ZeRO (Rajbhandari et al. 2020, sec. 3.1 and 5): (2 + 2 + K) bytes per parameter,
+               K = 12 for mixed-precision Adam; ZeRO-1/2/3 divide the optimizer / + grads / + params by dp
+  MFU          model FLOPs (the 72 formula: recomputation is not useful work) / (step time x devices x
+               peak), PaLM's definition (Chowdhery et al. 2022, appendix B). The GPU presets'
+               rates (hardware.py) are 50% of the datasheet's dense peak, so the peak is twice the rate.
+
+Nothing here imports the runtime, the model, parallel/, collectives/ or kernels/: predict_run writes
+simpar's own rules down again (units, ring chunks, gradient buckets, what each unit keeps) so that a
+run's ledger and memory are compared with formulas, not with themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import layout_name
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .spec import PRECISIONS, dp_buckets, precision_of, split
+
+# The GPU presets' FLOP rates are this fraction of the datasheet's dense peak (hardware.py's comment).
+ACHIEVABLE_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    source: str = ""
+
+
+# Published shapes. GPT-3: Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1
+# (n_layers, d_model, n_heads, n_ctx 2048); its vocabulary is GPT-2's byte-level BPE of 50257 tokens
+# (sec. 2.1 uses GPT-2's tokenizer; Megatron pads it to 51200). 13B's d_model 5140 is the table's own
+# number (40 heads x d_head 128 would be 5120; the paper prints both). GPT-2 1.5B: Radford et al.
+# 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (48 layers, d_model 1600) and
+# sec. 2.3 (context 1024, vocabulary 50257); its 25 heads (d_head 64) are from OpenAI's released
+# hparams.json for that model, the paper does not print them.
+PRESETS = {
+    "gpt3-175b": Shape(96, 12288, 96, 2048, 50257, "Brown et al. 2020, Table 2.1 (GPT-3 175B)"),
+    "gpt3-13b": Shape(40, 5140, 40, 2048, 50257, "Brown et al. 2020, Table 2.1 (GPT-3 13B)"),
+    "gpt2-1.5b": Shape(48, 1600, 25, 1024, 50257, "Radford et al. 2019, Table 2; heads: released hparams"),
+}
+
+
+# -- parameters and FLOPs ------------------------------------------------------------------------------
+
+
+def block_params(h: int) -> int:
+    """LayerNorms 4h, Wq Wk Wv Wo and biases 4h^2 + 4h, MLP 8h^2 + 5h."""
+    return 12 * h * h + 13 * h
+
+
+def unit_sizes(L: int, h: int, s: int, V: int) -> list[int]:
+    """simpar's units in order: embedding (V + s) h, L blocks, head 2h + h V (untied, final LN)."""
+    return [(V + s) * h] + [block_params(h)] * L + [2 * h + h * V]
+
+
+def param_count(L: int, h: int, s: int, V: int, tied: bool = False) -> int:
+    """simpar's model; tied=True drops the head's V h (GPT-2/3 reuse the embedding there)."""
+    return sum(unit_sizes(L, h, s, V)) - (V * h if tied else 0)
+
+
+def narayanan_params(L: int, h: int, s: int, V: int) -> float:
+    """Narayanan et al. 2021, sec. 5.1: tied head, biases and LayerNorms of the blocks, no final LN."""
+    return 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+
+
+def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "none") -> float:
+    """Narayanan et al. 2021, sec. 5.1: 72 B s L h^2 (1 + s/6h + V/12Lh); full recomputation runs each
+    block's forward again (the head's is not recomputed): 96 B s L h^2 (1 + s/6h + V/16Lh)."""
+    if recompute == "full":
+        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+# -- activation memory per layer -----------------------------------------------------------------------
+
+
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none"
+) -> float:
+    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout), bytes per layer per GPU."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attention = 0 if recompute == "selective" else 5 * a * s / (h * t)
+    rest = 34 / t if sp else 10 + 24 / t
+    return s * b * h * (rest + attention)
+
+
+def simpar_block_elems(s: int, b: int, h: int, a: int) -> int:
+    """Elements simpar's block keeps for backward (module docstring): 16 sbh + a s^2 b + 2 sb."""
+    return 16 * s * b * h + a * s * s * b + 2 * s * b
+
+
+def simpar_activation_bytes(b: int, s: int, L: int, h: int, a: int, V: int, bpe: int) -> int:
+    """Everything a serial/dp/ZeRO rank keeps for b sequences: the embedding's int64 tokens, L blocks,
+    the head's LN xh, 1/sigma and LN output (2 sbh + sb). Logits are the loss's input, not kept."""
+    return 8 * s * b + L * simpar_block_elems(s, b, h, a) * bpe + (2 * s * b * h + s * b) * bpe
+
+
+# -- a plan for a published shape ---------------------------------------------------------------------
+
+
+def model_states_per_param(precision: str, optimizer: str, momentum: bool = True) -> tuple[int, int, int]:
+    """(param, grad, optimizer) bytes per parameter (spec.PRECISIONS: mixed Adam 2, 2, 12)."""
+    prec = PRECISIONS[precision]
+    return prec.param, prec.grad, prec.optimizer[(optimizer, momentum)]
+
+
+def stage_params(shape: Shape, t: int, p: int) -> int:
+    """Parameters on the fullest GPU: the first stage's ceil(L/p) blocks under tp (12h^2/t + 7h/t
+    sharded, 4 LN + 2 row-parallel biases 6h replicated) and the vocab-parallel embedding V h/t +
+    positions s h; the head (2h + V h/t) too when p = 1."""
+    L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
+    block = 12 * h * h // t + 7 * h // t + 6 * h
+    first = math.ceil(L / p) * block + V * h // t + s * h
+    return first + (2 * h + V * h // t if p == 1 else 0)
+
+
+def plan(
+    shape: Shape,
+    batch: int,
+    hw,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    sp: bool = False,
+    zero: int = 0,
+    microbatches: int = 1,
+    recompute: str = "none",
+    precision: str = "mixed",
+    optimizer: str = "adam",
+) -> dict:
+    """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
+
+    Time: each GPU's share of the step's matmul FLOPs at the profile's rate, stretched by the pipeline
+    bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); plus, not overlapped, tensor
+    parallelism's 4 all-reduces of b s h per layer per micro-batch (Megatron-LM sec. 3; sp's
+    reduce-scatter + all-gather move the same bytes) and the data-parallel ring all-reduce of the
+    stage's gradients (2 (dp-1)/dp x params x 2 bytes); pipeline sends are left out (b s h per
+    boundary, small beside the rest). Activations: the first stage holds min(p, M) micro-batches of
+    its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3)."""
+    from .hardware import group_link
+
+    L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
+    world = dp * tp * pp
+    M = microbatches if pp > 1 else 1
+    b = batch / (dp * M)  # sequences per micro-batch
+    pb, gb, kb = model_states_per_param(precision, optimizer)
+    P_gpu = stage_params(shape, tp, pp)
+    weights = P_gpu * pb / (dp if zero >= 3 else 1)
+    grads = P_gpu * gb / (dp if zero >= 2 else 1)
+    opt = P_gpu * kb / (dp if zero >= 1 else 1)
+    in_flight = min(pp, M)
+    act_layer = korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute)
+    activations = math.ceil(L / pp) * in_flight * act_layer * PRECISIONS[precision].act / 2
+    model_flops = flops_per_step(batch, s, L, h, V)
+    hw_flops = flops_per_step(batch, s, L, h, V, "full" if recompute == "full" else "none")
+    rate = hw.flop_rate(precision)
+    compute_s = hw_flops / world / rate * (M + pp - 1) / M
+    tp_link, dp_link = group_link(hw, "tp", dp, tp, pp), group_link(hw, "dp", dp, tp, pp)
+    act_bpe = PRECISIONS[precision].act
+    tp_s = 0.0
+    if tp > 1:
+        per = 2 * (tp - 1) / tp * b * s * h * act_bpe * tp_link.beta + 2 * (tp - 1) * tp_link.alpha
+        tp_s = 4 * math.ceil(L / pp) * M * per
+    dp_s = 0.0
+    if dp > 1:
+        dp_s = 2 * (dp - 1) / dp * P_gpu * gb * dp_link.beta + 2 * (dp - 1) * dp_link.alpha
+    step_s = compute_s + tp_s + dp_s
+    peak = rate / ACHIEVABLE_FRACTION if not hw.host_progress else rate  # local: its measured rate
+    return {
+        "model": shape,
+        "layout": {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "zero": zero, "microbatches": M},
+        "world": world,
+        "params": param_count(L, h, s, V),
+        "params_tied": param_count(L, h, s, V, tied=True),
+        "params_narayanan": narayanan_params(L, h, s, V),
+        "params_per_gpu": P_gpu,
+        "memory_per_gpu": {
+            "params": weights,
+            "grads": grads,
+            "optimizer": opt,
+            "activations": activations,
+            "total": weights + grads + opt + activations,
+        },
+        "activation_per_layer": act_layer,
+        "flops_per_step": model_flops,
+        "hardware_flops_per_step": hw_flops,
+        "time": {"step_s": step_s, "compute_s": compute_s, "tp_s": tp_s, "dp_s": dp_s},
+        "mfu": model_flops / (step_s * world * peak),
+        "hardware": hw.name,
+    }
+
+
+# -- a simpar run's prediction, keyed like its metrics (predict.predict_from_config) -------------------
+
+
+def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
+    --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again."""
+    L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
+    p = cfg.dp if cfg.dp is not None else world_size
+    prec = PRECISIONS[precision_of(cfg)]
+    sizes = unit_sizes(L, h, s, V)
+    P = sum(sizes)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    ranks, memory, comm_s = [], [], 0.0
+    for d in range(p):
+        ops: dict[str, Cost] = {}
+
+        def add(op: str, cost: Cost, bpe: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, bpe, times * steps)
+
+        if cfg.zero == 0:
+            for n in dp_buckets(sizes, prec.grad, cfg.bucket_mb):
+                add("grad-allreduce", ALLREDUCE[cfg.collectives](n, p, d), prec.grad)
+            mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+        elif cfg.zero == 1:
+            add("grad-reduce-scatter", ring_reduce_scatter(P, p, d), prec.grad)
+            add("param-all-gather", ring_allgather(P, p, d), prec.param)
+            mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": chunk(P, p, d) * opt_bpp}
+        else:
+            K = cfg.grad_accum
+            passes = 1 if cfg.zero == 2 else K
+            for n in sizes:
+                add("grad-reduce-scatter", ring_reduce_scatter(n, p, d), prec.grad, passes)
+                add("param-all-gather", ring_allgather(n, p, d), prec.param, 1 if cfg.zero == 2 else 2 * K)
+            S_r, n_max = sum(chunk(n, p, d) for n in sizes), max(sizes)
+            held = P if cfg.zero == 2 and K > 1 else n_max
+            mem = {
+                "params": (P if cfg.zero == 2 else S_r + n_max) * prec.param,
+                "grads": (S_r + held) * prec.grad,
+                "optimizer": S_r * opt_bpp,
+            }
+        rows = max(chunk(k_rows, p, d) for k_rows in split(cfg.batch, cfg.grad_accum))
+        mem["activations_peak"] = simpar_activation_bytes(rows, s, L, h, a, V, prec.act)
+        memory.append(mem)
+        sent = {"data": 0, "model": sum(c.sent for c in ops.values()), "activation": 0}
+        messages = {"data": 0, "model": sum(c.messages for c in ops.values()), "activation": 0}
+        if hw is not None and p > 1:
+            from .hardware import group_link
+
+            link = group_link(hw, "dp", p, 1, 1)
+            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values()))
+        by_op = {f"model/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()}
+        ranks.append(
+            {
+                "rank": d,
+                "coords": {"pp": 0, "dp": d, "tp": 0},
+                "sent": sent,
+                "messages": messages,
+                "by_op": by_op,
+            }
+        )
+    rows = max(chunk(cfg.batch, p, d) for d in range(p))
+    compute_s = flops_per_step(rows, s, L, h, V) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    step_s = compute_s + comm_s / max(steps, 1)
+    per_step = {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
+    return {
+        "steps": steps,
+        "layout": layout_name(cfg),
+        "hardware": getattr(hw, "name", None),
+        "comm": {
+            "ranks": ranks,
+            "per_step": per_step,
+            "per_rank_per_step_max": {
+                c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
+            },
+        },
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
+        "bubble": 0.0,
+        "params": P,
+        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": comm_s / max(steps, 1),
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
+    }
