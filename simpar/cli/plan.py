@@ -77,7 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="whose memory passes to charge (bias, activation, optimizer): numpy, the reference (default), "
         "numba's fused sweeps, or cuda's epilogues",
     )
-    g.add_argument("--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks)")
+    g.add_argument(
+        "--arch", default="mlp", help="mlp | resmlp (pre-LN residual blocks) | gpt (a transformer: --model)"
+    )
+    g.add_argument("--model", default=None, help="with --arch gpt: gpt3-175b | gpt3-13b | gpt2-1.5b")
+    g.add_argument("--n-layers", type=int, default=None, help="with --arch gpt: blocks L (overrides --model)")
+    g.add_argument("--hidden", type=int, default=None, help="with --arch gpt: hidden size h")
+    g.add_argument("--heads", type=int, default=None, help="with --arch gpt: attention heads a")
+    g.add_argument("--seq-len", type=int, default=None, help="with --arch gpt: sequence length s")
+    g.add_argument("--vocab", type=int, default=None, help="with --arch gpt: vocabulary V")
     g.add_argument(
         "--sp",
         action="store_true",
@@ -194,6 +202,10 @@ def plan_main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     if a.show_schedule:
         return show_schedule(a)
+    if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt.py), one layout
+        from ..report.plan_gpt import plan_gpt_main
+
+        return plan_gpt_main(a)
     spec = spec_from_args(a)
     hw = hardware.load(a.hardware)
     limit = parse_bytes(a.memory_limit) if a.memory_limit else None

@@ -157,6 +157,7 @@ def plan(
     recompute: str = "none",
     precision: str = "mixed",
     optimizer: str = "adam",
+    grad_accum: int = 1,
 ) -> dict:
     """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
 
@@ -172,7 +173,7 @@ def plan(
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
     world = dp * tp * pp
     M = microbatches if pp > 1 else 1
-    b = batch / (dp * M)  # sequences per micro-batch
+    b = batch / (dp * M * grad_accum)  # sequences per micro-batch
     pb, gb, kb = model_states_per_param(precision, optimizer)
     P_gpu = stage_params(shape, tp, pp)
     weights = P_gpu * pb / (dp if zero >= 3 else 1)
@@ -184,13 +185,13 @@ def plan(
     model_flops = flops_per_step(batch, s, L, h, V)
     hw_flops = flops_per_step(batch, s, L, h, V, "full" if recompute == "full" else "none")
     rate = hw.flop_rate(precision)
-    compute_s = hw_flops / world / rate * (M + pp - 1) / M
+    compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
     tp_link, dp_link = group_link(hw, "tp", dp, tp, pp), group_link(hw, "dp", dp, tp, pp)
     act_bpe = PRECISIONS[precision].act
     tp_s = 0.0
     if tp > 1:
         per = 2 * (tp - 1) / tp * b * s * h * act_bpe * tp_link.beta + 2 * (tp - 1) * tp_link.alpha
-        tp_s = 4 * math.ceil(L / pp) * M * per
+        tp_s = 4 * math.ceil(L / pp) * M * grad_accum * per
     dp_s = 0.0
     if dp > 1:
         dp_s = 2 * (dp - 1) / dp * P_gpu * gb * dp_link.beta + 2 * (dp - 1) * dp_link.alpha
@@ -198,7 +199,15 @@ def plan(
     peak = rate / ACHIEVABLE_FRACTION if not hw.host_progress else rate  # local: its measured rate
     return {
         "model": shape,
-        "layout": {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "zero": zero, "microbatches": M},
+        "layout": {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "sp": sp,
+            "zero": zero,
+            "microbatches": M,
+            "grad_accum": grad_accum,
+        },
         "world": world,
         "params": param_count(L, h, s, V),
         "params_tied": param_count(L, h, s, V, tied=True),

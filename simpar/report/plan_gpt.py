@@ -1,0 +1,130 @@
+"""What `simpar plan --arch gpt` prints: a transformer's parameters, memory per GPU, FLOPs, time, MFU.
+
+    python -m simpar plan --arch gpt --model gpt3-175b --dp 8 --tp 8 --pp 16 --batch 1536 \
+        --microbatches 96 --sp --recompute selective --precision mixed --optimizer adam --hardware ib-cluster
+
+The numbers are costmodel/gpt.py's closed forms; this file only checks the question and words the answer.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..config import SimparError
+from ..costmodel import gpt as cg
+from ..costmodel import hardware
+from ..units import fmt_si, fmt_time
+
+
+def shape_from_args(a) -> cg.Shape:
+    """--model NAME, each of --n-layers --hidden --heads --seq-len --vocab overriding it (or all five
+    given without --model)."""
+    given = {k: getattr(a, k) for k in ("n_layers", "hidden", "heads", "seq_len", "vocab")}
+    if a.model:
+        if a.model not in cg.PRESETS:
+            raise SimparError(f"unknown --model {a.model!r} (choose from {', '.join(cg.PRESETS)})")
+        base = cg.PRESETS[a.model]
+    elif None in given.values():
+        raise SimparError(
+            "plan --arch gpt needs --model (" + ", ".join(cg.PRESETS) + ") or all of --n-layers --hidden "
+            "--heads --seq-len --vocab"
+        )
+    else:
+        base = cg.Shape(0, 0, 0, 0, 0, "given on the command line")
+    fields = dict(layers=base.layers, hidden=base.hidden, heads=base.heads, seq=base.seq, vocab=base.vocab)
+    for key, name in (("n_layers", "layers"), ("hidden", "hidden"), ("heads", "heads")):
+        fields[name] = given[key] if given[key] is not None else fields[name]
+    fields["seq"] = given["seq_len"] if given["seq_len"] is not None else fields["seq"]
+    fields["vocab"] = given["vocab"] if given["vocab"] is not None else fields["vocab"]
+    changed = any(v is not None for v in given.values()) and a.model
+    return cg.Shape(**fields, source=base.source + (" (changed on the command line)" if changed else ""))
+
+
+def check_layout(shape: cg.Shape, a) -> None:
+    if min(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab) < 1:
+        raise SimparError("--n-layers, --hidden, --heads, --seq-len and --vocab must be at least 1")
+    if min(a.dp, a.tp, a.pp, a.batch, a.microbatches, a.grad_accum) < 1:
+        raise SimparError("--dp, --tp, --pp, --batch, --microbatches and --grad-accum must be at least 1")
+    if shape.heads % a.tp:
+        raise SimparError(f"--tp {a.tp} must divide the {shape.heads} heads (each rank computes whole heads)")
+    if a.pp > shape.layers:
+        raise SimparError(f"--pp {a.pp} is more stages than the {shape.layers} blocks")
+    if a.sp and a.tp == 1:
+        raise SimparError("--sp splits LayerNorm and the residual over the tp group: add --tp > 1")
+    if a.recompute not in ("none", "full", "selective"):
+        raise SimparError(f"unknown recompute {a.recompute!r} (choose from none, full, selective)")
+    if a.zero not in (0, 1, 2, 3):
+        raise SimparError(f"--zero must be 0, 1, 2 or 3, got {a.zero}")
+    if a.precision not in ("fp32", "fp64", "mixed") or a.optimizer not in ("sgd", "adam"):
+        raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
+
+
+def _count(n: float) -> str:
+    """175_181_291_520 -> '175.18 billion' (a parameter count, not bytes)."""
+    for scale, word in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
+        if n >= scale:
+            return f"{n / scale:.2f} {word}"
+    return f"{n:,.0f}"
+
+
+def plan_gpt_main(a) -> int:
+    shape = shape_from_args(a)
+    names = {"mixed-fp16": "mixed", "mixed-bf16": "mixed", "float32": "fp32", "float64": "fp64"}
+    a.precision = names.get(a.precision, a.precision)
+    check_layout(shape, a)
+    hw = hardware.load(a.hardware)
+    p = cg.plan(
+        shape,
+        a.batch,
+        hw,
+        a.dp,
+        a.tp,
+        a.pp,
+        a.sp,
+        a.zero,
+        a.microbatches,
+        a.recompute,
+        a.precision,
+        a.optimizer,
+        a.grad_accum,
+    )
+    if a.json:
+        print(json.dumps({**p, "model": shape.__dict__}, indent=2, default=str))
+        return 0
+    print("\n".join(format_gpt_plan(p, shape, a.batch, hw)))
+    return 0
+
+
+def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
+    L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
+    lay, mem, t = p["layout"], p["memory_per_gpu"], p["time"]
+    parts = [f"dp {lay['dp']}", f"tp {lay['tp']}" + (" + sp" if lay["sp"] else ""), f"pp {lay['pp']}"]
+    extra = (f", ZeRO-{lay['zero']}" if lay["zero"] else "") + (
+        f", {lay['microbatches']} micro-batches" if lay["pp"] > 1 else ""
+    )
+    b = batch / (lay["dp"] * lay["microbatches"] * lay["grad_accum"])
+    limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
+    return [
+        f"model: L={L} h={h} a={a} s={s} V={V}  [{shape.source}]",
+        f"parameters: {_count(p['params'])} as simpar builds it (untied LM head, final LayerNorm); "
+        f"tied as GPT-2/3: {_count(p['params_tied'])}; Narayanan et al. 2021 sec. 5.1: "
+        f"{_count(p['params_narayanan'])}",
+        f"layout: {' x '.join(parts)} = {p['world']} GPUs on {hw.name}{extra}; batch {batch} sequences "
+        f"({b:g} per micro-batch)",
+        f"memory per GPU (the first stage, the fullest): {fmt_si(mem['total'])}{limit} = params "
+        f"{fmt_si(mem['params'])} + grads {fmt_si(mem['grads'])} + optimizer {fmt_si(mem['optimizer'])} + "
+        f"activations {fmt_si(mem['activations'])}",
+        f"  activations per layer per micro-batch {fmt_si(p['activation_per_layer'])} (Korthikanti et al. "
+        "2022, Table 2), x ceil(L/pp) layers x min(pp, M) micro-batches in flight (1F1B)",
+        f"FLOPs per step: {p['flops_per_step']:.3e} = 72 B s L h^2 (1 + s/6h + V/12Lh) (Narayanan et al. "
+        f"2021 sec. 5.1); the hardware does {p['hardware_flops_per_step']:.3e}"
+        + (
+            " (full recomputation: 96 ... V/16Lh)"
+            if p["hardware_flops_per_step"] != p["flops_per_step"]
+            else ""
+        ),
+        f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
+        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped)",
+        f"MFU: {p['mfu']:.1%} of the dense peak (model FLOPs / (step time x GPUs x peak); {hw.name}'s "
+        f"rate is {cg.ACHIEVABLE_FRACTION:.0%} of the peak, so compute alone reaches at most that)",
+    ]
