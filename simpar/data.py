@@ -31,6 +31,7 @@ import numpy as np
 from .config import RunConfig, SimparError
 from .config_pipeline import loss_stage
 from .precision import as_wire
+from .textdata import load_tokens
 
 
 @dataclass
@@ -128,9 +129,7 @@ def load_mnist(data_dir: str, dtype) -> Dataset:
 def load_dataset(cfg: RunConfig) -> Dataset:
     dtype = cfg.compute_dtype()  # half under --precision mixed-*: the model's input is half too
     if cfg.arch == "gpt":  # token sequences (textdata.py): integer inputs, no --layers
-        from .textdata import load_tokens
-
-        data = load_tokens(cfg)
+        data = Dataset(**load_tokens(cfg))
         if len(data.x_train) < cfg.batch:
             raise SimparError(
                 f"--batch {cfg.batch} is larger than the {len(data.x_train)} training sequences"

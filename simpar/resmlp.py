@@ -261,10 +261,6 @@ class BlockUnit:
 def build_units(cfg) -> list:
     """The model's units: [input projection, blocks..., output projection] for resmlp; for mlp, one
     LinearUnit per layer (hidden layers with the activation, the last with raw logits)."""
-    if cfg.arch == "gpt":  # embedding, transformer blocks, head (gpt.py)
-        from .gpt import gpt_units
-
-        return gpt_units(cfg)
     W, n = cfg.layers, cfg.n_layers
     if cfg.arch != "resmlp":
         return [LinearUnit(i, W[i], W[i + 1], cfg.activation if i < n - 1 else "none") for i in range(n)]

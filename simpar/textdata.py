@@ -1,8 +1,8 @@
 """Token data for --arch gpt: byte-level text shipped with simpar, and a copy task that needs attention.
 
-Both give a Dataset (data.py) whose rows are SEQUENCES: x (n, s) int64 tokens, y (n, s) the next
-token at every position (x shifted by one), so the samplers, the DistributedSampler and grad-accum
-cut them exactly as they cut the MLP's rows.
+Both give the arrays of a Dataset (data.py wraps them) whose rows are SEQUENCES: x (n, s) int64
+tokens, y (n, s) the next token at every position (x shifted by one), so the samplers, the
+DistributedSampler and grad-accum cut them exactly as they cut the MLP's rows.
 
   text   simpar/ledger_tales.txt (about 8 KB of English written for simpar, public domain: CC0 1.0),
          read as bytes: token = byte value, vocabulary 256 (every byte value here is < 128, so
@@ -21,7 +21,6 @@ from importlib import resources
 
 import numpy as np
 
-from .data import Dataset
 from .errors import SimparError
 
 TEXT_FILE = "ledger_tales.txt"
@@ -41,7 +40,7 @@ def windows(tokens: np.ndarray, seq: int, stride: int) -> tuple[np.ndarray, np.n
     return np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])
 
 
-def load_text(seq: int, vocab: int) -> Dataset:
+def load_text(seq: int, vocab: int) -> dict:
     tokens = text_bytes()
     if tokens.max() >= vocab:
         raise SimparError(f"--dataset text holds byte values up to {tokens.max()}: --vocab must be > that")
@@ -50,10 +49,10 @@ def load_text(seq: int, vocab: int) -> Dataset:
         raise SimparError(f"--seq-len {seq} is too long for the text ({len(tokens)} bytes): use <= 256")
     x, y = windows(tokens[:cut], seq, STRIDE)
     xv, yv = windows(tokens[cut:], seq, seq)
-    return Dataset(x, y, xv, yv, vocab)
+    return dict(x_train=x, y_train=y, x_val=xv, y_val=yv, n_classes=vocab)
 
 
-def make_copy(samples: int, seq: int, vocab: int, seed: int = 11) -> Dataset:
+def make_copy(samples: int, seq: int, vocab: int, seed: int = 11) -> dict:
     """`samples` copy sequences (a fifth held out), drawn from a fixed seed (not --seed: the data is
     the same for every run, as the digits are)."""
     n = seq // 2
@@ -65,10 +64,18 @@ def make_copy(samples: int, seq: int, vocab: int, seed: int = 11) -> Dataset:
     mask = np.zeros(seq, dtype=bool)
     mask[n:] = True  # from the separator on, the next token is a copy
     n_val = max(1, samples // 5)
-    return Dataset(x[n_val:], y[n_val:], x[:n_val], y[:n_val], vocab, val_mask=np.tile(mask, (n_val, 1)))
+    return dict(
+        x_train=x[n_val:],
+        y_train=y[n_val:],
+        x_val=x[:n_val],
+        y_val=y[:n_val],
+        n_classes=vocab,
+        val_mask=np.tile(mask, (n_val, 1)),
+    )
 
 
-def load_tokens(cfg) -> Dataset:
+def load_tokens(cfg) -> dict:
+    """The Dataset fields of --dataset text or copy."""
     if cfg.dataset == "text":
         return load_text(cfg.seq_len, cfg.vocab)
     return make_copy(cfg.samples, cfg.seq_len, cfg.vocab)

@@ -64,10 +64,9 @@ def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = No
     """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
     x = data.x_val
     if cfg is not None and cfg.arch == "gpt":  # token accuracy (copy: on the copied half only)
-        from .gpt import gpt_logits, token_accuracy
-        from .resmlp import build_units
+        from .gpt import gpt_logits, gpt_units, token_accuracy
 
-        logits = gpt_logits(build_units(cfg), weights, x)
+        logits = gpt_logits(gpt_units(cfg), weights, x)
         return token_accuracy(logits, data.y_val, data.val_mask)
     if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
         x = x.astype(np.float32)
@@ -312,9 +311,9 @@ def _param_count(cfg) -> int:
 
 
 def _units(cfg):
-    from .resmlp import build_units
+    from .parallel.resstack import model_units
 
-    return build_units(cfg)
+    return model_units(cfg)
 
 
 def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:

@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gpt import gpt_units
 from ..model import Context, Linear, ParamStore
 from ..resmlp import BlockContext, LinearUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
+
+
+def model_units(cfg) -> list:
+    """The model as units: resmlp.build_units (mlp, resmlp), or gpt.py's embedding, blocks and head."""
+    return gpt_units(cfg) if cfg.arch == "gpt" else build_units(cfg)
 
 
 def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
@@ -42,7 +48,7 @@ class UnitStack:
     """The units `unit_indices` of the model (default: all), SerialStack's interface."""
 
     def __init__(self, cfg, unit_indices: list[int] | None = None):
-        every = build_units(cfg)
+        every = model_units(cfg)
         self.units = every if unit_indices is None else [every[i] for i in unit_indices]
         dtype = cfg.compute_dtype()
         # from (seed, unit) on the full shape, as every layout

@@ -55,9 +55,8 @@ import numpy as np
 
 from .. import collectives
 from ..precision import build_optimizer, loss_grad, wire
-from ..resmlp import build_units
 from .base import HeldBytes, Strategy
-from .resstack import make_stack
+from .resstack import make_stack, model_units
 
 
 class ZeroDataParallel(Strategy):
@@ -71,7 +70,7 @@ class ZeroDataParallel(Strategy):
         self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize
         # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
-        self.units = build_units(cfg)
+        self.units = model_units(cfg)
         self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
