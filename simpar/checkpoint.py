@@ -57,9 +57,14 @@ STALE = (".tmp-step-", ".trash-step-")  # what a killed writer can leave behind
 # optimizer) and the sampler (seed, batch). Learning rate, momentum, layout, grad-accum may change
 # (and --ep, --top-k, --capacity-factor, --aux-loss-coef: routing, not the shapes of the state).
 # Fields added after format version 1 was written: what a manifest without them meant.
-ADDED_LATER = {"experts": 0}
+ADDED_LATER = {"experts": 0, "blocks": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
 MUST_MATCH = (
     ("layers", "--layers"),
+    ("blocks", "--n-layers"),  # --arch gpt's shape (gpt.py)
+    ("hidden", "--hidden"),
+    ("heads", "--heads"),
+    ("seq_len", "--seq-len"),
+    ("vocab", "--vocab"),
     ("experts", "--experts"),
     ("activation", "--activation"),
     ("arch", "--arch"),
@@ -247,13 +252,16 @@ def load(path: str) -> tuple[dict, FullState]:
     for name, meta in manifest["files"].items():
         arrays[name] = _read_npz(os.path.join(path, name), meta)
     layers, dtype = manifest["model"]["layers"], np.dtype(manifest["model"]["dtype"])
-    n = len(layers) - 1
+    units = manifest["model"].get("units")  # --arch gpt: each unit one flat vector, b empty
+    n = len(units) if units else len(layers) - 1
     blocks = manifest["model"].get("arch") == "resmlp"
     experts = manifest["model"].get("experts", 0)
 
     def shapes(i: int) -> tuple[tuple, tuple]:
         """W_i and b_i; a resmlp block is one flat vector (2d^2 + 4d) with an empty b (resmlp.py); so
         is an MoE layer (moe.pack_flat: d_in E router weights, then E experts of d_in d_out + d_out)."""
+        if units:
+            return (units[i],), (0,)
         if blocks and 0 < i < n - 1:
             return (2 * layers[i] ** 2 + 4 * layers[i],), (0,)
         if experts and 0 < i < n - 1:
@@ -289,7 +297,7 @@ def _check_manifest(m, where: str) -> None:
         and set(m["files"]) == {"params.npz", "optimizer.npz"}
         and isinstance(m.get("model"), dict)
         and isinstance(m["model"].get("layers"), list)
-        and len(m["model"]["layers"]) >= 2
+        and (len(m["model"]["layers"]) >= 2 or isinstance(m["model"].get("units"), list))
         and m["model"].get("dtype") in ("float32", "float64")
         and isinstance(m.get("slots"), list)
         and isinstance(m.get("scalars"), dict)

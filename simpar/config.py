@@ -308,6 +308,7 @@ def gpt_rules(cfg: RunConfig) -> None:
             ("--recompute", cfg.recompute != "none"),
             ("--clock sim", cfg.clock == "sim"),
             ("--data-source root", cfg.data_source == "root"),
+            ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
         if used
     ]

@@ -13,6 +13,7 @@ from . import checkpoint
 from .comm import Communicator
 from .config import RunConfig, SimparError, layout_name
 from .data import sampler_position
+from .gpt import gpt_units
 
 
 def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps: int):
@@ -69,6 +70,7 @@ def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_
                 "dtype": cfg.dtype,
                 "arch": cfg.arch,
                 "experts": cfg.experts,  # an MoE layer's W_i is moe.pack_flat (checkpoint.py)
+                **({"units": [u.size for u in gpt_units(cfg)]} if cfg.arch == "gpt" else {}),
             },
             "optimizer": cfg.optimizer,
             "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),
