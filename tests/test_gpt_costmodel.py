@@ -66,7 +66,9 @@ def test_flops_per_step_is_narayanans_formula_and_the_matmul_count(recompute):
 def test_korthikanti_table_2_for_gpt3_175b():
     """Each row of Table 2, in bytes per layer, for GPT-3 175B with one sequence per micro-batch and
     t = 8 (the paper's setting for it): s b h (34 + 5as/h) etc. 5as/h = 5*96*2048/12288 = 80: the
-    attention's s^2 terms are 80 / (34 + 80) = 70% of a layer without parallelism."""
+    attention's s^2 terms are 80 / (34 + 80) = 70% of a layer without parallelism. (The first row is
+    also what AWS Neuron's activation-memory guide restates: https://awsdocs-neuron.readthedocs-hosted.com/
+    en/latest/libraries/neuronx-distributed/activation_memory_reduction.html)"""
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     sbh = s * b * h
     assert 5 * a * s / h == 80

@@ -8,6 +8,8 @@ untied head and final LayerNorm): embedding (V + s) h, each block 12 h^2 + 13 h,
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.conftest import assert_same_model, split_sizes, train_json
@@ -23,13 +25,13 @@ P = sum(UNITS)
 BPE = 8  # float64
 
 
-def activation_bytes(rows: int) -> int:
+def activation_bytes(rows: int, bpe: int = BPE) -> int:
     """What the units keep for backward (gpt.py, attention.py), for `rows` sequences in float64:
     the embedding's int64 tokens (8 s), per block 16 s h + a s^2 + 2 s elements (LN1's xh and
     1/sigma, attention's input, q, k, v, P, o, LN2's xh and 1/sigma, the MLP's input, z and gelu(z)),
     the head's xh, 1/sigma and LN output (2 s h + s)."""
     per_block = 16 * S * H + A * S * S + 2 * S
-    return rows * (8 * S + L * per_block * BPE + (2 * S * H + S) * BPE)
+    return rows * (8 * S + L * per_block * bpe + (2 * S * H + S) * bpe)
 
 
 def test_serial_run_counts_its_parameters_and_activations(serial):
@@ -41,6 +43,31 @@ def test_serial_run_counts_its_parameters_and_activations(serial):
     assert mem["activations_peak"] == activation_bytes(B)  # measured == closed form
     assert m["prediction_mismatches"] == []
     assert m["predicted"]["memory"]["ranks"][0]["activations_peak"] == activation_bytes(B)
+
+
+def test_mixed_precision_keeps_two_byte_activations_and_float32_masters(serial):
+    """--precision mixed-bf16: 2-byte weights, grads and activations (token ids stay int64), Adam's
+    float32 master, m and v (12 bytes a parameter); the softmax runs in float32 (attention.py)."""
+    m = serial(
+        [
+            *SHAPE,
+            "--batch",
+            str(B),
+            "--steps",
+            "3",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--precision",
+            "mixed-bf16",
+        ]
+    )
+    mem = m["memory"]["ranks"][0]
+    assert mem["params"] == mem["grads"] == 2 * P and mem["optimizer"] == 12 * P
+    assert mem["activations_peak"] == activation_bytes(B, bpe=2)
+    assert m["prediction_mismatches"] == [] and m["precision"]["skipped_steps"] == 0
+    assert abs(m["losses"][0] - math.log(V)) < 0.1  # small initial weights: near-uniform predictions
 
 
 def ring_allreduce_sent(n: int, p: int, r: int) -> int:
