@@ -262,6 +262,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from ..train import train_main
+    from ..run.loop import train_main
 
     return train_main(config_from_args(args))

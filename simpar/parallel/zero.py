@@ -54,10 +54,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..precision import build_optimizer, loss_grad, wire
-from ..resmlp import build_units
+from ..model.precision import build_optimizer, loss_grad, wire
+from ..model.resmlp import build_units
 from .base import HeldBytes, Strategy
-from .resstack import make_stack
+from .resmlp_stack import make_stack
 
 
 class ZeroDataParallel(Strategy):

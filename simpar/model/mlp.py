@@ -27,7 +27,7 @@ import numpy as np
 import kernels
 from kernels.reference import ACTIVATIONS, linear_forward  # noqa: F401  (re-exported)
 
-from . import simclock
+from ..runtime import simclock
 
 # -- loss ------------------------------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from importlib import resources
 
 import numpy as np
 
-from .config import RunConfig, SimparError
-from .config_pipeline import loss_stage
-from .precision import as_wire
+from ..config import RunConfig, SimparError
+from ..config.pipeline import loss_stage
+from ..model.precision import as_wire
 
 
 @dataclass
@@ -201,7 +201,7 @@ class BatchFeeder:
         self.width = cfg.layers[0]
 
     def _needs(self, world_rank: int) -> tuple[int, bool, bool]:
-        from .mesh import coords_of
+        from ..runtime.mesh import coords_of
 
         p, d, _ = coords_of(world_rank, self.mesh.dp, self.mesh.tp, self.mesh.pp)
         return d, p == 0, p == loss_stage(self.cfg.schedule, self.mesh.pp)

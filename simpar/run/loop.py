@@ -27,11 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import flight, simclock
-from .agree import preflight
-from .comm import Communicator
-from .config import RunConfig, SimparError, parse_inject
-from .costmodel import hardware
+from ..config import RunConfig, SimparError, parse_inject
+from ..costmodel import hardware
+from ..files import write_json, write_trace, write_weights
+from ..model.mlp import parameter_count, predict
+from ..report.metrics import build_metrics, sim_summary
+from ..report.tables import print_summary
+from ..runtime import flight, simclock
+from ..runtime.agree import preflight
+from ..runtime.comm import Communicator
+from ..runtime.mesh import Mesh
 from .data import (
     BatchFeeder,
     Dataset,
@@ -39,14 +44,9 @@ from .data import (
     steps_per_epoch,
     total_steps,
 )
-from .files import write_json, write_trace, write_weights
 from .limits import diverged, divergence_message
-from .mesh import Mesh
-from .model import parameter_count, predict
-from .report.metrics import build_metrics, sim_summary
-from .report.tables import print_summary
 from .resume import resume_collectively, save_checkpoint
-from .runsetup import (
+from .setup import (
     check_outputs,
     init_mpi,
     inject,
@@ -67,11 +67,11 @@ def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = No
         x = x.astype(np.float32)
         weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
     if cfg is not None and cfg.experts:
-        from .moe import predict_logits
+        from ..model.moe import predict_logits
 
         logits = predict_logits(cfg, weights, x)
     elif cfg is not None and cfg.arch == "resmlp":
-        from .resmlp import build_units, predict_logits
+        from ..model.resmlp import build_units, predict_logits
 
         logits = predict_logits(build_units(cfg), weights, x)
     else:
@@ -129,7 +129,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
     if cfg.pp > 1:  # every rank executes the schedule symbolically: refuse a deadlock before any traffic
-        from .parallel.schedule_check import refuse_unsound
+        from ..parallel.pipeline.check import refuse_unsound
 
         refuse_unsound(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
     recorder = start_recorder(cfg, world)
@@ -142,7 +142,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
     mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
-    from .parallel import build_strategy
+    from ..parallel import build_strategy
 
     strategy = build_strategy(cfg, mesh)
     first = 0
@@ -253,7 +253,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
         metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
     # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
-    from .costmodel import mismatches, predict_from_config
+    from ..costmodel import mismatches, predict_from_config
 
     hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
     # The backend that ran (auto resolved; "numba+float16" under mixed precision is numba's float32
@@ -299,14 +299,14 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 
 def _param_count(cfg) -> int:
     if cfg.experts:
-        from .moe import moe_param_count
+        from ..model.moe import moe_param_count
 
         return sum(moe_param_count(cfg.layers, cfg.experts))
     return parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg))
 
 
 def _units(cfg):
-    from .resmlp import build_units
+    from ..model.resmlp import build_units
 
     return build_units(cfg)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from .config import RunConfig, SimparError
-from .units import fmt_bytes
+from ..config import RunConfig, SimparError
+from ..units import fmt_bytes
 
 DIVERGENCE_FACTOR = 1e6  # a loss above 1e6 x max(first step's loss, 1) has diverged
 

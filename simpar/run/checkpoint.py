@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import SimparError
+from ..config import SimparError
 
 FORMAT, VERSION = "simpar-checkpoint", 1
 KEEP = 3  # complete checkpoints kept in a --checkpoint-dir

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import Context, Linear, ParamStore
-from ..resmlp import BlockContext, LinearUnit, build_units
+from ..model.mlp import Context, Linear, ParamStore
+from ..model.resmlp import BlockContext, LinearUnit, build_units
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 

@@ -39,8 +39,8 @@ import math
 
 import numpy as np
 
-from . import simclock
-from .model import ACTIVATIONS, Linear, layer_backward, layer_forward
+from ..runtime import simclock
+from .mlp import ACTIVATIONS, Linear, layer_backward, layer_forward
 
 # -- which layers, and their parameters --------------------------------------------------------------
 

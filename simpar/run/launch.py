@@ -1,6 +1,6 @@
 """Launch real MPI jobs from Python (a notebook, a script) and get their metrics back.
 
-    from simpar.launch import launch
+    from .launch import launch
     m = launch(4, dp=2, tp=2, steps=20, dtype="float64")        # mpiexec -n 4 ... simpar train
     m["comm"]["per_step"]["activation"], m["losses"][-1], m["weights"][0][0].shape
 
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .units import one_thread_env
+from ..units import one_thread_env
 
 
 class LaunchError(RuntimeError):
@@ -35,7 +35,7 @@ def mpiexec_path() -> str:
 
 def _env() -> dict:
     env = one_thread_env(dict(os.environ))
-    root = str(Path(__file__).resolve().parents[1])  # so an un-installed checkout works too
+    root = str(Path(__file__).resolve().parents[2])  # so an un-installed checkout works too
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

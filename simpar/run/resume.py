@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ..config import RunConfig, SimparError, layout_name
+from ..runtime.comm import Communicator
 from . import checkpoint
-from .comm import Communicator
-from .config import RunConfig, SimparError, layout_name
 from .data import sampler_position
 
 

@@ -9,7 +9,7 @@ parallel/schedule_check.py's job, run before training starts.
 
 from __future__ import annotations
 
-from .errors import require
+from ..errors import require
 
 
 def pipeline_rules(cfg) -> None:

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import simclock
-from .model import softmax_cross_entropy
+from ..runtime import simclock
+from .mlp import softmax_cross_entropy
 from .optim import make_optimizer
 
 INITIAL_SCALE = {"mixed-fp16": 2.0**16, "mixed-bf16": 1.0}

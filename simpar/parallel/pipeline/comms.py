@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import trace
+from ...runtime import trace
 from .schedules import RecvAct, RecvGrad, SendAct, SendGrad
 
 ACT, GRAD = 0, 1  # the direction part of a tag

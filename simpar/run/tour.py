@@ -18,11 +18,11 @@ import copy
 import os
 import time
 
-from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError, validate
-from .files import write_json, write_trace
-from .report.metrics import alltoall_per_step, bytes_verdict
-from .units import fmt_bytes
+from ..config import RunConfig, SimparError, validate
+from ..files import write_json, write_trace
+from ..report.metrics import alltoall_per_step, bytes_verdict
+from ..runtime.comm import Communicator, Ledger
+from ..units import fmt_bytes
 
 # Mixed precision: a sharded layout sums the same half gradients in another order (ring chunks vs one
 # float32 matmul rounded once), so each step's weights differ by a few units of roundoff u (2**-11 for
@@ -87,7 +87,7 @@ def trains(base: RunConfig, overrides: dict) -> bool:
 def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:
     from mpi4py import MPI
 
-    from .train import run_training
+    from .loop import run_training
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -279,6 +279,6 @@ def print_time_table(results, base: RunConfig) -> None:
 
 
 def _plots(results, out_dir):
-    from .report import plots
+    from ..report import plots
 
     plots.tour_plots(results, out_dir)

@@ -61,12 +61,20 @@ import numpy as np
 
 import kernels
 
-from .. import collectives, simclock
-from ..model import ACTIVATIONS, pending_weight_passes
-from ..precision import wire
-from ..resmlp import BlockContext, BlockUnit, LinearUnit, build_units, layernorm_backward, layernorm_forward
+from .. import collectives
+from ..model.mlp import ACTIVATIONS, pending_weight_passes
+from ..model.precision import wire
+from ..model.resmlp import (
+    BlockContext,
+    BlockUnit,
+    LinearUnit,
+    build_units,
+    layernorm_backward,
+    layernorm_forward,
+)
+from ..runtime import simclock
 from .base import HeldBytes, NonFiniteWatch
-from .resstack import unit_store
+from .resmlp_stack import unit_store
 from .tensor import f_backward, g_forward
 
 

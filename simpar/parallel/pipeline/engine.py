@@ -44,15 +44,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import trace
-from ..data import distributed_sampler, micro_steps
-from ..model import deferred_weight_grads
-from ..precision import build_optimizer, loss_grad, vote_comm, wire
+from ...model.mlp import deferred_weight_grads
+from ...model.precision import build_optimizer, loss_grad, vote_comm, wire
+from ...run.data import distributed_sampler, micro_steps
+from ...runtime import trace
+from ..base import HeldBytes, Strategy
+from ..data import GradientBuckets
+from ..resmlp_stack import make_stack
 from . import recompute
-from .base import HeldBytes, Strategy
-from .data import GradientBuckets
-from .pipeline_comms import StageMessages
-from .resstack import make_stack
+from .comms import StageMessages
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
@@ -135,11 +135,11 @@ class PipelineParallel(StageMessages, Strategy):
     @staticmethod
     def _stack(cfg, mesh, lo: int, hi: int):
         if mesh.tp > 1 and cfg.arch == "resmlp":  # the chunk's units, blocks split (restensor.py)
-            from .restensor import ResTensorStack
+            from ..tensor_resmlp import ResTensorStack
 
             return ResTensorStack(cfg, mesh, list(range(lo, hi)))
         if mesh.tp > 1:
-            from .tensor import TensorParallelStack
+            from ..tensor import TensorParallelStack
 
             return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
         return make_stack(cfg, lo, hi)  # an MLP's layers, or resmlp's units (resstack.py)

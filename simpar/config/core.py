@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from .config_moe import moe_rules
-from .config_pipeline import pipeline_rules
-from .errors import SimparError
-from .errors import require as _require  # validate's many one-line rules
+from ..errors import SimparError
+from ..errors import require as _require  # validate's many one-line rules
+from .moe import moe_rules
+from .pipeline import pipeline_rules
 
 DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")

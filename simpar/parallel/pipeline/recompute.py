@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import simclock
-from ..model import ACTIVATIONS, Context
-from ..resmlp import BlockContext
-from . import resstack
-from .base import HeldBytes, NonFiniteWatch
+from ...model.mlp import ACTIVATIONS, Context
+from ...model.resmlp import BlockContext
+from ...runtime import simclock
+from .. import resmlp_stack as resstack
+from ..base import HeldBytes, NonFiniteWatch
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 
 import kernels
 
-from . import simclock
+from ..runtime import simclock
 
 
 class SGD:

@@ -150,7 +150,7 @@ def load_schedule_file(path: str) -> list[list]:
     [[["Forward", 0], ["SendAct", 0], ["RecvGrad", 0], ["Backward", 0]], [["RecvAct", 0, 1], ...]]."""
     import json
 
-    from ..config import SimparError
+    from ...config import SimparError
 
     form = (
         'expected a JSON list with one list per rank of steps ["Forward", micro-batch(, chunk)], a step one '
@@ -182,7 +182,7 @@ def load_schedule_file(path: str) -> list[list]:
 
 def refuse_unsound(schedule, S: int, M: int, V: int = 1) -> None:
     """SimparError (one line, exit 2) if the schedule can deadlock or leaves a send unmatched."""
-    from ..config import SimparError
+    from ...config import SimparError
 
     try:
         check(schedule, S, M, V)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import require
+from ..errors import require
 
 
 def moe_rules(cfg, defaults) -> None:

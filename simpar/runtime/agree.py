@@ -18,8 +18,8 @@ import hashlib
 
 import numpy as np
 
-from .config import RunConfig, SimparError, validate
-from .limits import check_memory
+from ..config import RunConfig, SimparError, validate
+from ..run.limits import check_memory
 
 # Config fields whose command-line flag is not simply --field-name.
 _FLAGS = {"overlap": "--no-overlap", "eval_every_epoch": "(eval every epoch)"}

@@ -14,7 +14,7 @@ parameters still measure the work.
 
 from __future__ import annotations
 
-from ..resmlp import BlockUnit
+from ...model.resmlp import BlockUnit
 
 
 def partition_layers(

@@ -35,8 +35,8 @@ import numpy as np
 
 import kernels
 
-from . import simclock
-from .model import (
+from ..runtime import simclock
+from .mlp import (
     ACTIVATIONS,
     Linear,
     deferred_weight_grads,

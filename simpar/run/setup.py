@@ -14,13 +14,15 @@ import time
 
 import numpy as np
 
-from . import checkpoint, collectives, flight, simclock
-from .agree import same_data, together
-from .comm import Communicator, Ledger
-from .config import RunConfig, SimparError, parse_inject
-from .costmodel import hardware
+from .. import collectives
+from ..config import RunConfig, SimparError, parse_inject
+from ..costmodel import hardware
+from ..files import output_problem
+from ..runtime import flight, simclock
+from ..runtime.agree import same_data, together
+from ..runtime.comm import Communicator, Ledger
+from . import checkpoint
 from .data import Dataset, load_dataset
-from .files import output_problem
 
 
 def init_mpi():
@@ -50,7 +52,7 @@ def select_kernels(cfg: RunConfig) -> str:
             )
     backend = kernels.use(name)
     if cfg.mixed:  # half tensors, each layer computed in float32 and rounded back (precision.py)
-        from .precision import HalfKernels
+        from ..model.precision import HalfKernels
 
         backend = kernels.install(HalfKernels(backend, cfg.compute_dtype()))
     collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
@@ -110,7 +112,7 @@ def check_outputs(cfg: RunConfig, world: Communicator) -> None:
 def start_tracer(cfg, world):
     if not cfg.trace:
         return None
-    from .trace import Tracer
+    from ..runtime.trace import Tracer
 
     return Tracer.install(world.rank)
 
@@ -153,7 +155,7 @@ def start_clock(cfg: RunConfig, world: Communicator):
     if cfg.clock != "sim":
         return None
     hw = hardware.load(cfg.hardware)
-    from .costmodel.spec import precision_of
+    from ..costmodel.spec import precision_of
 
     precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
