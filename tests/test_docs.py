@@ -274,7 +274,8 @@ def test_readme_folder_table_names_every_package():
     packages = {str(p.parent.relative_to(ROOT)) + "/" for p in (ROOT / "simpar").glob("*/__init__.py")}
     packages.add("kernels/")
     assert sorted(packages - named) == [], "package folders missing from the README's table"
-    assert sorted(n for n in named if not (ROOT / n).is_dir()) == [], "the README names folders that do not exist"
+    ghosts = sorted(n for n in named if not (ROOT / n).is_dir())
+    assert ghosts == [], "the README names folders that do not exist"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
@@ -285,7 +286,10 @@ def test_every_python_file_mentioned_exists(page):
     missing = []
     for span in re.findall(r"`([^`]+)`", page.read_text()):
         for path in re.findall(r"(?<![\w./])([\w][\w/]*\.py)\b", span):
-            ok = (ROOT / path).is_file() or (ROOT / "simpar" / path).is_file() if "/" in path else path in names
+            if "/" in path:
+                ok = (ROOT / path).is_file() or (ROOT / "simpar" / path).is_file()
+            else:
+                ok = path in names
             if not ok:
                 missing.append(path)
     assert missing == [], _rel(page)
