@@ -43,6 +43,7 @@ from .data import (
 )
 from .evaluate import evaluate
 from .limits import diverged, divergence_message
+from .progress import Progress
 from .resume import resume_collectively, save_checkpoint
 from .setup import (
     check_outputs,
@@ -56,32 +57,6 @@ from .setup import (
     start_recorder,
     start_tracer,
 )
-
-
-class Progress:
-    """A tqdm bar on rank 0 (nothing elsewhere, nothing under --quiet)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
-
-    def update(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            self.bar.update(1)
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @dataclass
