@@ -1,21 +1,20 @@
-"""One training loop for every layout.
+"""One training loop for every layout, read like nanoGPT's: set up, then for each step: data, step,
+log, checkpoint; then gather, and report.
 
-    validate (all ranks, no traffic) -> mesh -> data -> strategy -> for each step:
-        rows of the global batch (same on every rank) -> this rank's micro-steps -> strategy.train_step
-        -> loss reduced over the world (control traffic) -> NaN check, progress bar, epoch summary
-    -> final weights gathered to rank 0 -> accuracy -> metrics JSON, weights, tables
-    With --checkpoint-dir the full-shape state is gathered to rank 0 and saved every N steps (and at
-    the end); --resume loads one (rank 0 reads and verifies, broadcasts) and each rank takes its
-    slice, so a run continues exactly where any layout left it (resume.py, checkpoint.py).
-    What is set up around the loop -- kernels, data, outputs, the flight recorder, the simulated
-    clock, the tracer, injected faults -- is in runsetup.py.
+    _set_up: validate (all ranks, no traffic), memory, schedule, outputs, data, checkpoint to resume
+        -> kernels, clock, mesh, strategy, the batches' feeder                    (helpers: setup.py)
+    for each step: rows of the global batch (same on every rank) -> this rank's micro-steps ->
+        strategy.train_step -> loss reduced over the world -> NaN/divergence check, progress bar,
+        epoch line (and validation accuracy), checkpoint every N steps and at the end
+    _finish: every rank's ledger, memory, trace and simulated steps gathered to rank 0 -> accuracy
+        -> the metrics and the cost model's prediction beside them (report/postrun.py)
+With --checkpoint-dir the full-shape state is gathered to rank 0 and saved; --resume loads one (rank
+0 reads and verifies, broadcasts) and each rank takes its slice, so a run continues exactly where any
+layout left it (resume.py, checkpoint.py).
 
 Run it:
     python -m simpar train --dtype float64 --steps 20
     mpiexec -n 4 python -m mpi4py -m simpar train --dp 4 --metrics-out m.json
-
-(Over 300 lines: the loop is read top to bottom as one story, from validate to the metrics; what
-is set up around it is already in runsetup.py, checkpoints in resume.py, the report in report/.)
 """
 
 from __future__ import annotations
@@ -28,10 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import RunConfig, SimparError, parse_inject
-from ..costmodel import hardware
 from ..files import write_json, write_trace, write_weights
-from ..model.mlp import parameter_count, predict
-from ..report.metrics import build_metrics, sim_summary
+from ..report.postrun import Measured, run_metrics
 from ..report.tables import print_summary
 from ..runtime import flight, simclock
 from ..runtime.agree import preflight
@@ -44,7 +41,9 @@ from .data import (
     steps_per_epoch,
     total_steps,
 )
+from .evaluate import evaluate
 from .limits import diverged, divergence_message
+from .progress import Progress
 from .resume import resume_collectively, save_checkpoint
 from .setup import (
     check_outputs,
@@ -58,51 +57,6 @@ from .setup import (
     start_recorder,
     start_tracer,
 )
-
-
-def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = None) -> float:
-    """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
-    x = data.x_val
-    if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
-        x = x.astype(np.float32)
-        weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
-    if cfg is not None and cfg.experts:
-        from ..model.moe import predict_logits
-
-        logits = predict_logits(cfg, weights, x)
-    elif cfg is not None and cfg.arch == "resmlp":
-        from ..model.resmlp import build_units, predict_logits
-
-        logits = predict_logits(build_units(cfg), weights, x)
-    else:
-        logits = predict(weights, x, activation)
-    return float(np.mean(np.argmax(logits, axis=1) == data.y_val))
-
-
-class Progress:
-    """A tqdm bar on rank 0 (nothing elsewhere, nothing under --quiet)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
-
-    def update(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            self.bar.update(1)
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @dataclass
@@ -126,7 +80,61 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             flight.uninstall()
 
 
+@dataclass
+class Run:
+    """What the loop works with, set up once: the data, the mesh and strategy, the batches' feeder,
+    the step to start from (0, or a checkpoint's), the clocks, the recorder, the tracer, the progress bar."""
+
+    cfg: RunConfig
+    world: Communicator
+    data: Dataset | None
+    n_train: int
+    steps: int
+    first: int
+    resumed_from: str | None
+    kernels_name: str
+    mesh: Mesh
+    strategy: object
+    feeder: BatchFeeder
+    clock: object
+    recorder: object
+    tracer: object
+    progress: Progress
+
+
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
+    run = _set_up(cfg, world)
+    if run is None:  # --resume auto: the final step is saved already
+        return None
+    log, per_epoch = Measured(), steps_per_epoch(run.n_train, cfg.batch)
+    batches = global_batches(run.n_train, cfg.batch, cfg.seed, run.steps, run.first)
+    world.barrier()
+    start = time.perf_counter()
+    this_epoch = _EpochClock(start)
+    for step, (epoch, rows) in enumerate(batches, start=run.first):
+        step_start = time.perf_counter()
+        loss = _train_step(run, step, rows)  # data, forward, backward, optimizer, loss over the world
+        log.step_times.append(time.perf_counter() - step_start)
+        _check_loss(run, loss, step, log.losses)
+        log.losses.append(loss)
+        run.progress.update(loss)
+        this_epoch.samples += cfg.batch
+        if (step + 1) % per_epoch == 0 or step + 1 == run.steps:
+            _end_epoch(run, log, this_epoch, epoch, step, loss)
+        if _checkpoint_due(cfg, step, run.steps):
+            save_start = time.perf_counter()
+            log.saved.append(save_checkpoint(cfg, world, run.strategy, step + 1, run.n_train))
+            log.save_s += time.perf_counter() - save_start
+    run.recorder.step_since = None  # the steps are over: the watchdog's step rule stops here
+    world.barrier()
+    log.elapsed = time.perf_counter() - start
+    run.progress.close()
+    return _finish(run, log)
+
+
+def _set_up(cfg: RunConfig, world: Communicator) -> Run | None:
+    """Every check first (options, memory, schedule, outputs, data, checkpoint), then what trains:
+    kernels, the clock, the mesh, the strategy (from a checkpoint if resuming), the batches' feeder."""
     preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
     if cfg.pp > 1:  # every rank executes the schedule symbolically: refuse a deadlock before any traffic
         from ..parallel.pipeline.check import refuse_unsound
@@ -137,7 +145,7 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     data, n_train = load_data_collectively(cfg, world)
     steps = total_steps(cfg, n_train)
     resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
-    if resumed is not None and resumed[1] is None:  # --resume auto: the final step is saved already
+    if resumed is not None and resumed[1] is None:
         return None
     kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
@@ -150,165 +158,107 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         strategy.load_full_state(resumed[1])  # every rank slices its shard: no traffic
         first = resumed[2]
     feeder = BatchFeeder(data, cfg, mesh, cfg.compute_dtype())
-
-    per_epoch = steps_per_epoch(n_train, cfg.batch)
-    is_root = world.rank == 0
-    show = is_root and not cfg.quiet
-    progress = Progress(steps - first, show)
-    saved, save_s = [], 0.0
-    losses, epoch_log, step_times = [], [], []
+    progress = Progress(steps - first, world.rank == 0 and not cfg.quiet)
     tracer = start_tracer(cfg, world)
+    resumed_from = resumed[0] if resumed else None
+    return Run(
+        cfg, world, data, n_train, steps, first, resumed_from, kernels_name, mesh, strategy, feeder, clock,
+        recorder, tracer, progress,
+    )  # fmt: skip
 
-    world.barrier()
-    start = time.perf_counter()
-    epoch_start, epoch_samples, eval_s = start, 0, 0.0
-    batches = global_batches(n_train, cfg.batch, cfg.seed, steps, first)
-    for step, (epoch, rows) in enumerate(batches, start=first):
-        step_start = time.perf_counter()
-        recorder.step, recorder.step_since = step, time.monotonic()
-        if clock is not None:
-            clock.begin_step(world.mpi.allreduce(clock.now, op=mpi_max()))
-        micro = inject(cfg, world.rank, step, feeder.get(rows))
-        loss = world.allreduce_scalar(strategy.train_step(micro, cfg.batch))
-        if clock is not None:  # the loss all-reduce synchronises the ranks: clocks meet at the latest
-            clock.end_step(world.mpi.allreduce(clock.now, op=mpi_max()))
-        step_times.append(time.perf_counter() - step_start)
-        if not math.isfinite(loss) or (losses and diverged(loss, losses[0])):
-            progress.close()  # so the error line starts a line of its own, not after the bar
-            _raise_nonfinite(loss, step, strategy, world, losses[:1])
-        losses.append(loss)
-        progress.update(loss)
-        epoch_samples += cfg.batch
-        if (step + 1) % per_epoch == 0 or step + 1 == steps:
-            now = time.perf_counter()
-            entry = {
-                "epoch": epoch + 1,
-                "step": step + 1,
-                "loss": loss,
-                "samples_per_s": epoch_samples / max(now - epoch_start, 1e-9),
-            }
-            if cfg.eval_every_epoch:  # every rank joins: gathering weights may be collective
-                eval_start = time.perf_counter()
-                weights = strategy.full_weights()
-                if is_root and data is not None:
-                    entry["val_accuracy"] = evaluate(weights, data, cfg.activation, cfg)
-                eval_s += time.perf_counter() - eval_start
-            if show:
-                acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
-                progress.write(
-                    f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
-                    f"  {entry['samples_per_s']:.0f} samples/s"
-                )
-            epoch_log.append(entry)
-            epoch_start, epoch_samples = time.perf_counter(), 0
-        every = cfg.checkpoint_every
-        if cfg.checkpoint_dir and ((every and (step + 1) % every == 0) or step + 1 == steps):
-            save_start = time.perf_counter()
-            saved.append(save_checkpoint(cfg, world, strategy, step + 1, n_train))
-            save_s += time.perf_counter() - save_start
-    recorder.step_since = None  # the steps are over: the watchdog's step rule stops here
-    world.barrier()
-    elapsed = time.perf_counter() - start
-    progress.close()
 
-    # Everything below is bookkeeping: snapshot the training traffic before control traffic adds up.
+def _train_step(run: Run, step: int, rows) -> float:
+    """This rank's micro-steps of the global batch's `rows`, one optimizer step, the loss reduced over
+    the world (which synchronises the ranks: the simulated clocks meet at the latest)."""
+    world, clock = run.world, run.clock
+    run.recorder.step, run.recorder.step_since = step, time.monotonic()
+    if clock is not None:
+        clock.begin_step(world.mpi.allreduce(clock.now, op=mpi_max()))
+    micro = inject(run.cfg, world.rank, step, run.feeder.get(rows))
+    loss = world.allreduce_scalar(run.strategy.train_step(micro, run.cfg.batch))
+    if clock is not None:
+        clock.end_step(world.mpi.allreduce(clock.now, op=mpi_max()))
+    return loss
+
+
+def _check_loss(run: Run, loss: float, step: int, losses: list) -> None:
+    """A non-finite or diverging loss ends the run on every rank (all see the same reduced loss)."""
+    if not math.isfinite(loss) or (losses and diverged(loss, losses[0])):
+        run.progress.close()  # so the error line starts a line of its own, not after the bar
+        _raise_nonfinite(loss, step, run.strategy, run.world, losses[:1])
+
+
+@dataclass
+class _EpochClock:
+    """When the current epoch started and how many samples it has trained."""
+
+    start: float
+    samples: int = 0
+
+
+def _end_epoch(run: Run, log: Measured, clock: _EpochClock, epoch: int, step: int, loss: float) -> None:
+    """One line of the epoch log: throughput, and the validation accuracy unless turned off."""
+    cfg = run.cfg
+    entry = {
+        "epoch": epoch + 1,
+        "step": step + 1,
+        "loss": loss,
+        "samples_per_s": clock.samples / max(time.perf_counter() - clock.start, 1e-9),
+    }
+    if cfg.eval_every_epoch:  # every rank joins: gathering weights may be collective
+        eval_start = time.perf_counter()
+        weights = run.strategy.full_weights()
+        if run.world.rank == 0 and run.data is not None:
+            entry["val_accuracy"] = evaluate(weights, run.data, cfg.activation, cfg)
+        log.eval_s += time.perf_counter() - eval_start
+    if run.world.rank == 0 and not cfg.quiet:
+        acc = f"  val acc {entry['val_accuracy']:.3f}" if "val_accuracy" in entry else ""
+        run.progress.write(
+            f"epoch {entry['epoch']:3d}  step {step + 1:5d}  loss {loss:.4f}{acc}"
+            f"  {entry['samples_per_s']:.0f} samples/s"
+        )
+    log.epoch_log.append(entry)
+    clock.start, clock.samples = time.perf_counter(), 0
+
+
+def _checkpoint_due(cfg: RunConfig, step: int, steps: int) -> bool:
+    """With --checkpoint-dir: every --checkpoint-every steps, and after the last one."""
+    every = cfg.checkpoint_every
+    return bool(cfg.checkpoint_dir) and ((every and (step + 1) % every == 0) or step + 1 == steps)
+
+
+def _finish(run: Run, log: Measured) -> RunResult | None:
+    """Gather every rank's ledger, memory, trace and simulated steps to rank 0 (snapshotting the
+    training traffic before this control traffic adds up), then the report (report/postrun.py)."""
+    cfg, world, strategy, clock = run.cfg, run.world, run.strategy, run.clock
     ledger = world.ledger.snapshot()
     weights = strategy.full_weights()
     if weights is not None and cfg.mixed:  # float32 holds every half value exactly; npz can't hold bf16
         weights = [(W.astype(np.float32), b.astype(np.float32)) for W, b in weights]
+    mesh = run.mesh
     gathered = world.gather_object(
         {
             "rank": world.rank,
             "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
             "ledger": ledger,
             "memory": strategy.memory(),
-            "trace": tracer.events if tracer else None,
+            "trace": run.tracer.events if run.tracer else None,
             "sim": [dataclasses.asdict(s) for s in clock.steps] if clock else None,
         },
         root=0,
     )
-    if tracer is not None:
-        tracer.uninstall()  # the tour runs several layouts in one process
+    if run.tracer is not None:
+        run.tracer.uninstall()  # the tour runs several layouts in one process
     simclock.uninstall()
-    if not is_root:
+    if world.rank != 0:
         return None
-    metrics = build_metrics(
-        cfg,
-        world.size,
-        mesh,
-        _param_count(cfg),
-        losses,
-        epoch_log,
-        gathered,
-        elapsed,
-        steps - first,  # the steps this run did (resumed: from `first` on)
-        kernels_name,
-        step_times,
-        eval_s,
-    )
-    if data is not None:
-        metrics["accuracy"] = evaluate(weights, data, cfg.activation, cfg)
-    if cfg.experts:  # routing per step: tokens per expert, drops, kept rows per (dp rank, expert)
-        metrics["moe"] = strategy.routing_summary()
-    if cfg.mixed:  # rank 0's scaler: every rank took the same skip decisions (precision.py)
-        metrics["precision"] = {"name": cfg.precision, **strategy.optimizer.summary()}
-    # The closed-form prediction beside the measurement: bytes and shard memory must agree exactly.
-    from ..costmodel import mismatches, predict_from_config
-
-    hw = hardware.load(cfg.hardware)  # the profile of the prediction (and of the simulated clock)
-    # The backend that ran (auto resolved; "numba+float16" under mixed precision is numba's float32
-    # work): its memory passes are what the clock charged (costmodel/passes.py).
-    cfg = dataclasses.replace(cfg, kernels=kernels_name.split("+")[0])
-    metrics["predicted"] = predict_from_config(
-        cfg, world.size, steps=steps - first, hw=hw, routing=metrics.get("moe")
-    )
-    if cfg.experts:  # the all-to-all as routed, beside what perfectly balanced routing would move
-        balanced = predict_from_config(cfg, world.size, steps=1, hw=hw)["comm"]["per_step"]["activation"]
-        metrics["moe"]["activation_per_step"] = {
-            "measured": metrics["comm"]["per_step"]["activation"],
-            "balanced": balanced,
-        }
-    metrics["checkpoint"] = {
-        "dir": cfg.checkpoint_dir,
-        "every": cfg.checkpoint_every,
-        "saved": saved,
-        "save_s": save_s,
-        "resumed_from": resumed[0] if resumed else None,
-        "start_step": first,
-    }
-    if clock is not None:
-        serial = dataclasses.replace(
-            cfg,
-            dp=1,
-            tp=1,
-            sp=False,
-            pp=1,
-            zero=0,
-            stage_layers=None,
-            schedule="1f1b",
-            virtual_stages=1,
-            recompute="none",
-            ep=1,
-        )
-        serial_step = predict_from_config(serial, 1, steps=1, hw=hw)["time"]["step_s"]
-        per_rank = [g["sim"] for g in sorted(gathered, key=lambda g: g["rank"])]
-        metrics["time"]["sim"] = sim_summary(per_rank, cfg, hw, metrics["predicted"], serial_step)
-    metrics["prediction_mismatches"] = mismatches(metrics, metrics["predicted"])
+    accuracy = evaluate(weights, run.data, cfg.activation, cfg) if run.data is not None else None
+    metrics = run_metrics(
+        cfg, world.size, mesh, strategy, gathered, log,
+        kernels_name=run.kernels_name, steps=run.steps, first=run.first, accuracy=accuracy,
+        resumed_from=run.resumed_from, simulated=clock is not None,
+    )  # fmt: skip
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
-
-
-def _param_count(cfg) -> int:
-    if cfg.experts:
-        from ..model.moe import moe_param_count
-
-        return sum(moe_param_count(cfg.layers, cfg.experts))
-    return parameter_count(cfg.layers) if cfg.arch == "mlp" else sum(u.size for u in _units(cfg))
-
-
-def _units(cfg):
-    from ..model.resmlp import build_units
-
-    return build_units(cfg)
 
 
 def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:
