@@ -35,7 +35,7 @@ for _v in THREAD_VARS:  # one compute thread, before NumPy starts its pool
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
-from simpar import model  # noqa: E402
+from simpar.model import mlp as model  # noqa: E402
 
 
 def make_step(widths: list[int], rows: int):

@@ -24,8 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from simpar.comm import Ledger  # noqa: E402
-from simpar.launch import run  # noqa: E402
+from simpar.run.launch import run  # noqa: E402
+from simpar.runtime.comm import Ledger  # noqa: E402
 
 
 def booking_cost(n: int = 20000, repeats: int = 7) -> float:

@@ -30,7 +30,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from simpar.launch import mpiexec_path  # noqa: E402
+from simpar.run.launch import mpiexec_path  # noqa: E402
 from simpar.units import one_thread_env  # noqa: E402
 
 ROOT = os.path.dirname(HERE)

@@ -31,9 +31,10 @@ for _v in THREAD_VARS:  # one compute thread, before NumPy starts its pool
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
-from simpar import model, simclock  # noqa: E402
 from simpar.bench.calibrate import measure_gamma, measure_gemm, measure_layer_overhead  # noqa: E402
-from simpar.optim import SGD, Adam  # noqa: E402
+from simpar.model import mlp as model  # noqa: E402
+from simpar.model.optim import SGD, Adam  # noqa: E402
+from simpar.runtime import simclock  # noqa: E402
 
 WARMUP = 5
 

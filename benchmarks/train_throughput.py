@@ -38,7 +38,7 @@ for _v in THREAD_VARS:  # one compute thread per process, before NumPy starts it
 
 import numpy as np  # noqa: E402
 
-from simpar.model import parameter_count  # noqa: E402
+from simpar.model.mlp import parameter_count  # noqa: E402
 
 LAYERS = [784, 1024, 1024, 10]
 PER_RANK_BATCH = 256
@@ -89,7 +89,7 @@ def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp", batch:
     """Median samples/s of `simpar train` on this model; `batch` (global) defaults to ranks x 256."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
-    from simpar.launch import run
+    from simpar.run.launch import run
 
     world = 1 if layout == "serial" else ranks
     extra = [a.format(ranks=ranks) for a in LAYOUTS[layout]]
@@ -135,7 +135,7 @@ def simpar_rate(ranks: int, steps: int, kernels: str, layout: str = "dp", batch:
 def ring_allreduce_alone(ranks: int) -> tuple[float, float]:
     """(seconds, memory-roofline seconds) of one ring all-reduce of the model's gradient, by itself:
     `simpar bench allreduce` on `ranks` ranks (median of its timed iterations)."""
-    from simpar.launch import run
+    from simpar.run.launch import run
 
     size = 4 * parameter_count(LAYERS)  # float32 gradients
     res = run(ranks, ["bench", "allreduce", "--sizes", str(size), "--algorithms", "ring", "--json"])

@@ -7,12 +7,12 @@ here: 2 threads per rank on 2 cores with 4 ranks makes a step about 5x slower).
 
 import os
 
-from simpar.units import THREAD_VARS  # pure Python: loads no NumPy
+from .units import THREAD_VARS  # pure Python: loads no NumPy
 
 for _var in THREAD_VARS:
     os.environ[_var] = "1"
 
-from simpar.cli import main  # noqa: E402  (must follow the thread caps)
+from .cli import main  # noqa: E402  (must follow the thread caps)
 
 
 def entry() -> None:

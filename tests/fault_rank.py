@@ -3,7 +3,7 @@ a collective. `python -m mpi4py` must turn that into MPI_Abort, ending every ran
 
 from simpar import parallel
 from simpar.config import RunConfig
-from simpar.train import init_mpi, run_training
+from simpar.run.loop import init_mpi, run_training
 
 world = init_mpi()
 original = parallel.build_strategy

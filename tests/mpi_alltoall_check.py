@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from simpar.bench import alltoall as bench
 from simpar.collectives import alltoall
-from simpar.comm import Communicator, Ledger
+from simpar.runtime.comm import Communicator, Ledger
 
 WIDTH = 3  # elements per row
 

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from simpar import collectives as C
-from simpar.comm import Communicator, Ledger
+from simpar.runtime.comm import Communicator, Ledger
 
 SIZES = (1, 3, 7, 1000, 1001)
 DTYPES = ("float64", "float32")

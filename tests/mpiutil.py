@@ -2,7 +2,7 @@
 
 `python -m mpi4py` turns an uncaught exception on any rank into MPI_Abort, so a broken rank ends
 the job instead of hanging it; the timeout is the last line of defence. The launching itself is
-simpar.launch's (the same code the notebooks use).
+simpar.run.launch's (the same code the notebooks use).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simpar.launch import _env as env
-from simpar.launch import mpiexec_path as mpiexec
-from simpar.launch import run as _run
+from simpar.run.launch import _env as env
+from simpar.run.launch import mpiexec_path as mpiexec
+from simpar.run.launch import run as _run
 
 ROOT = Path(__file__).resolve().parents[1]
 

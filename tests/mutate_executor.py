@@ -12,10 +12,10 @@ ceil(C K N / E): every rank still agrees, so the run completes, dropping more).
 import sys
 
 import simpar.collectives.base as base
-import simpar.moe as moe
+import simpar.model.moe as moe
 import simpar.parallel.expert  # noqa: F401  (binds capacity by name: patched below)
-import simpar.parallel.pipeline  # noqa: F401  (binds partition_layers by name: patched below)
-import simpar.parallel.schedules as schedules
+import simpar.parallel.pipeline.engine  # noqa: F401  (binds partition_layers by name: patched below)
+import simpar.parallel.pipeline.schedules as schedules
 from simpar.cli import main
 
 original_partition = schedules.partition_layers

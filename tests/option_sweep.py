@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from simpar.launch import run  # noqa: E402
+from simpar.run.launch import run  # noqa: E402
 
 random.seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 choices = {

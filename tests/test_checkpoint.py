@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simpar import checkpoint
-from simpar.checkpoint import FullState
-from simpar.data import global_batches
-from simpar.launch import _env, mpiexec_path
+from simpar.run import checkpoint
+from simpar.run.checkpoint import FullState
+from simpar.run.data import global_batches
+from simpar.run.launch import _env, mpiexec_path
 from tests.conftest import train_json
 from tests.mpiutil import run_mpi
 from tests.test_errors import assert_one_line_error

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simpar.config import RunConfig, SimparError
-from simpar.data import distributed_sampler, global_batches, load_dataset, read_idx
+from simpar.run.data import distributed_sampler, global_batches, load_dataset, read_idx
 
 
 def write_idx(path, array):

@@ -176,8 +176,8 @@ class FakeWorld:
 
 
 def test_an_error_on_one_rank_is_raised_on_every_rank_naming_it():
-    from simpar.agree import together
     from simpar.config import SimparError
+    from simpar.runtime.agree import together
 
     with pytest.raises(SimparError, match=r"^rank 1: --data-dir /x has no train-images"):
         together(FakeWorld("--data-dir /x has no train-images"), lambda: 42)
@@ -185,9 +185,9 @@ def test_an_error_on_one_rank_is_raised_on_every_rank_naming_it():
 
 
 def test_ranks_with_different_data_fail_together():
-    from simpar.agree import fingerprint, same_data
     from simpar.config import RunConfig, SimparError
-    from simpar.data import load_dataset
+    from simpar.run.data import load_dataset
+    from simpar.runtime.agree import fingerprint, same_data
 
     data = load_dataset(RunConfig())
     same_data(data, FakeWorld(fingerprint(data)))  # identical copies: fine

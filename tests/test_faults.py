@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from simpar import flight
-from simpar.launch import _env, mpiexec_path
+from simpar.run.launch import _env, mpiexec_path
+from simpar.runtime import flight
 
 COMMON = ["--steps", "6", "--watchdog", "3"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kernels
-from simpar.attention import (
+from simpar.model.attention import (
     attention_core_backward,
     attention_core_forward,
     causal_softmax,
@@ -21,8 +21,8 @@ from simpar.attention import (
     self_attention_forward,
     split_heads,
 )
-from simpar.gpt import BlockUnit, EmbeddingUnit, HeadUnit, gpt_logits, gpt_units
-from simpar.model import softmax_cross_entropy
+from simpar.model.gpt import BlockUnit, EmbeddingUnit, HeadUnit, gpt_logits, gpt_units
+from simpar.model.mlp import softmax_cross_entropy
 
 B, S, H, A, V = 2, 5, 8, 2, 11
 EPS = 1e-6

@@ -279,7 +279,7 @@ def test_end_to_end_training_with_each_backend_matches_numpy(tmp_path, backend, 
     import subprocess
     import sys
 
-    from simpar.launch import _env, mpiexec_path
+    from simpar.run.launch import _env, mpiexec_path
 
     args = [
         "train",

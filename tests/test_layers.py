@@ -101,7 +101,7 @@ def test_cost_model_is_independent_of_the_execution_code():
         for m, ts in _graph().items()
         if m.startswith("simpar.costmodel")
         for t in ts
-        if t.startswith(("simpar.collectives", "simpar.parallel", "simpar.comm", "simpar.train"))
+        if t.startswith(("simpar.collectives", "simpar.parallel", "simpar.runtime.comm", "simpar.run.loop"))
     ]
     assert bad == []
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import kernels
-from simpar import precision as mp
 from simpar.collectives import chunk_bounds
-from simpar.model import softmax_cross_entropy
-from simpar.optim import SGD, Adam
+from simpar.model import precision as mp
+from simpar.model.mlp import softmax_cross_entropy
+from simpar.model.optim import SGD, Adam
 from tests.conftest import train_json
 from tests.mpiutil import run_mpi
 

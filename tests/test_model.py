@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import kernels
-from simpar import model, optim
+from simpar.model import mlp as model
+from simpar.model import optim
 from tests.conftest import numeric_grad
 
 

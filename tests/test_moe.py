@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from simpar import moe
+from simpar.model import moe
 from tests.conftest import numeric_grad
 
 
@@ -121,8 +121,8 @@ def first_step_histograms(D):
     """The routing of layer 1 at step 1, reproduced here in NumPy: the first global batch, the initial
     weights, relu(x W0 + b0) @ Wr, each row's top K, counted per dp rank's contiguous share of rows."""
     from simpar.config import RunConfig
-    from simpar.data import global_batches, load_dataset
-    from simpar.model import init_layer
+    from simpar.model.mlp import init_layer
+    from simpar.run.data import global_batches, load_dataset
 
     cfg = RunConfig(dtype="float64")
     data = load_dataset(cfg)

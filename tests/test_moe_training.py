@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from simpar import moe
+from simpar.model import moe
 from tests.test_moe import (
     D_IN,
     MOE,
@@ -107,8 +107,8 @@ def test_grad_accum_routes_each_micro_step_and_all_reduces_once(serial, tmp_path
 
 def first_step_loss_with_accumulation(G):
     from simpar.config import RunConfig
-    from simpar.data import global_batches, load_dataset, micro_steps
-    from simpar.model import init_layer
+    from simpar.model.mlp import init_layer
+    from simpar.run.data import global_batches, load_dataset, micro_steps
 
     data = load_dataset(RunConfig(dtype="float64"))
     _, rows = next(global_batches(len(data.x_train), B, 0, 1))

@@ -11,12 +11,12 @@ import os
 
 import pytest
 
-from simpar.launch import launch
+from simpar.run.launch import launch
 
 
 @pytest.fixture()
 def network_path(monkeypatch):
-    monkeypatch.setenv("MPIR_CVAR_NOLOCAL", "1")  # simpar.launch passes the environment on
+    monkeypatch.setenv("MPIR_CVAR_NOLOCAL", "1")  # simpar.run.launch passes the environment on
     yield
     assert os.environ["MPIR_CVAR_NOLOCAL"] == "1"
 

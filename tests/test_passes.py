@@ -17,11 +17,12 @@ import pytest
 
 import kernels
 from simpar import costmodel as cm
-from simpar import optim, simclock
 from simpar.config import RunConfig
 from simpar.costmodel import hardware, passes, work
-from simpar.launch import launch
-from simpar.precision import HalfKernels
+from simpar.model import optim
+from simpar.model.precision import HalfKernels
+from simpar.run.launch import launch
+from simpar.runtime import simclock
 
 BACKENDS = ["numpy", "numba", "cuda"]
 

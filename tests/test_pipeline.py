@@ -52,9 +52,9 @@ MATRIX_SCRIPT = r"""
 import json, sys
 import numpy as np
 from mpi4py import MPI
-from simpar.comm import Communicator, Ledger
+from simpar.runtime.comm import Communicator, Ledger
 from simpar.config import RunConfig
-from simpar.train import run_training
+from simpar.run.loop import run_training
 
 LAYOUT = ("pp", "dp", "tp", "schedule", "microbatches", "stage_layers", "grad_accum", "virtual_stages",
           "recompute")

@@ -19,7 +19,7 @@ from simpar.costmodel import predict_from_config
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
 from simpar.report import plots
 from simpar.report.tables import print_summary
-from simpar.tour import print_tour_table
+from simpar.run.tour import print_tour_table
 
 STEPS = 3
 

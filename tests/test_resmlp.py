@@ -9,7 +9,7 @@ import pytest
 
 from simpar import costmodel as cm
 from simpar.config import RunConfig
-from simpar.resmlp import BlockUnit, build_units, layernorm_backward, layernorm_forward
+from simpar.model.resmlp import BlockUnit, build_units, layernorm_backward, layernorm_forward
 from tests.conftest import numeric_grad, train_json
 from tests.mpiutil import run_mpi
 

@@ -20,13 +20,13 @@ import pytest
 import kernels
 from simpar import costmodel as cm
 from simpar.config import RunConfig
-from simpar.model import deferred_weight_grads
-from simpar.parallel import recompute
+from simpar.model.mlp import deferred_weight_grads
+from simpar.model.precision import HalfKernels
+from simpar.model.resmlp import BlockUnit, LinearUnit
 from simpar.parallel.base import HeldBytes, NonFiniteWatch
-from simpar.parallel.partition import partition_layers
-from simpar.parallel.resstack import UnitStack
-from simpar.precision import HalfKernels
-from simpar.resmlp import BlockUnit, LinearUnit
+from simpar.parallel.pipeline import recompute
+from simpar.parallel.pipeline.partition import partition_layers
+from simpar.parallel.resmlp_stack import UnitStack
 from tests.conftest import assert_same_model, split_sizes, train_json
 
 D = 96

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from simpar import costmodel as cm
-from simpar import trace
-from simpar.parallel.schedule_check import format_grid, ideal_timeline, show_schedule_main
-from simpar.parallel.schedules import (
+from simpar.parallel.pipeline.check import format_grid, ideal_timeline, show_schedule_main
+from simpar.parallel.pipeline.schedules import (
     AllReduceGrads,
     Backward,
     Forward,
@@ -29,6 +28,7 @@ from simpar.parallel.schedules import (
     in_flight_peaks,
     partition_layers,
 )
+from simpar.runtime import trace
 from tests.conftest import stage_split
 
 CLASSIC = ["naive", "gpipe", "1f1b"]  # one chunk per rank, fused backward (others: test_schedules_new.py)

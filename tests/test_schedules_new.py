@@ -21,8 +21,8 @@ import pytest
 
 from simpar.config import RunConfig, SimparError, validate
 from simpar.costmodel.order import peak_alive, stage_order
-from simpar.parallel.schedule_check import ScheduleError, check, refuse_unsound, show_schedule_main
-from simpar.parallel.schedules import (
+from simpar.parallel.pipeline.check import ScheduleError, check, refuse_unsound, show_schedule_main
+from simpar.parallel.pipeline.schedules import (
     COMPUTE,
     LETTER,
     SCHEDULES,
@@ -146,7 +146,7 @@ def test_cli_refuses_a_hand_made_deadlock_in_one_line(tmp_path):
 
 def test_a_malformed_schedule_file_says_what_is_wrong(tmp_path):
     """In-process (no MPI): each kind of mistake in a hand-made schedule names the step and the form."""
-    from simpar.parallel.schedule_check import load_schedule_file
+    from simpar.parallel.pipeline.check import load_schedule_file
 
     cases = [
         ('{"bad": 1}', "not a schedule: expected a JSON list with one list per rank"),

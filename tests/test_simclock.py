@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from simpar import simclock
-from simpar.launch import launch, run
+from simpar.run.launch import launch, run
+from simpar.runtime import simclock
 
 # Two devices per node: on 4 ranks the dp and pp groups leave the node, the tp group of 2 does not.
 TWO_PER_NODE = {

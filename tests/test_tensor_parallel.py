@@ -146,9 +146,9 @@ def test_widths_not_divisible_by_tp_are_rejected():
 
 STAGE_SCRIPT = r"""
 import numpy as np
-from simpar.comm import Communicator, Ledger
+from simpar.runtime.comm import Communicator, Ledger
 from simpar.config import RunConfig
-from simpar.mesh import Mesh
+from simpar.runtime.mesh import Mesh
 from simpar.parallel.base import HeldBytes, NonFiniteWatch, SerialStack
 from simpar.parallel.tensor import TensorParallelStack
 from mpi4py import MPI

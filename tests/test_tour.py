@@ -14,9 +14,9 @@ import json
 import pytest
 
 from simpar.config import RunConfig, SimparError, validate
-from simpar.launch import run
 from simpar.report.plots import activations_note
-from simpar.tour import TOLERANCE, layouts_for
+from simpar.run.launch import run
+from simpar.run.tour import TOLERANCE, layouts_for
 
 DEFAULT_TOUR = [
     "serial",

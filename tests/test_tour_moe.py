@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from simpar.config import RunConfig
-from simpar.launch import run
-from simpar.tour import layouts_for
+from simpar.run.launch import run
+from simpar.run.tour import layouts_for
 from simpar.units import fmt_bytes
 from tests.test_errors import assert_one_line_error
 from tests.test_moe import kept_from_routed

@@ -13,7 +13,7 @@ import pytest
 from simpar import costmodel as cm
 from simpar.costmodel.spec import Shape, micro_rows
 from simpar.costmodel.work import elementwise_bytes, first_grads
-from simpar.model import charge_backward
+from simpar.model.mlp import charge_backward
 
 from .conftest import layer_sizes
 

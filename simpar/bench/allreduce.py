@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives import ALLREDUCE_ALGORITHMS, allreduce  # noqa: F401  (cli/bench.py reads it here)
-from ..comm import Communicator, Ledger  # noqa: F401  (cli/bench.py builds them)
+from ..runtime.comm import Communicator, Ledger  # noqa: F401  (cli/bench.py builds them)
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_ALGORITHMS = "ring,rabenseifner,tree,ps"

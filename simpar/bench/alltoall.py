@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives import alltoall
-from ..comm import Communicator, Ledger
+from ..runtime.comm import Communicator, Ledger
 
 DEFAULT_SIZES = "64,1K,16K,256K"
 ALGORITHMS = ("pairwise", "bruck", "mpi")

@@ -63,8 +63,8 @@ def measure_layer_overhead(repeats: int = 400) -> float:
 
     import numpy as np
 
-    from ..model import forward_backward, serial_store
-    from ..optim import SGD
+    from ..model.mlp import forward_backward, serial_store
+    from ..model.optim import SGD
 
     store, opt = serial_store([8, 8, 8, 8, 8], "relu", 0, np.float64), SGD(0.01, 0.9)
     x, y = np.ones((1, 8)), np.zeros(1, dtype=np.int64)
@@ -130,7 +130,7 @@ def time_ring_allreduce(mpi_comm, repeats: int = 30) -> dict:
     import numpy as np
 
     from ..collectives import allreduce
-    from ..comm import Communicator, Ledger
+    from ..runtime.comm import Communicator, Ledger
 
     comm = Communicator(mpi_comm, Ledger())
     out = {}

@@ -20,8 +20,8 @@ import os
 import sys
 import traceback
 
-from .. import flight
 from ..config import SimparError
+from ..runtime import flight
 from .base import Parser, finish_error, launcher_rank
 from .tour import add_tour_arguments, tour_command
 from .train import add_run_arguments, train_command

@@ -211,7 +211,7 @@ def bench_world(name: str, ranks: int):
     """MPI's world as a counted Communicator, for a benchmark that needs at least 2 ranks."""
     from mpi4py import MPI
 
-    from ..comm import Communicator, Ledger
+    from ..runtime.comm import Communicator, Ledger
 
     if MPI.COMM_WORLD.Get_size() < 2:
         raise SimparError(

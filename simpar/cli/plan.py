@@ -247,13 +247,13 @@ def plan_moe(spec: cm.Spec, hw, a) -> int:
 
 
 def show_schedule(a) -> int:
-    from ..parallel.schedule_check import show_schedule_main as fn
+    from ..parallel.pipeline.check import show_schedule_main as fn
 
     if a.pp < 1 or a.microbatches < 1:
         raise SimparError("--show-schedule needs --pp >= 1 and --microbatches >= 1")
     from ..config import SCHEDULES
-    from ..config_pipeline import schedule_problem
-    from ..parallel.schedule_check import load_schedule_file
+    from ..config.pipeline import schedule_problem
+    from ..parallel.pipeline.check import load_schedule_file
 
     schedule = a.schedule
     if schedule.endswith(".json"):  # a hand-made schedule: checked like the built-in ones

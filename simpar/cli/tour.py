@@ -30,7 +30,7 @@ CLUSTER_MODEL = dict(
 
 
 def tour_command(args: argparse.Namespace) -> int:
-    from ..tour import tour_main
+    from ..run.tour import tour_main
 
     cfg = config_from_args(args)
     if cfg.mixed:  # the tour's float64 default is for fp32 runs; mixed precision's master is float32

@@ -22,8 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from .. import flight
-from ..comm import Communicator
+from ..runtime import flight
+from ..runtime.comm import Communicator
 from .alltoall import alltoall, pairwise_alltoall_rounds  # noqa: F401
 from .base import (  # noqa: F401
     Pending,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import Communicator
+from ..runtime.comm import Communicator
 from .base import Rounds, new_tag, run
 from .bruck import bruck_alltoall_rounds
 

@@ -26,8 +26,8 @@ from typing import Callable, Generator, Iterator
 import numpy as np
 from mpi4py import MPI
 
-from .. import flight, simclock
-from ..comm import Communicator
+from ..runtime import flight, simclock
+from ..runtime.comm import Communicator
 
 Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .. import simclock
-from ..comm import Communicator
+from ..runtime import simclock
+from ..runtime.comm import Communicator
 from .base import Rounds, offsets
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import Communicator
+from ..runtime.comm import Communicator
 from .base import Rounds, new_tag, offsets, reduce_add, scratch
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import Communicator
+from ..runtime.comm import Communicator
 from .base import Rounds, _flat, new_tag, reduce_add, scratch
 
 

@@ -252,7 +252,7 @@ def layer_flops(rows: int, fan_in: int, fan_out: int, first: bool) -> tuple[int,
 
 
 def coords_of(rank: int, spec: Spec) -> tuple[int, int, int]:
-    """(pp, dp, tp) index of a world rank: tp fastest, then dp, then pp (the README's mesh rule)."""
+    """(pp, dp, tp) index of a world rank: tp fastest, then dp, then pp (docs/strategies.md, "Hybrids")."""
     return rank // (spec.tp * spec.dp), (rank // spec.tp) % spec.dp, rank % spec.tp
 
 

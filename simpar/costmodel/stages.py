@@ -13,7 +13,7 @@ def stage_bounds(spec) -> list[tuple[int, int]]:
     """[(first layer, one past last)] per pipeline stage -- per model chunk for the interleaved
     schedule, whose S*V chunks are cut by the same rule (chunk c then runs on stage c mod S).
 
-    The rule (the README's): contiguous layers, balanced by parameter count -- the split whose largest
+    The rule (docs/strategies.md): contiguous layers, balanced by parameter count -- the split whose largest
     stage holds the fewest parameters; among equally good splits, later stages take as many layers as
     they can. Found here by bisection on that largest stage (`_min_bottleneck`), then filled from the
     back; `--stage-layers` overrides it. For resmlp the "layers" are its units, each weighed by

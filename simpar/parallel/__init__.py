@@ -24,14 +24,14 @@ def build_strategy(cfg, mesh):
 
         return ZeroDataParallel(cfg, mesh)
     if cfg.pp > 1:
-        from .pipeline import PipelineParallel
+        from .pipeline.engine import PipelineParallel
 
         return PipelineParallel(cfg, mesh)
     if cfg.tp > 1:
         from .tensor import TensorParallel
 
         if cfg.arch == "resmlp":  # residual blocks, and --sp
-            from .restensor import ResTensorStack
+            from .tensor_resmlp import ResTensorStack
 
             return TensorParallel(cfg, mesh, stack=ResTensorStack(cfg, mesh))
         return TensorParallel(cfg, mesh)

@@ -27,8 +27,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..checkpoint import FullState
-from ..model import ParamStore, activation_of, init_layer, layer_backward, layer_forward
+from ..model.mlp import ParamStore, activation_of, init_layer, layer_backward, layer_forward
+from ..run.checkpoint import FullState
 
 
 class HeldBytes:

@@ -17,10 +17,11 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 
 from __future__ import annotations
 
-from .. import collectives, trace
-from ..precision import build_optimizer, loss_grad, vote_comm, wire
+from .. import collectives
+from ..model.precision import build_optimizer, loss_grad, vote_comm, wire
+from ..runtime import trace
 from .base import SerialStack, Strategy
-from .resstack import make_stack
+from .resmlp_stack import make_stack
 
 
 class GradientBuckets:

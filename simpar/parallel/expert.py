@@ -45,8 +45,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..model import Linear, activation_of, init_layer, layer_backward, layer_forward
-from ..moe import (
+from ..model.mlp import Linear, activation_of, init_layer, layer_backward, layer_forward
+from ..model.moe import (
     aux_loss,
     capacity,
     histogram,
@@ -60,7 +60,7 @@ from ..moe import (
     router_backward,
     unpack_flat,
 )
-from ..precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad, wire
 from .base import Strategy
 
 

@@ -44,7 +44,7 @@ import dataclasses
 import numpy as np
 
 from .. import collectives
-from ..model import (
+from ..model.mlp import (
     Context,
     ParamStore,
     act_backward,
@@ -54,7 +54,7 @@ from ..model import (
     layer_backward,
     layer_forward,
 )
-from ..precision import wire
+from ..model.precision import wire
 from .base import HeldBytes, NonFiniteWatch, Strategy, flatten, store_views
 from .data import DataParallel
 

@@ -54,9 +54,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad, wire
 from .base import HeldBytes, Strategy
-from .resstack import make_stack, model_units
+from .resmlp_stack import make_stack, model_units
 
 
 class ZeroDataParallel(Strategy):

@@ -1,4 +1,4 @@
-"""The metrics document `--metrics-out` writes (rank 0): see the README's "The metrics JSON"."""
+"""The metrics document `--metrics-out` writes (rank 0): see "The metrics JSON" in docs/cli.md."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python -m simpar train --pp 4 --microbatches 8 --schedule 1f1b --trace trace.json   (under mpiexec -n 4)
     python -m simpar plot --timeline trace.json -o timeline.png
 
-Top: one row per rank from the --trace file (simpar.trace events): forward, backward and
+Top: one row per rank from the --trace file (simpar.runtime.trace events): forward, backward and
 communication in different colours, communication in a thinner lane under the compute lane.
 Bottom: the same schedule played with unit costs (forward = 1, backward = 2, messages free) by
 parallel.schedules.ideal_timeline: the bubble there is the textbook (S-1)/(M+S-1).
@@ -98,8 +98,8 @@ def plot_timeline(trace_json_path_or_events, out_png, schedule=None, S=None, M=N
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from ..parallel.schedule_check import ideal_timeline
-    from ..parallel.schedules import TITLES
+    from ..parallel.pipeline.check import ideal_timeline
+    from ..parallel.pipeline.schedules import TITLES
 
     events = load_events(trace_json_path_or_events)
     info = pipeline_info(events)

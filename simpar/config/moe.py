@@ -1,0 +1,73 @@
+"""The mixture-of-experts option rules: --experts, --top-k, --capacity-factor, --aux-loss-coef, --ep.
+
+config.validate calls moe_rules once the data-parallel size is known. A model with experts must have
+hidden-to-hidden layers to replace, top-k and capacity that make sense, and --ep inside --dp; the
+router options on a dense model are refused rather than silently ignored. The layers themselves are
+simpar/moe.py, expert parallelism parallel/expert.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import require
+
+
+def moe_rules(cfg, defaults) -> None:
+    """The rules of a RunConfig's experts (cfg.dp already filled in); `defaults` is RunConfig(), whose
+    router options a dense model must keep."""
+    if cfg.experts or cfg.ep > 1:
+        expert_rules(cfg)
+    else:  # routing options on a dense model would be silently ignored: a forgotten --experts, most likely
+        changed = [
+            flag
+            for flag, field in (
+                ("--top-k", "top_k"),
+                ("--capacity-factor", "capacity_factor"),
+                ("--aux-loss-coef", "aux_loss_coef"),
+            )
+            if getattr(cfg, field) != getattr(defaults, field)
+        ]
+        require(
+            not changed, f"{', '.join(changed)}: options of a mixture of experts' router; add --experts E"
+        )
+
+
+def expert_rules(cfg) -> None:
+    """--experts/--ep: what the MoE layers and expert parallelism need, and what they do not support."""
+    require(cfg.experts >= 2 or cfg.ep == 1, f"--ep {cfg.ep} shards experts: add --experts E (E >= 2)")
+    require(cfg.experts >= 2, f"--experts must be at least 2, got {cfg.experts}")
+    require(
+        1 <= cfg.top_k <= cfg.experts,
+        f"--top-k must be between 1 and --experts {cfg.experts}, got {cfg.top_k}",
+    )
+    require(
+        cfg.capacity_factor > 0 and math.isfinite(cfg.capacity_factor),
+        f"--capacity-factor must be a positive number, got {cfg.capacity_factor}",
+    )
+    require(
+        cfg.aux_loss_coef >= 0 and math.isfinite(cfg.aux_loss_coef),
+        f"--aux-loss-coef must be a number >= 0, got {cfg.aux_loss_coef}",
+    )
+    require(
+        cfg.n_layers >= 3,
+        f"--experts replaces the hidden-to-hidden layers; --layers {','.join(map(str, cfg.layers))} has none "
+        "(give at least two hidden widths, e.g. 64,128,128,10)",
+    )
+    require(cfg.ep >= 1 and cfg.dp % cfg.ep == 0, f"--ep {cfg.ep} must divide --dp {cfg.dp} (EP inside DP)")
+    require(cfg.experts % cfg.ep == 0, f"--experts {cfg.experts} must be divisible by --ep {cfg.ep}")
+    unsupported = [
+        name
+        for name, on in (
+            ("--tp", cfg.tp > 1),
+            ("--pp", cfg.pp > 1),
+            ("--zero", cfg.zero > 0),
+            ("--arch resmlp", cfg.arch != "mlp"),
+            ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
+        )
+        if on
+    ]
+    require(
+        not unsupported,
+        f"--experts runs serial and --dp/--ep layouts of --arch mlp; not with {', '.join(unsupported)}",
+    )
