@@ -33,7 +33,7 @@ CASES = [
     (dict(layers=[64, 0, 10]), 1, "--layers widths must be positive, got [64, 0, 10]"),
     (dict(dtype="float16"), 1, "unknown dtype 'float16' (choose from float32, float64)"),
     (dict(precision="fp8"), 1, "unknown precision 'fp8' (choose from fp32, mixed-fp16, mixed-bf16)"),
-    (dict(arch="gpt2"), 1, "unknown arch 'gpt2' (choose from mlp, resmlp)"),
+    (dict(arch="gpt2"), 1, "unknown arch 'gpt2' (choose from mlp, resmlp, gpt)"),
     (
         dict(arch="resmlp", layers=[64, 10]),
         1,
@@ -58,8 +58,24 @@ CASES = [
     ),
     (dict(activation="sigmoid"), 1, "unknown activation 'sigmoid'"),
     (dict(seed=-1), 1, "--seed must be a non-negative integer, got -1"),
+    # model: --arch gpt (its shape, its data, the layouts built for it so far)
+    (dict(dataset="text"), 1, "--dataset text is token sequences: add --arch gpt"),
+    (dict(arch="gpt", dataset="text", blocks=0), 1, "--n-layers must be at least 1, got 0"),
+    (dict(arch="gpt", dataset="text", hidden=10, heads=4), 1, "--hidden 10 is not divisible by --heads 4"),
+    (dict(arch="gpt"), 1, "--arch gpt trains on token sequences: --dataset text or copy, not digits"),
+    (
+        dict(arch="gpt", dataset="copy", seq_len=5),
+        1,
+        "--dataset copy needs an even --seq-len >= 2 (symbols, separator, copy) and --vocab >= 2",
+    ),
+    (
+        dict(arch="gpt", dataset="text", tp=2, inject="nan@rank=0,step=1"),
+        2,
+        "--arch gpt runs serially, with --dp and with --zero 1-3 so far; --tp, --inject nan not yet "
+        "(issue 23)",
+    ),
     # data
-    (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist)"),
+    (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist, text, copy)"),
     (dict(data_source="nfs"), 1, "unknown data source 'nfs'"),
     (dict(samples=1), 1, "--samples must be at least 2"),
     (dict(dataset="mnist"), 1, "--dataset mnist needs --data-dir DIR with the four IDX files"),
