@@ -98,12 +98,15 @@ def check_memory(cfg: RunConfig, world_size: int) -> None:
     here = ranks_on_this_machine(world_size)
     loaders = here if cfg.data_source == "local" else 1
     need_model, need_data = model_bytes(cfg), data_bytes(cfg)
-    layers = ",".join(map(str, cfg.layers)) or f"{cfg.blocks} gpt blocks"
+    model, advice = f"--layers {','.join(map(str, cfg.layers))}", "smaller widths or more --tp/--pp ranks"
+    if cfg.arch == "gpt":  # no --tp/--pp for it yet
+        model = f"--arch gpt --n-layers {cfg.blocks} --hidden {cfg.hidden} --seq-len {cfg.seq_len}"
+        advice = "a smaller model, batch or --seq-len"
     if need_model * here > free:
         raise SimparError(
-            f"--layers {layers} needs about {fmt_bytes(need_model)} per rank ({cfg.dtype} parameters, "
+            f"{model} needs about {fmt_bytes(need_model)} per rank ({cfg.dtype} parameters, "
             f"gradients and {cfg.optimizer} state; tp*pp = {cfg.tp * cfg.pp}), x {here} rank(s) here, "
-            f"but this machine has {fmt_bytes(free)} free; use smaller widths or more --tp/--pp ranks"
+            f"but this machine has {fmt_bytes(free)} free; use {advice}"
         )
     if need_data * loaders + need_model * here > free:
         raise SimparError(
