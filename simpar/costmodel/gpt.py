@@ -107,8 +107,8 @@ def korthikanti_layer_bytes(
     s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none"
 ) -> float:
     """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout), bytes per layer per GPU."""
-    if recompute == "full":
-        return 2 * s * b * h / (t if sp else 1)
+    if recompute == "full":  # the table's last row: only the layer's 16-bit input, whatever t and sp
+        return 2 * s * b * h
     attention = 0 if recompute == "selective" else 5 * a * s / (h * t)
     rest = 34 / t if sp else 10 + 24 / t
     return s * b * h * (rest + attention)
