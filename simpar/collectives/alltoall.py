@@ -60,5 +60,5 @@ def alltoall(
     else:
         recv = [np.empty((rows[q][r], *width), dtype) for q in range(comm.size)]
         rounds = pairwise_alltoall_rounds(comm, send, recv, category, op)
-    run(rounds, comm.name)
+    run(rounds, comm)
     return recv

@@ -60,7 +60,7 @@ from ..model.moe import (
     router_backward,
     unpack_flat,
 )
-from ..model.precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad
 from .base import Strategy
 
 
@@ -192,11 +192,9 @@ class ExpertParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         P, dtype, W = cfg.ep, cfg.compute_dtype(), cfg.layers
-        # wire(): under --precision mixed-bf16 the messages carry bfloat16 as its uint16 bits
-        self.dp = wire(mesh.dp_comm, cfg)
-        d = self.dp.rank
-        self.ep = wire(self.dp.split(color=d // P, key=d % P, name="ep"), cfg)
-        self.edp = wire(self.dp.split(color=d % P, key=d // P, name="edp"), cfg)
+        # The mesh made (and wrapped for bfloat16) the groups: ep varies the fastest part of the dp
+        # index (d % P), edp the rest (d // P) -- runtime/mesh.py's AXES
+        self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
         moe, n, per = set(moe_layer_indices(cfg.n_layers)), cfg.n_layers, cfg.experts // P
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         dense, experts = [], []

@@ -54,7 +54,6 @@ from ..model.mlp import (
     layer_backward,
     layer_forward,
 )
-from ..model.precision import wire
 from .base import HeldBytes, NonFiniteWatch, Strategy, flatten, store_views
 from .data import DataParallel
 
@@ -103,7 +102,7 @@ class TensorParallelStack:
 
     def __init__(self, cfg, mesh, layer_indices: list[int]):
         # --precision mixed-bf16: f and g move bfloat16 as uint16 views (precision.wire)
-        self.cfg, self.comm, self.algorithm = cfg, wire(mesh.tp_comm, cfg), cfg.collectives
+        self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
         self.kinds = pair_kinds(layer_indices)
         pieces, dtype = [], cfg.compute_dtype()  # half under --precision mixed-*, as the serial stack
         for i, kind in zip(layer_indices, self.kinds):

@@ -63,7 +63,6 @@ import kernels
 
 from .. import collectives
 from ..model.mlp import ACTIVATIONS, pending_weight_passes
-from ..model.precision import wire
 from ..model.resmlp import (
     BlockContext,
     BlockUnit,
@@ -131,7 +130,7 @@ class ResTensorStack:
     cuts them) and returns the logits of those rows."""
 
     def __init__(self, cfg, mesh, unit_indices: list[int] | None = None):
-        self.comm, self.algorithm, self.sp = wire(mesh.tp_comm, cfg), cfg.collectives, cfg.sp
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
         every = build_units(cfg)

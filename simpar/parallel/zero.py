@@ -54,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model.precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad
 from ..model.resmlp import build_units
 from .base import HeldBytes, Strategy
 from .resmlp_stack import make_stack
@@ -66,7 +66,7 @@ class ZeroDataParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.stage = cfg.zero
-        self.comm = wire(mesh.dp_comm, cfg)
+        self.comm = mesh.dp_comm
         self.p, self.r = self.comm.size, self.comm.rank
         self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize

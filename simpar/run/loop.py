@@ -36,7 +36,6 @@ from ..report.tables import print_summary
 from ..runtime import flight, simclock
 from ..runtime.agree import preflight
 from ..runtime.comm import Communicator
-from ..runtime.mesh import Mesh
 from .data import (
     BatchFeeder,
     Dataset,
@@ -47,6 +46,7 @@ from .data import (
 from .limits import diverged, divergence_message
 from .resume import resume_collectively, save_checkpoint
 from .setup import (
+    build_mesh,
     check_outputs,
     init_mpi,
     inject,
@@ -123,7 +123,8 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         try:
             return _run_training(cfg, world)
         finally:  # the tour runs several layouts in one process: nothing may outlive its run
-            flight.uninstall()
+            flight.stop(world.runtime.recorder)
+            simclock.uninstall()
 
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
@@ -139,9 +140,9 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
     if resumed is not None and resumed[1] is None:  # --resume auto: the final step is saved already
         return None
-    kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
+    kernels_name = select_kernels(cfg, world)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
-    mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
+    mesh = build_mesh(cfg, world, clock)
     from ..parallel import build_strategy
 
     strategy = build_strategy(cfg, mesh)
@@ -227,9 +228,6 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         },
         root=0,
     )
-    if tracer is not None:
-        tracer.uninstall()  # the tour runs several layouts in one process
-    simclock.uninstall()
     if not is_root:
         return None
     metrics = build_metrics(
