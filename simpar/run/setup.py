@@ -17,6 +17,7 @@ import numpy as np
 from ..config import RunConfig, SimparError, parse_inject
 from ..costmodel import hardware
 from ..files import output_problem
+from ..registries import check as check_registries
 from ..runtime import flight, simclock
 from ..runtime.agree import same_data, together
 from ..runtime.comm import Communicator, Ledger
@@ -25,6 +26,8 @@ from ..runtime.network import Network
 from ..runtime.trace import Tracer
 from . import checkpoint
 from .data import Dataset, load_dataset
+
+check_registries()  # a name one side lacks stops every run here, not after training (registries.py)
 
 
 def init_mpi():
