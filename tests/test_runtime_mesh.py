@@ -86,7 +86,13 @@ def test_ep_must_divide_dp():
 
 def test_a_message_takes_the_link_between_the_nodes_its_ranks_sit_on():
     net = Network(
-        devices_per_node=2, intra_alpha=2e-6, intra_bw=100e9, inter_alpha=10e-6, nic_bw=5e9, nics_per_node=1
+        devices_per_node=2,
+        intra_alpha=2e-6,
+        intra_bw=100e9,
+        inter_alpha=10e-6,
+        nic_bw=5e9,
+        nics_per_node=1,
+        per_hop=True,
     )
     assert [net.node_of(r) for r in range(6)] == [0, 0, 1, 1, 2, 2]
     world = list(range(4))
@@ -96,6 +102,10 @@ def test_a_message_takes_the_link_between_the_nodes_its_ranks_sit_on():
     assert net.link(1, 2, world).bandwidth == 5e9
     # a group with one member per node (stride 2): 2 flows share the NIC
     assert net.link(0, 2, [0, 2]).bandwidth == 2.5e9
+    # the default: a group that spans nodes takes its slowest hop for every message (the cost
+    # model's rule), a group inside one node the intra-node link
+    group = Network(2, 2e-6, 100e9, 10e-6, 5e9, 1)
+    assert group.link(0, 1, world).alpha == 10e-6 and group.link(0, 1, [0, 1]).alpha == 2e-6
     # no network cards: one node, whatever the rank
     local = Network(devices_per_node=2, intra_alpha=1e-6, intra_bw=1e9)
     assert local.link(0, 3, world).alpha == 1e-6
