@@ -99,10 +99,10 @@ class DataParallel(Strategy):
 
     def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = stack if stack is not None else make_stack(cfg)  # mlp or resmlp
+        self.stack = stack if stack is not None else make_stack(cfg, rt=self.rt)  # mlp or resmlp
         self.store = self.stack.store
         # Replicas hold the same summed gradients: no vote, unless a tp stack splits them (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None))
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None), self.rt)
         self.buckets = GradientBuckets(
             self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )

@@ -33,7 +33,7 @@ from ..files import write_json, write_trace, write_weights
 from ..model.mlp import parameter_count, predict
 from ..report.metrics import build_metrics, sim_summary
 from ..report.tables import print_summary
-from ..runtime import flight, simclock
+from ..runtime import flight
 from ..runtime.agree import preflight
 from ..runtime.comm import Communicator
 from .data import (
@@ -124,7 +124,6 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
             return _run_training(cfg, world)
         finally:  # the tour runs several layouts in one process: nothing may outlive its run
             flight.stop(world.runtime.recorder)
-            simclock.uninstall()
 
 
 def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:

@@ -39,8 +39,8 @@ def init_mpi():
 def select_kernels(cfg: RunConfig, world: Communicator) -> str:
     """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
     on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths.
-    The run's runtime carries the backend (the collectives' reduce-add); the model's layers still
-    take it from kernels.active(), which kernels.use sets for the process."""
+    The backend goes into the run's runtime (the layers, optimizers and collectives' reduce-add
+    take it from there), not into the process: another run in this process may choose another."""
     import kernels
 
     name = cfg.kernels
@@ -57,11 +57,11 @@ def select_kernels(cfg: RunConfig, world: Communicator) -> str:
                 "--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
                 "to run the same kernels in Numba's CPU simulator, slowly)"
             )
-    backend = kernels.use(name)
+    backend = kernels.load(name)
     if cfg.mixed:  # half tensors, each layer computed in float32 and rounded back (precision.py)
         from ..model.precision import HalfKernels
 
-        backend = kernels.install(HalfKernels(backend, cfg.compute_dtype()))
+        backend = HalfKernels(backend, cfg.compute_dtype())
     world.runtime.kernels = backend  # the `dst += src` inside every reducing collective, too
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
@@ -186,7 +186,6 @@ def start_clock(cfg: RunConfig, world: Communicator):
         host_progress=hw.host_progress,
     )
     clock = world.runtime.clock = simclock.SimClock(profile, measured=cfg.compute == "measured")
-    simclock.install(clock)  # for the model's layers, until they take it from the runtime too
     world.enable_headers()
     return clock
 

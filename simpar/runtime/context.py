@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import kernels as kernel_backends
 
 
-@dataclass
+@dataclass(eq=False)  # one run's: compared (and hashed) by identity
 class Runtime:
     clock: object = None
     recorder: object = None

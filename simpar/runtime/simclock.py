@@ -53,27 +53,6 @@ from dataclasses import dataclass, field
 
 from .network import Link, Network  # noqa: F401  (Link re-exported: simclock.Link)
 
-# What remains of the process-global clock: the model's layers and optimizers (model/, the tensor-
-# parallel resmlp, recompute) still look the clock up here. Communicators, collectives and the
-# strategies' messages take it from their runtime (context.py). run/setup.py installs it next to
-# the runtime's and run/loop.py uninstalls it when the run ends.
-_active: "SimClock | None" = None
-
-
-def active() -> "SimClock | None":
-    return _active
-
-
-def install(clock: "SimClock | None") -> "SimClock | None":
-    global _active
-    _active = clock
-    return clock
-
-
-def uninstall() -> None:
-    global _active
-    _active = None
-
 
 @dataclass
 class Profile:

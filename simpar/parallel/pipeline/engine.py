@@ -106,7 +106,7 @@ class PipelineParallel(StageMessages, Strategy):
         self.stores = [self.stacks[c].store for c in self.chunks]
         # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
         # over the pp group (with --tp: the world) on skipping an overflowed step (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm))
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm), self.rt)
         self.pp_comm = mesh.pp_comm  # wrapped by the mesh: bfloat16 messages travel as uint16 views
         dp_comm = mesh.dp_comm  # the mesh's ONE wrapper: the tag counter all chunks' buckets share
         self.buckets = {
@@ -142,7 +142,7 @@ class PipelineParallel(StageMessages, Strategy):
             from ..tensor import TensorParallelStack
 
             return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        return make_stack(cfg, lo, hi)  # an MLP's layers, or resmlp's units (resstack.py)
+        return make_stack(cfg, lo, hi, mesh.world.runtime)  # an MLP's layers, or resmlp's units (resstack.py)
 
     @property
     def is_first(self) -> bool:
