@@ -27,8 +27,10 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
   one group go out one after another (one outgoing port per rank and group), and messages a
   collective receives in the same round come in one after another (one incoming port). A receive
   completes at max(when the rank waits, arrival).
-  Links: each message's own, from where its two ranks sit (network.py: the same node or not, the
-  profile's numbers); a profile given fixed `links` per group name instead uses those.
+  Links: from where the ranks sit (network.py, the profile's numbers copied in by run/setup.py): a
+  group inside one node talks over the intra-node link, a group that spans nodes over the node's
+  network cards (its slowest hop; Network.per_hop: each message's own two nodes instead); a profile
+  given fixed `links` per group name (tests) uses those.
 * Collectives run on one communication stream per rank and group (tp, dp, pp, world), as NCCL runs
   a communicator's kernels on a CUDA stream: in the order they were started, each beginning when
   the previous one on that group ended and not before the rank started it; their rounds are chained by
