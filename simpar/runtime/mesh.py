@@ -76,16 +76,6 @@ def group_of(rank: int, group: str, sizes: dict) -> list[int]:
     return members
 
 
-def coords_of(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
-    """(pp_index, dp_index, tp_index) of a world rank."""
-    c = coords(rank, axis_sizes(dp, tp, pp))
-    return c["pp"], c["edp"], c["tp"]  # ep = 1: dp_index is the edp coordinate
-
-
-def rank_of(pp_index: int, dp_index: int, tp_index: int, dp: int, tp: int) -> int:
-    return (pp_index * dp + dp_index) * tp + tp_index
-
-
 @dataclass
 class Mesh:
     world: Communicator
