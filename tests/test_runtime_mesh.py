@@ -156,6 +156,8 @@ for dp, tp, pp, ep in [(4, 1, 1, 2), (2, 2, 1, 2), (2, 1, 2, 2), (1, 2, 2, 1), (
     by_name = (mesh.groups["dp"], mesh.groups["tp"], mesh.groups["pp"])
     assert (mesh.dp_comm, mesh.tp_comm, mesh.pp_comm) == by_name
     assert mesh.node_of(world.rank) == world.rank // 2
+    for r in range(world.size):  # any rank's place: dp index = (rank // tp) % dp
+        assert mesh.coords_of(r)["dp"] == (r // tp) % dp and mesh.coords_of(r)["pp"] == r // (dp * tp)
 print("MESH OK", world.rank)
 """
 

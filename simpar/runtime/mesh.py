@@ -125,6 +125,11 @@ class Mesh:
         mesh.devices_per_node = devices_per_node
         return mesh
 
+    def coords_of(self, rank: int) -> dict:
+        """Any world rank's coordinate along every axis, and its dp index (edp and ep together)."""
+        c = coords(rank, self.sizes)
+        return {**c, "dp": c["edp"] * self.sizes["ep"] + c["ep"]}
+
     def node_of(self, rank: int) -> int:
         """The node world rank `rank` sits on (all on one when the placement is unknown: wall clock)."""
         return rank // self.devices_per_node if self.devices_per_node else 0
