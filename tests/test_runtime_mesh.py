@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from simpar.costmodel import hardware
-from simpar.runtime.mesh import AXES, axis_sizes, coords, group_of, rank_at
+from simpar.runtime.mesh import AXES, axis_sizes, coords, coords_of, group_of, rank_at
 from simpar.runtime.network import Network
 
 from .mpiutil import run_script
@@ -50,6 +50,8 @@ def test_numbering_and_groups_follow_the_formula(pp, dp, tp, ep):
         c = coords(rank, sizes)
         assert c == {"pp": p, "edp": e, "ep": q, "tp": t}
         assert rank_at(c, sizes) == rank
+        if ep == 1:
+            assert coords_of(rank, dp, tp, pp) == (p, d, t)
         seen.add(rank)
         expected = {
             "tp": [(p * dp + d) * tp + i for i in range(tp)],

@@ -76,6 +76,13 @@ def group_of(rank: int, group: str, sizes: dict) -> list[int]:
     return members
 
 
+def coords_of(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
+    """(pp_index, dp_index, tp_index) of a world rank: `coords` on a mesh without expert
+    parallelism (lesson 06 prints the groups with it)."""
+    c = coords(rank, axis_sizes(dp, tp, pp))
+    return c["pp"], c["edp"], c["tp"]
+
+
 @dataclass
 class Mesh:
     world: Communicator
