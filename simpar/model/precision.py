@@ -237,7 +237,8 @@ class WireComm:
 def wire(comm, cfg):
     """`comm`, wrapped in WireComm when this run communicates bfloat16. Always the SAME wrapper for one
     communicator: collectives keep their tag counter on the object they are given (collectives/base.py),
-    so two wrappers of one group (say, two pipeline chunks' tp stacks) would hand out colliding tags."""
+    so two wrappers of one group (say, two pipeline chunks' tp stacks) would hand out colliding tags.
+    Its one caller is the mesh (run/setup.py build_mesh), which wraps every group once as it builds it."""
     if cfg.precision != "mixed-bf16":
         return comm
     if getattr(comm, "_wire", None) is None:
