@@ -128,5 +128,3 @@ def choose_auto(widths, batch, dtype) -> str:
     widths = [int(w) for w in widths]
     macs = [int(batch) * a * b for a, b in zip(widths[:-1], widths[1:])]
     return "numba" if macs and max(macs) <= AUTO_MAX_MACS else "numpy"
-
-
