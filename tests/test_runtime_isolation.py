@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from simpar.runtime.context import PLAIN, Runtime
+
 from .mpiutil import run_script
 
 SCRIPT = r"""
@@ -64,3 +68,16 @@ def test_two_runs_in_one_process_do_not_share_state(tmp_path: Path):
     res = run_script(2, script, [str(tmp_path)], timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "ISOLATED" in res.stdout
+
+
+def test_the_shared_plain_runtime_cannot_become_a_global_clock_or_kernel_choice():
+    """Layers built outside a run share runtime.PLAIN; assigning to it would make it a process global
+    by the back door (every such layer would see it), so it refuses. A Runtime of one's own is free."""
+    with pytest.raises(AttributeError):
+        PLAIN.clock = object()
+    with pytest.raises(AttributeError):
+        PLAIN.kernels = object()
+    assert PLAIN.clock is None and PLAIN.kernels.name == "numpy"
+    mine = Runtime()
+    mine.clock = clock = object()
+    assert mine.clock is clock and PLAIN.clock is None

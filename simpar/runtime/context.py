@@ -26,4 +26,18 @@ class Runtime:
     kernels: object = field(default=kernel_backends.NumpyKernels)
 
 
-PLAIN = Runtime()  # wall time, no recorder, no tracer, the NumPy reference: what a bare layer uses
+class _Sealed(Runtime):
+    """A Runtime whose fields cannot be reassigned once sealed."""
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_sealed", False):
+            raise AttributeError(
+                "runtime.PLAIN is shared by every layer built outside a run: give yours a Runtime()"
+            )
+        object.__setattr__(self, name, value)
+
+
+# Wall time, no recorder, no tracer, the NumPy reference: what a layer built outside a run (a test, a
+# benchmark) uses. Sealed, so that it cannot become a process-wide clock or kernel choice by the back door.
+PLAIN = _Sealed()
+PLAIN._sealed = True
