@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
 from simpar.model import mlp as model  # noqa: E402
+from simpar.runtime.context import Runtime  # noqa: E402
 
 
 def make_step(widths: list[int], rows: int):
@@ -48,7 +49,8 @@ def make_step(widths: list[int], rows: int):
     fused_sgd = kernels.load("numba").sgd_update
 
     def step(lazy: bool = True, fused_optimizer: bool = True, backend: str = "numba") -> None:
-        kernels.use(backend)
+        for layer in store.layers:  # the layers' kernels (a run hands them its runtime's)
+            layer.rt = Runtime(kernels=kernels.load(backend))
         store.zero_grad(lazy=lazy)
         model.forward_backward(store, x, y, rows)
         store.settle()

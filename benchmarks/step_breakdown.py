@@ -35,6 +35,7 @@ from simpar.bench.calibrate import measure_gamma, measure_gemm, measure_layer_ov
 from simpar.model import mlp as model  # noqa: E402
 from simpar.model.optim import SGD, Adam  # noqa: E402
 from simpar.runtime import simclock  # noqa: E402
+from simpar.runtime.context import Runtime  # noqa: E402
 
 WARMUP = 5
 
@@ -48,7 +49,6 @@ def main() -> int:
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="sgd: with momentum 0.9")
     args = p.parse_args()
     widths = [int(w) for w in args.layers.split(",")]
-    kernels.use(args.kernels)
 
     rate = measure_gemm("float32")
     profile = simclock.Profile(
@@ -59,7 +59,8 @@ def main() -> int:
         compute_share=1.0,
         links={},
     )
-    clock = simclock.install(simclock.SimClock(profile))
+    clock = simclock.SimClock(profile)
+    rt = Runtime(clock=clock, kernels=kernels.load(args.kernels))  # what a run hands its layers
 
     wall: dict = collections.defaultdict(list)  # call -> wall seconds per step
     charged: dict = collections.defaultdict(list)  # call -> simulated seconds per step
@@ -78,8 +79,8 @@ def main() -> int:
     model.layer_backward = timed(lambda layer, *_: f"backward {layer.index}", model.layer_backward)
     model.softmax_cross_entropy = timed("loss", model.softmax_cross_entropy)
 
-    store = model.serial_store(widths, "relu", 0, np.float32)
-    optimizer = SGD(1e-4, 0.9) if args.optimizer == "sgd" else Adam(1e-4)
+    store = model.serial_store(widths, "relu", 0, np.float32, rt=rt)
+    optimizer = SGD(1e-4, 0.9, rt) if args.optimizer == "sgd" else Adam(1e-4, rt=rt)
     optimizer.step = timed("optimizer", optimizer.step)
     rng = np.random.default_rng(1)
     data_x = rng.standard_normal((8 * args.rows, widths[0])).astype(np.float32)
@@ -93,7 +94,6 @@ def main() -> int:
         store.settle()
         optimizer.step([store.params], [store.grads])
         wall["step"].append(time.perf_counter() - start)
-    simclock.uninstall()
     after = measure_gemm("float32")
 
     def med(xs):

@@ -19,7 +19,8 @@ model writes the same table again, simpar/costmodel/passes.py):
     optimizer_passes(name, momentum) per updated parameter: "sgd" or "adam"
 
 Backends: "numpy" (the readable reference in reference.py; NumPy calls OpenBLAS), "numba" (kernels/cpu.py),
-"cuda" (kernels/cuda.py). `use(name)` picks one for the whole process; `active()` returns it.
+"cuda" (kernels/cuda.py). `load(name)` returns one; a run keeps the one it uses in its runtime
+(simpar/runtime/context.py) and hands it to its layers: there is no process-wide choice.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ class NumpyKernels:
 
 
 _BACKENDS = {"numpy": NumpyKernels}
-_active = NumpyKernels
 
 
 def available() -> list[str]:
@@ -128,23 +128,3 @@ def choose_auto(widths, batch, dtype) -> str:
     widths = [int(w) for w in widths]
     macs = [int(batch) * a * b for a, b in zip(widths[:-1], widths[1:])]
     return "numba" if macs and max(macs) <= AUTO_MAX_MACS else "numpy"
-
-
-def use(name: str):
-    """Make `name` the backend for this process. (simpar installs its reduce_add inside the
-    collectives itself: kernels/ never imports simpar.)"""
-    global _active
-    _active = load(name)
-    return _active
-
-
-def install(backend):
-    """Make any object with the backend interface the active one -- e.g. simpar's half-precision
-    wrapper around a backend (simpar/precision.py). Returns it."""
-    global _active
-    _active = backend
-    return _active
-
-
-def active():
-    return _active

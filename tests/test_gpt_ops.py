@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
 from simpar.model.attention import (
     attention_core_backward,
     attention_core_forward,
@@ -26,11 +25,6 @@ from simpar.model.mlp import softmax_cross_entropy
 
 B, S, H, A, V = 2, 5, 8, 2, 11
 EPS = 1e-6
-
-
-@pytest.fixture(autouse=True)
-def numpy_kernels():
-    kernels.use("numpy")
 
 
 def numeric_grad(f, x):

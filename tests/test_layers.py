@@ -109,3 +109,22 @@ def test_cost_model_is_independent_of_the_execution_code():
 def test_the_checker_sees_a_cycle():
     # The check itself must be able to fail.
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+def _imports_of(prefix: str, forbidden: tuple) -> list:
+    return sorted(
+        (m, t)
+        for m, ts in _graph().items()
+        if m == prefix or m.startswith(prefix + ".")
+        for t in ts
+        if any(t == f or t.startswith(f + ".") for f in forbidden)
+    )
+
+
+def test_the_two_witnesses_share_no_code():
+    """The cost model (the closed form) and the runtime (the simulated clock that runs the real job)
+    are two witnesses of one step time: neither may import the other's half, or one mistake moves
+    both (issue 21: a wrong dp stride in the shared group table moved both by 3.6x, unnoticed)."""
+    runtime_side = ("simpar.runtime", "simpar.model", "simpar.parallel", "simpar.collectives", "kernels")
+    assert _imports_of("simpar.costmodel", runtime_side) == []
+    assert _imports_of("simpar.runtime", ("simpar.costmodel",)) == []

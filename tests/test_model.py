@@ -6,6 +6,7 @@ import pytest
 import kernels
 from simpar.model import mlp as model
 from simpar.model import optim
+from simpar.runtime.context import Runtime
 from tests.conftest import numeric_grad
 
 
@@ -43,7 +44,6 @@ def test_loss_shares_of_shards_add_up_to_the_mean():
 
 @pytest.mark.parametrize("act", ["relu", "tanh", "gelu"])
 def test_whole_mlp_gradient_matches_finite_differences(act):
-    kernels.use("numpy")
     store = model.serial_store([5, 7, 6, 3], act, seed=3, dtype=np.float64)
     rng = np.random.default_rng(4)
     x, y = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
@@ -64,7 +64,6 @@ def test_split_backward_leaves_every_layers_weight_gradient_to_the_w_pass():
     """Inside deferred_weight_grads the B pass computes dx only -- for the FIRST layer it meets too
     (the pending list starts empty) -- and the W closures, one per layer in backward order, then
     give exactly the gradients of the plain backward."""
-    kernels.use("numpy")
     store = model.serial_store([5, 7, 3], "relu", seed=3, dtype=np.float64)
     rng = np.random.default_rng(4)
     x, y = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
@@ -91,32 +90,29 @@ def test_lazy_zero_grad_writes_then_adds_and_settles_what_backward_missed(backen
     zeroes a layer backward never reached. Bit for bit what the eager fill(0) + += gives."""
     if backend not in kernels.available():
         pytest.skip(f"{backend} kernels not installed")
-    kernels.use(backend)
-    try:
-        rng = np.random.default_rng(5)
-        batches = [(rng.standard_normal((8, 20)), rng.integers(0, 4, 8)) for _ in range(2)]
+    rt = Runtime(kernels=kernels.load(backend))  # the layers' kernels: the store hands them down
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((8, 20)), rng.integers(0, 4, 8)) for _ in range(2)]
 
-        def grads(lazy: bool, micro_steps: int):
-            # 20 -> 64 -> 48 -> 4: layer 1 (8 x 64 x 48 > SMALL_MACS) takes the BLAS path, the others one call
-            store = model.serial_store([20, 64, 48, 4], "gelu", seed=2, dtype=np.float64)
-            store.grads.fill(np.nan)  # stale numbers: lazy must overwrite every one of them
-            store.zero_grad(lazy=lazy)
-            for x, y in batches[:micro_steps]:
-                model.forward_backward(store, x, y, 16)
-            store.settle()
-            return store.grads.copy()
+    def grads(lazy: bool, micro_steps: int):
+        # 20 -> 64 -> 48 -> 4: layer 1 (8 x 64 x 48 > SMALL_MACS) takes the BLAS path, the others one call
+        store = model.serial_store([20, 64, 48, 4], "gelu", seed=2, dtype=np.float64, rt=rt)
+        store.grads.fill(np.nan)  # stale numbers: lazy must overwrite every one of them
+        store.zero_grad(lazy=lazy)
+        for x, y in batches[:micro_steps]:
+            model.forward_backward(store, x, y, 16)
+        store.settle()
+        return store.grads.copy()
 
-        for steps in (1, 2):
-            eager, lazy = grads(False, steps), grads(True, steps)
-            assert np.isfinite(lazy).all()
-            np.testing.assert_array_equal(lazy, eager)
-        store = model.serial_store([20, 48, 4], "relu", seed=2, dtype=np.float64)
-        store.grads.fill(np.nan)
-        store.zero_grad(lazy=True)
-        store.settle()  # no backward ran: every gradient is zero
-        assert not store.grads.any() and not any(layer.grads_stale for layer in store.layers)
-    finally:
-        kernels.use("numpy")
+    for steps in (1, 2):
+        eager, lazy = grads(False, steps), grads(True, steps)
+        assert np.isfinite(lazy).all()
+        np.testing.assert_array_equal(lazy, eager)
+    store = model.serial_store([20, 48, 4], "relu", seed=2, dtype=np.float64, rt=rt)
+    store.grads.fill(np.nan)
+    store.zero_grad(lazy=True)
+    store.settle()  # no backward ran: every gradient is zero
+    assert not store.grads.any() and not any(layer.grads_stale for layer in store.layers)
 
 
 def test_init_is_a_function_of_seed_and_layer_only():

@@ -22,7 +22,7 @@ from simpar.costmodel import hardware, passes, work
 from simpar.model import optim
 from simpar.model.precision import HalfKernels
 from simpar.run.launch import launch
-from simpar.runtime import simclock
+from simpar.runtime.context import Runtime
 
 BACKENDS = ["numpy", "numba", "cuda"]
 
@@ -53,15 +53,11 @@ class Recorder:
         self.bytes += nbytes
 
 
-def charged(name: str, optimizer) -> int:
-    kernels.use(name)
-    clock = simclock.install(Recorder())
-    try:
-        w = [np.ones(1000, np.float32), np.ones(24, np.float32)]
-        optimizer.step(w, [np.full_like(a, 0.5) for a in w])
-    finally:
-        simclock.uninstall()
-        kernels.use("numpy")
+def charged(name: str, make) -> int:
+    clock = Recorder()
+    optimizer = make(Runtime(clock=clock, kernels=kernels.load(name)))  # the run's kernels and clock
+    w = [np.ones(1000, np.float32), np.ones(24, np.float32)]
+    optimizer.step(w, [np.full_like(a, 0.5) for a in w])
     return clock.bytes
 
 
@@ -69,19 +65,19 @@ def charged(name: str, optimizer) -> int:
     "make, numpy_passes, numba_passes",
     [
         # NumPy: t = lr*g (read g, write t), w -= t (read w, t; write w). Numba: read w, g; write w.
-        (lambda: optim.SGD(0.1, 0.0), 2 + 3, 2 + 1),
+        (lambda rt: optim.SGD(0.1, 0.0, rt), 2 + 3, 2 + 1),
         # NumPy: v *= mu (2), v += g (3), then as above (5). Numba: read w, g, v; write v, w.
-        (lambda: optim.SGD(0.1, 0.9), 2 + 3 + 2 + 3, 3 + 2),
+        (lambda rt: optim.SGD(0.1, 0.9, rt), 2 + 3 + 2 + 3, 3 + 2),
         # NumPy: m's two lines 2 + 2 + 3, v's 2 + 2 + 2 + 3, the update's five one-operand temporaries
         # 5 x 2, the division 3 and w -= 3. Numba: read w, g, m, v; write m, v, w.
-        (lambda: optim.Adam(0.1), 7 + 9 + 10 + 3 + 3, 4 + 3),
+        (lambda rt: optim.Adam(0.1, rt=rt), 7 + 9 + 10 + 3 + 3, 4 + 3),
     ],
 )
 def test_optimizer_charges_differ_between_numpy_and_numba_by_the_passes(make, numpy_passes, numba_passes):
     nbytes = (1000 + 24) * 4
-    assert charged("numpy", make()) == numpy_passes * nbytes
-    assert charged("numba", make()) == numba_passes * nbytes
-    assert charged("numpy", make()) - charged("numba", make()) == (numpy_passes - numba_passes) * nbytes
+    assert charged("numpy", make) == numpy_passes * nbytes
+    assert charged("numba", make) == numba_passes * nbytes
+    assert charged("numpy", make) - charged("numba", make) == (numpy_passes - numba_passes) * nbytes
 
 
 def test_a_numba_run_is_predicted_as_simulated():

@@ -27,6 +27,7 @@ from simpar.parallel.base import HeldBytes, NonFiniteWatch
 from simpar.parallel.pipeline import recompute
 from simpar.parallel.pipeline.partition import partition_layers
 from simpar.parallel.resmlp_stack import UnitStack
+from simpar.runtime.context import Runtime
 from tests.conftest import assert_same_model, split_sizes, train_json
 
 D = 96
@@ -91,8 +92,7 @@ def test_backward_halves_add_up_to_the_fused_backward(act):
         else:
             assert dx is None and dx_b is None
     # Half precision: B and W round where the fused backward's HalfKernels do: the same numbers.
-    saved = kernels.active()
-    kernels.install(HalfKernels(kernels.load("numpy"), np.float16))
+    saved, block.rt = block.rt, Runtime(kernels=HalfKernels(kernels.load("numpy"), np.float16))
     try:
         flat = block.init(3, np.float16)
         x, dy = (rng.standard_normal((4, 7)).astype(np.float16) for _ in range(2))
@@ -104,7 +104,7 @@ def test_backward_halves_add_up_to_the_fused_backward(act):
         np.testing.assert_array_equal(dx_b, dx)
         np.testing.assert_array_equal(split, fused)
     finally:
-        kernels.install(saved)
+        block.rt = saved
     # What the zb-h1 pipeline does: backward inside deferred_weight_grads queues one W pass per unit.
     flat = block.init(3, np.float64)
     _, ctx = block.forward(flat, x := rng.standard_normal((4, 7)))

@@ -150,18 +150,19 @@ def test_partition_balances_parameters():
 
 
 def test_trace_span_is_noop_without_tracer_and_records_with_one():
-    trace.Tracer.uninstall()
-    with trace.span("F0", "forward"):
+    from simpar.runtime.context import Runtime
+
+    plain = Runtime()
+    with trace.span(plain, "F0", "forward"):
         pass
-    tracer = trace.Tracer.install(3)
-    try:
-        trace.next_step()
-        with trace.span("F1", "forward", mb=1):
-            pass
-        with trace.span("recv act", "comm"):
-            pass
-    finally:
-        trace.Tracer.uninstall()
+    rt = Runtime(tracer=trace.Tracer(3))
+    tracer = rt.tracer
+    trace.next_step(rt)
+    with trace.span(rt, "F1", "forward", mb=1):
+        pass
+    with trace.span(rt, "recv act", "comm"):
+        pass
+    assert plain.tracer is None
     f, c = tracer.events
     assert f["ph"] == "X" and f["pid"] == 3 and f["tid"] == 0 and f["name"] == "F1" and f["dur"] >= 0
     assert f["args"] == {"kind": "forward", "step": 1, "mb": 1}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernels import NumpyKernels
 from simpar import costmodel as cm
 from simpar.costmodel.spec import Shape, micro_rows
 from simpar.costmodel.work import elementwise_bytes, first_grads
@@ -35,7 +36,7 @@ class Recorder:
 def test_charge_backward_counts_how_gradients_reach_the_buffer(grads):
     r, a, b, bpe = 7, 5, 3, 4
     clock = Recorder()
-    charge_backward(clock, r, a, b, True, True, "relu", bpe, grads)
+    charge_backward(clock, NumpyKernels, r, a, b, True, True, "relu", bpe, grads)  # NumPy's passes
     per_row = 3 * r * b + r * b  # activation' (read dy, z; write dz) and db's row sum
     into_buffer = {"add": 3 * a * b + 3 * b, "into": 0, "copy": 2 * a * b + 2 * b}[grads]
     assert clock.bytes == (per_row + into_buffer) * bpe

@@ -35,7 +35,6 @@ from .base import (  # noqa: F401
     reduce_add,
     run,
     scratch,
-    set_reduce_kernel,
 )
 from .bruck import bruck_alltoall_rounds, bruck_rounds  # noqa: F401
 from .native import mpi_allreduce_rounds
@@ -63,7 +62,7 @@ def _skipped(comm: Communicator, buf: np.ndarray, category: str, op: str) -> Pen
     another branch would: its call count and tags move on, its peers wait for messages that never
     come (the watchdog, the flight recorder and --check-collectives then say so)."""
     new_tag(comm)
-    flight.active().record(
+    comm.runtime.recorder.record(
         "collective",
         f"{op} (skipped)",
         category,
@@ -79,10 +78,10 @@ def start_allreduce(
     comm: Communicator, buf: np.ndarray, category: str, op: str = "allreduce", algorithm: str = "ring"
 ) -> Pending:
     """Begin summing `buf` over the group, in place; returns the in-flight collective."""
-    if flight.take_desync():
+    if flight.take_desync(comm.runtime.recorder):
         return _skipped(comm, buf, category, op)
     rounds = ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op)
-    return Pending(rounds, comm.name, _call(comm, buf, category, op))
+    return Pending(rounds, comm, _call(comm, buf, category, op))
 
 
 def allreduce(
@@ -97,25 +96,25 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Sum over the group; returns a view of this rank's chunk (chunk `comm.rank`) of `buf`."""
     flat = _flat(buf)
-    if flight.take_desync():
+    if flight.take_desync(comm.runtime.recorder):
         _skipped(comm, buf, category, op)
     else:
-        run(ring_reduce_scatter_rounds(comm, flat, category, op), comm.name, _call(comm, buf, category, op))
+        run(ring_reduce_scatter_rounds(comm, flat, category, op), comm, _call(comm, buf, category, op))
     bounds = offsets(flat.size, comm.size)
     return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
 
 
 def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all-gather") -> np.ndarray:
     """Every rank has written its chunk `comm.rank` of `buf`; fill in everyone else's."""
-    if flight.take_desync():
+    if flight.take_desync(comm.runtime.recorder):
         _skipped(comm, buf, category, op)
     else:
-        run(ring_allgather_rounds(comm, _flat(buf), category, op), comm.name, _call(comm, buf, category, op))
+        run(ring_allgather_rounds(comm, _flat(buf), category, op), comm, _call(comm, buf, category, op))
     return buf
 
 
 def broadcast(
     comm: Communicator, buf: np.ndarray, root: int, category: str, op: str = "broadcast"
 ) -> np.ndarray:
-    run(binomial_broadcast_rounds(comm, buf, root, category, op), comm.name, _call(comm, buf, category, op))
+    run(binomial_broadcast_rounds(comm, buf, root, category, op), comm, _call(comm, buf, category, op))
     return buf

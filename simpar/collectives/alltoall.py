@@ -40,6 +40,9 @@ def pairwise_alltoall_rounds(
         ]
 
 
+ALLTOALL_ALGORITHMS = ("pairwise", "bruck")  # --alltoall (config.ALLTOALLS; costmodel.collectives.ALLTOALL)
+
+
 def alltoall(
     comm: Communicator,
     send: list[np.ndarray],
@@ -54,11 +57,13 @@ def alltoall(
     fresh buffer (never aliasing a later receive)."""
     width, dtype, r = send[0].shape[1:], send[0].dtype, comm.rank
     send = [np.ascontiguousarray(s) for s in send]
+    if algorithm not in ALLTOALL_ALGORITHMS:
+        raise ValueError(f"unknown all-to-all {algorithm!r}; choose from {', '.join(ALLTOALL_ALGORITHMS)}")
     if algorithm == "bruck":  # fills recv with views of its fresh receive buffers
         recv = [None] * comm.size
         rounds = bruck_alltoall_rounds(comm, send, recv, rows, category, op)
     else:
         recv = [np.empty((rows[q][r], *width), dtype) for q in range(comm.size)]
         rounds = pairwise_alltoall_rounds(comm, send, recv, category, op)
-    run(rounds, comm.name)
+    run(rounds, comm)
     return recv

@@ -12,8 +12,8 @@ Chunks follow `np.array_split`: with N elements and p ranks, chunk i has c_i = N
 elements (some are empty when N < p; empty messages are still sent and counted, so message counts
 never depend on N). Indices of c are taken mod p.
 
-The reduction inside every reducing collective (`dst += src`) is a hook: the training loop installs
-the kernel backend's reduce-add with `set_reduce_kernel` (kernels/ itself never imports simpar).
+The reduction inside every reducing collective (`dst += src`) is the run's kernel backend's
+reduce-add, which the communicator's runtime carries (runtime/context.py; kernels/ never imports simpar).
 """
 
 from __future__ import annotations
@@ -21,29 +21,21 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Callable, Generator, Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime import flight, simclock
+from ..runtime import flight
 from ..runtime.comm import Communicator
 
 Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
 
-# The reduction inside every reducing collective (`dst += src`); kernels/ may swap in a Numba one.
-_reduce_add: Callable[[np.ndarray, np.ndarray], None] = lambda dst, src: np.add(dst, src, out=dst)
 
-
-def set_reduce_kernel(fn: Callable[[np.ndarray, np.ndarray], None]) -> None:
-    global _reduce_add
-    _reduce_add = fn
-
-
-def reduce_add(dst: np.ndarray, src: np.ndarray) -> None:
-    """`dst += src` with whatever kernel `set_reduce_kernel` installed (looked up at call time)."""
-    _reduce_add(dst, src)
-    clock = simclock.active()
+def reduce_add(comm: Communicator, dst: np.ndarray, src: np.ndarray) -> None:
+    """`dst += src` with the run's kernels (comm.runtime.kernels: NumPy's, or a Numba one)."""
+    comm.runtime.kernels.reduce_add(dst, src)
+    clock = comm.runtime.clock
     if clock is not None:
         clock.reduce(dst.nbytes)
 
@@ -128,13 +120,18 @@ class Pending:
     moment its rank waits for it: started during backward, it still costs the rank its own time.
     """
 
-    def __init__(self, rounds: Rounds, group: str = "world", call: dict | None = None):
+    def __init__(self, rounds: Rounds, comm: Communicator | None = None, call: dict | None = None):
+        """`comm`: the group it runs on (its name keys the stream; its runtime has the clock and
+        recorder); None: a collective with nothing to do (a skipped one, --inject desync)."""
+        runtime = comm.runtime if comm is not None else None
+        group = comm.name if comm is not None else "world"
+        self._recorder = runtime.recorder if runtime is not None else None
         self._rounds = rounds
         self._requests: list = []
         self._round_recvs: list = []
         self.done = False
         self.event = None
-        recorder = flight.active()
+        recorder = self._recorder
         if recorder is not None and call is not None:  # the flight recorder's view of this call
             self.event = recorder.record(
                 "collective",
@@ -147,7 +144,7 @@ class Pending:
             )
             if recorder.check_collectives:
                 check_same_call(call["comm"], self.event, call["dtype"])
-        self._clock = simclock.active()
+        self._clock = runtime.clock if runtime is not None else None
         if self._clock is None:
             self._advance()
         else:
@@ -155,7 +152,7 @@ class Pending:
             self._clock.in_flight.setdefault(group, []).append(self)
 
     def _advance(self) -> None:
-        recorder = flight.active()
+        recorder = self._recorder
         if recorder is not None:
             recorder.round_recvs = []
         try:
@@ -171,7 +168,7 @@ class Pending:
             self._advance()
 
     def wait(self) -> None:
-        recorder = flight.active()
+        recorder = self._recorder
         if self._clock is not None:
             self._clock.wait_until(self._run_on_stream(), busy_from=self.started_at)
         while not self.done:
@@ -219,8 +216,8 @@ class Pending:
         return self.ended_at
 
 
-def run(rounds: Rounds, group: str = "world", call: dict | None = None) -> None:
-    Pending(rounds, group, call).wait()
+def run(rounds: Rounds, comm: Communicator | None = None, call: dict | None = None) -> None:
+    Pending(rounds, comm, call).wait()
 
 
 def check_same_call(comm, event: dict, dtype) -> None:

@@ -30,5 +30,5 @@ def ps_allreduce_rounds(comm: Communicator, flat: np.ndarray, category: str, op:
         incoming = incoming.reshape(p - 1, flat.size)
         yield [comm.irecv(incoming[i - 1], i, category, op, tag) for i in range(1, p)]
         for row in incoming:
-            reduce_add(flat, row)
+            reduce_add(comm, flat, row)
     yield [comm.isend(flat, i, category, op, tag) for i in range(1, p)]

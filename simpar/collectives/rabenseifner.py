@@ -62,7 +62,7 @@ def rabenseifner_allreduce_rounds(
         m = r // 2
         with scratch.take(n, flat.dtype) as incoming:
             yield [comm.irecv(incoming, r + 1, category, op, tag)]
-            reduce_add(flat, incoming)
+            reduce_add(comm, flat, incoming)
     else:
         m = r - e
 
@@ -80,7 +80,7 @@ def rabenseifner_allreduce_rounds(
                 comm.irecv(incoming[: b - a], rank_of(m ^ d), category, op, tag),
                 comm.isend(flat[bounds[give[0]] : bounds[give[1]]], rank_of(m ^ d), category, op, tag),
             ]
-            reduce_add(flat[a:b], incoming[: b - a])
+            reduce_add(comm, flat[a:b], incoming[: b - a])
             lo, hi = keep
             d //= 2
     d = 1

@@ -41,7 +41,7 @@ def ring_reduce_scatter_rounds(
                 comm.irecv(incoming[: hi - lo], left, category, op, tag),  # receive posted first:
                 comm.isend(flat[bounds[send_c] : bounds[send_c + 1]], right, category, op, tag),
             ]  # see Pending
-            reduce_add(flat[lo:hi], incoming[: hi - lo])
+            reduce_add(comm, flat[lo:hi], incoming[: hi - lo])
 
 
 def ring_allgather_rounds(

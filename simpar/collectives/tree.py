@@ -68,7 +68,7 @@ def tree_allreduce_rounds(
         while d >= 1:
             if me < d and me + d < p:  # a child me + d sends its subtree's sum
                 yield [comm.irecv(incoming, me + d, category, op, tag)]
-                reduce_add(flat, incoming)
+                reduce_add(comm, flat, incoming)
             elif d <= me < 2 * d:  # my subtree is complete: pass it to my parent
                 yield [comm.isend(flat, me - d, category, op, tag)]
             d //= 2

@@ -91,8 +91,15 @@ def zb_v_orders(S: int, M: int) -> tuple[list[list[tuple[str, int, int]]], int]:
     return orders, unit
 
 
+# The schedules this closed form knows (config.SCHEDULES and parallel/pipeline/schedules.SCHEDULES
+# must name the same: simpar/registries.py checks it).
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+
+
 def stage_order(schedule: str, S: int, M: int, s: int, V: int = 1) -> list[tuple[str, int, int]]:
     """The (kind, micro-batch, chunk) steps of rank s, in order (see the module docstring)."""
+    if schedule not in SCHEDULES:  # no silent 1F1B for a schedule this model was never taught
+        raise ValueError(f"the cost model knows no schedule {schedule!r}")
     if S == 1 or schedule == "naive":
         return [op for m in range(M) for op in (("F", m, s), ("B", m, s))]
     if schedule == "gpipe":

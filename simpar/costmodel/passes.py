@@ -25,6 +25,8 @@ not counted (relu and tanh: 2 per pass as above).
 
 from __future__ import annotations
 
+BACKENDS = ("numpy", "numba", "cuda")  # the kernel backends whose passes this table knows
+
 
 def backend(spec) -> str:
     """The backend whose passes apply: the run's, or numpy for `auto` and unknown names."""

@@ -35,8 +35,7 @@ import math
 
 import numpy as np
 
-import kernels
-
+from ..runtime.context import PLAIN
 from .mlp import wide
 
 
@@ -103,11 +102,11 @@ class AttentionContext:
         return sum(a.nbytes for a in (self.x, self.q, self.k, self.v, self.probs, self.o))
 
 
-def self_attention_forward(x, params, batch: int, seq: int, heads: int):
+def self_attention_forward(x, params, batch: int, seq: int, heads: int, kern=None):
     """y = attention(x) for x (batch*seq, h); params = (Wq, bq, Wk, bk, Wv, bv, Wo, bo) holding
     `heads` heads (all of them, or a tensor-parallel rank's share). Returns (y, AttentionContext)."""
     Wq, bq, Wk, bk, Wv, bv, Wo, bo = params
-    k_ = kernels.active()
+    k_ = kern or PLAIN.kernels  # the run's kernels (gpt.py's units pass them)
     q, k, v = (
         split_heads(k_.linear_act_forward(x, W, b, "none")[0], batch, seq, heads)
         for W, b in ((Wq, bq), (Wk, bk), (Wv, bv))
@@ -118,10 +117,10 @@ def self_attention_forward(x, params, batch: int, seq: int, heads: int):
     return y, AttentionContext(x, q, k, v, probs, o)
 
 
-def self_attention_backward(dy, ctx: AttentionContext, params, grads):
+def self_attention_backward(dy, ctx: AttentionContext, params, grads, kern=None):
     """dL/dx, with dWq, dbq, ..., dWo, dbo ADDED into `grads` (same order as params: micro-steps add up)."""
     Wq, bq, Wk, bk, Wv, bv, Wo, bo = params
-    k_ = kernels.active()
+    k_ = kern or PLAIN.kernels  # the run's kernels (gpt.py's units pass them)
     do, gWo, gbo = k_.linear_act_backward(dy, ctx.o, Wo, dy, dy, "none", True)  # z, y: unused for "none"
     b, a, s, d = ctx.q.shape
     dq, dk, dv = attention_core_backward(split_heads(do, b, s, a), ctx.q, ctx.k, ctx.v, ctx.probs)

@@ -36,8 +36,7 @@ import math
 
 import numpy as np
 
-import kernels
-
+from ..runtime.context import PLAIN
 from .attention import self_attention_backward, self_attention_forward
 from .mlp import wide
 from .resmlp import layernorm_backward, layernorm_forward
@@ -69,6 +68,8 @@ class Kept:
 class EmbeddingUnit:
     """x = E[tokens] + Pos, out (batch*s, h). Keeps the token ids (int64) for backward.
     A vocabulary-parallel rank would hold rows v0..v1 of E, look up only its ids and all-reduce."""
+
+    rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
     def __init__(self, vocab: int, seq: int, hidden: int):
         self.index, self.V, self.s, self.h = 0, vocab, seq, hidden
@@ -103,6 +104,8 @@ class EmbeddingUnit:
 class BlockUnit:
     """x + Attn(LN1(x)), then + MLP(LN2(.)): one pre-LN transformer block of width h with a heads."""
 
+    rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
+
     def __init__(self, index: int, hidden: int, heads: int, seq: int, n_blocks: int):
         self.index, self.h, self.a, self.s, self.L = index, hidden, heads, seq, n_blocks
         self.size = 12 * hidden * hidden + 13 * hidden
@@ -132,10 +135,10 @@ class BlockUnit:
         rows = x.shape[0]
         batch = rows // self.s
         h1, (xh1, r1) = layernorm_forward(x, g1, b1)
-        y, actx = self_attention_forward(h1, attn, batch, self.s, self.a)
+        y, actx = self_attention_forward(h1, attn, batch, self.s, self.a, self.rt.kernels)
         x2 = x + y
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
-        k = kernels.active()
+        k = self.rt.kernels
         z, u = k.linear_act_forward(h2, W1, c1, "gelu")
         m, _ = k.linear_act_forward(u, W2, c2, "none")
         ctx = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2, h2=h2, z=z, u=u)
@@ -144,12 +147,12 @@ class BlockUnit:
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
         g1, _, attn, g2, _, W1, _, W2, _ = self.views(flat)
         dg1, db1, dattn, dg2, db2, dW1, dc1, dW2, dc2 = self.views(gflat)
-        k = kernels.active()
+        k = self.rt.kernels
         du, gW2, gc2 = k.linear_act_backward(dy, ctx.u, W2, dy, dy, "none", True)
         dh2, gW1, gc1 = k.linear_act_backward(du, ctx.h2, W1, ctx.z, ctx.u, "gelu", True)
         dx2, gg2, gb2 = layernorm_backward(dh2, (ctx.xh2, ctx.r2), g2)
         dx2 = dy + dx2  # the residual path around the MLP
-        dh1 = self_attention_backward(dx2, ctx.attn, attn, dattn)
+        dh1 = self_attention_backward(dx2, ctx.attn, attn, dattn, self.rt.kernels)
         dx, gg1, gb1 = layernorm_backward(dh1, (ctx.xh1, ctx.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2), (dW1, gW1), (dc1, gc1)):
             acc += new
@@ -164,6 +167,8 @@ class BlockUnit:
 class HeadUnit:
     """logits = LN_f(x) Wout, shaped (batch, s, V) for the loss. A vocabulary-parallel rank would hold
     columns v0..v1 of Wout and compute the softmax's max and sum with two all-reduces."""
+
+    rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
     def __init__(self, index: int, hidden: int, vocab: int, seq: int):
         self.index, self.h, self.V, self.s = index, hidden, vocab, seq
@@ -182,14 +187,14 @@ class HeadUnit:
     def forward(self, flat, x):
         g, b, W = self.views(flat)
         hf, (xh, r) = layernorm_forward(x, g, b)
-        logits, _ = kernels.active().linear_act_forward(hf, W, None, "none")
+        logits, _ = self.rt.kernels.linear_act_forward(hf, W, None, "none")
         return logits.reshape(-1, self.s, self.V), Kept(xh=xh, r=r, hf=hf)
 
     def backward(self, flat, gflat, ctx, dlogits, need_dx: bool = True):
         g, _, W = self.views(flat)
         dg, db, dW = self.views(gflat)
         d2 = dlogits.reshape(-1, self.V)
-        dhf, gW, _ = kernels.active().linear_act_backward(d2, ctx.hf, W, d2, d2, "none", True)
+        dhf, gW, _ = self.rt.kernels.linear_act_backward(d2, ctx.hf, W, d2, d2, "none", True)
         dx, gg, gb = layernorm_backward(dhf, (ctx.xh, ctx.r), g)
         dW += gW
         dg += gg
@@ -200,14 +205,18 @@ class HeadUnit:
         return flat.copy(), np.empty(0, flat.dtype)
 
 
-def gpt_units(cfg) -> list:
-    """[embedding, L blocks, head] with unit indices 0 .. L+1."""
+def gpt_units(cfg, rt=PLAIN) -> list:
+    """[embedding, L blocks, head] with unit indices 0 .. L+1; `rt`: the run's runtime (its kernels),
+    which every unit gets."""
     L = cfg.blocks
-    return (
+    units = (
         [EmbeddingUnit(cfg.vocab, cfg.seq_len, cfg.hidden)]
         + [BlockUnit(i, cfg.hidden, cfg.heads, cfg.seq_len, L) for i in range(1, L + 1)]
         + [HeadUnit(L + 1, cfg.hidden, cfg.vocab, cfg.seq_len)]
     )
+    for unit in units:
+        unit.rt = rt
+    return units
 
 
 def gpt_param_count(cfg) -> int:

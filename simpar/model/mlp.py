@@ -24,24 +24,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import kernels
 from kernels.reference import ACTIVATIONS, linear_forward  # noqa: F401  (re-exported)
 
-from ..runtime import simclock
+from ..runtime.context import PLAIN
 
 # -- loss ------------------------------------------------------------------------------------------
 
 
-def softmax_cross_entropy(logits, labels, global_batch):
+def softmax_cross_entropy(logits, labels, global_batch, clock=None):
     """Loss of these rows divided by the global batch size, and dL/dlogits for them.
 
     Returns (loss_share, dlogits): summing loss_share over all shards gives the mean loss.
     Logits (rows, s, V) with labels (rows, s) -- a sequence model, every position predicting its next
     token (gpt.py) -- are s times as many rows: the mean is over the global batch's tokens.
+    `clock`: the run's simulated clock (its runtime's), charged for the passes; None: wall time.
     """
     if logits.ndim == 3:
         rows, s, v = logits.shape
-        loss, d = softmax_cross_entropy(logits.reshape(rows * s, v), labels.reshape(-1), global_batch * s)
+        loss, d = softmax_cross_entropy(
+            logits.reshape(rows * s, v), labels.reshape(-1), global_batch * s, clock
+        )
         return loss, d.reshape(rows, s, v)
     shifted = logits - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
@@ -52,7 +54,6 @@ def softmax_cross_entropy(logits, labels, global_batch):
     dlogits = exp / sum_exp
     dlogits[rows, labels] -= 1
     dlogits /= logits.dtype.type(global_batch)
-    clock = simclock.active()
     if clock is not None:  # shift, exp, sum, log, the gradient and its scaling: ~6 passes over r x c
         clock.stream(6 * logits.size * logits.itemsize)
     return float(loss_share), dlogits
@@ -91,6 +92,9 @@ class Linear:
     # True after ParamStore.zero_grad(lazy=True): dW, db hold stale numbers that count as zero, and
     # the next backward WRITES them instead of adding to them (see layer_backward).
     grads_stale: bool = False
+    # The run's runtime (runtime/context.py): the kernels that compute this layer and the clock
+    # that is charged for it. The strategy that builds the layer hands it down (ParamStore.build).
+    rt: object = PLAIN
 
 
 @dataclass
@@ -110,10 +114,10 @@ class Context:
 
 def layer_forward(layer: Linear, x: np.ndarray, bias: bool = True) -> tuple[np.ndarray, Context]:
     """y = act(x @ W + b); `bias=False` leaves the bias out (a row-parallel shard adds it after g)."""
-    z, y = kernels.active().linear_act_forward(x, layer.W, layer.b if bias else None, layer.act)
-    clock = simclock.active()
+    kern, clock = layer.rt.kernels, layer.rt.clock
+    z, y = kern.linear_act_forward(x, layer.W, layer.b if bias else None, layer.act)
     if clock is not None:
-        charge_forward(clock, x.shape[0], *layer.W.shape, bias, layer.act, x.itemsize)
+        charge_forward(clock, kern, x.shape[0], *layer.W.shape, bias, layer.act, x.itemsize)
     return y, Context(x, z, y)
 
 
@@ -125,7 +129,7 @@ def layer_backward(
     `deferred_weight_grads` only dx is computed now (the B half); dW, db wait (the W half)."""
     if _DEFERRED is not None:  # an empty list too: the first layer of the B pass defers as well
         return backward_input(layer, ctx, dy, need_dx, bias)
-    kern = kernels.active()
+    kern = layer.rt.kernels
     grads = "add"  # how dW, db reach the gradient buffer: what the clock charges for it
     if layer.grads_stale:  # the first backward of a step: write the gradients, nothing to add to
         into = getattr(kern, "linear_act_backward_into", None)
@@ -143,9 +147,11 @@ def layer_backward(
         layer.dW += dW
         if bias:
             layer.db += db
-    clock = simclock.active()
+    clock = layer.rt.clock
     if clock is not None:
-        charge_backward(clock, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize, grads)
+        charge_backward(
+            clock, kern, dy.shape[0], *layer.W.shape, need_dx, bias, layer.act, dy.itemsize, grads
+        )
     return dx
 
 
@@ -188,7 +194,7 @@ def backward_input(layer: Linear, ctx: Context, dy, need_dx: bool = True, bias: 
     dz = ACTIVATIONS[layer.act][1](wide(dy), wide(ctx.z), wide(ctx.y))
     dx = (dz @ wide(layer.W).T).astype(dy.dtype, copy=False) if need_dx else None
     r, (a, b) = dy.shape[0], layer.W.shape
-    clock = simclock.active()
+    clock = layer.rt.clock
     if clock is not None:
         if need_dx:
             clock.matmul(r, b, a)
@@ -202,25 +208,23 @@ def backward_weight(layer: Linear, x, dz, bias: bool = True) -> None:
     layer.dW += (wide(x).T @ dz).astype(layer.dW.dtype, copy=False)
     if bias:
         layer.db += dz.sum(axis=0).astype(layer.db.dtype, copy=False)
-    clock = simclock.active()
+    clock = layer.rt.clock
     if clock is not None:
         r, (a, b) = dz.shape[0], layer.W.shape
         clock.matmul(a, r, b)
         clock.stream((r * b + 3 * a * b + (3 * b if bias else 0)) * layer.dW.itemsize)
 
 
-def bias_act_forward(z: np.ndarray, b: np.ndarray, act: str) -> np.ndarray:
+def bias_act_forward(z: np.ndarray, b: np.ndarray, act: str, clock=None) -> np.ndarray:
     """z += b, then act(z): what a row-parallel layer does after g has summed the partial products."""
     z += b
-    clock = simclock.active()
     if clock is not None:
         clock.stream((2 + (2 if act != "none" else 0)) * z.size * z.itemsize)
     return ACTIVATIONS[act][0](z)
 
 
-def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.ndarray:
+def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str, clock=None) -> np.ndarray:
     """dL/dz from dL/dy through the activation (a row-parallel layer's, applied outside the kernel)."""
-    clock = simclock.active()
     if clock is not None and act != "none":
         clock.stream(3 * z.size * z.itemsize)
     return ACTIVATIONS[act][1](dy, z, y)
@@ -240,14 +244,15 @@ def act_backward(dy: np.ndarray, z: np.ndarray, y: np.ndarray, act: str) -> np.n
 #   row-parallel layers move the same, split between the kernel and bias_act_forward/act_backward
 
 
-def charge_forward(clock, r: int, a: int, b: int, bias: bool, act: str, bpe: int) -> None:
+def charge_forward(clock, kern, r: int, a: int, b: int, bias: bool, act: str, bpe: int) -> None:
+    """`kern`: the backend that ran the layer (its passes are what moved through memory)."""
     clock.matmul(r, a, b)
-    clock.stream(kernels.active().forward_passes(bias, act != "none") * r * b * bpe)
+    clock.stream(kern.forward_passes(bias, act != "none") * r * b * bpe)
     clock.layer_call()
 
 
 def charge_backward(
-    clock, r: int, a: int, b: int, need_dx: bool, bias: bool, act: str, bpe: int, grads: str = "add"
+    clock, kern, r: int, a: int, b: int, need_dx: bool, bias: bool, act: str, bpe: int, grads: str = "add"
 ) -> None:
     clock.matmul(a, r, b)
     if need_dx:
@@ -257,7 +262,7 @@ def charge_backward(
         "into": 0,
         "copy": 2 * a * b + (2 * b if bias else b),
     }[grads]
-    clock.stream((kernels.active().backward_passes(act != "none") * r * b + into_buffer) * bpe)
+    clock.stream((kern.backward_passes(act != "none") * r * b + into_buffer) * bpe)
 
 
 @dataclass
@@ -273,8 +278,9 @@ class ParamStore:
     layers: list[Linear] = field(default_factory=list)
 
     @classmethod
-    def build(cls, pieces: list[tuple[int, np.ndarray, np.ndarray, str]], dtype) -> "ParamStore":
-        """pieces: (layer index, W, b, activation) for each layer this rank holds."""
+    def build(cls, pieces: list[tuple[int, np.ndarray, np.ndarray, str]], dtype, rt=PLAIN) -> "ParamStore":
+        """pieces: (layer index, W, b, activation) for each layer this rank holds; `rt`: the run's
+        runtime, which every layer gets (its kernels and clock)."""
         total = sum(W.size + b.size for _, W, b, _ in pieces)
         params = np.zeros(total, dtype=dtype)
         grads = np.zeros(total, dtype=dtype)
@@ -293,7 +299,7 @@ class ParamStore:
                 )
                 offset += n
             (Wv, dWv), (bv, dbv) = views
-            store.layers.append(Linear(index, Wv, bv, dWv, dbv, act))
+            store.layers.append(Linear(index, Wv, bv, dWv, dbv, act, rt=rt))
         return store
 
     def zero_grad(self, lazy: bool = False) -> None:
@@ -321,7 +327,7 @@ def activation_of(layer_index: int, n_layers: int, activation: str) -> str:
     return "none" if layer_index == n_layers - 1 else activation
 
 
-def serial_store(widths: list[int], activation: str, seed: int, dtype) -> ParamStore:
+def serial_store(widths: list[int], activation: str, seed: int, dtype, rt=PLAIN) -> ParamStore:
     n = len(widths) - 1
     return ParamStore.build(
         [
@@ -329,6 +335,7 @@ def serial_store(widths: list[int], activation: str, seed: int, dtype) -> ParamS
             for i in range(n)
         ],
         dtype,
+        rt,
     )
 
 
@@ -340,7 +347,9 @@ def forward_backward(store: ParamStore, x: np.ndarray, labels: np.ndarray, globa
     for layer in store.layers:
         h, ctx = layer_forward(layer, h)
         contexts.append(ctx)
-    loss, g = softmax_cross_entropy(h, labels, global_batch)
+    loss, g = softmax_cross_entropy(
+        h, labels, global_batch, store.layers[-1].rt.clock if store.layers else None
+    )
     for layer, ctx in zip(reversed(store.layers), reversed(contexts)):
         g = layer_backward(layer, ctx, g, need_dx=layer.index > 0)
     return loss

@@ -39,7 +39,6 @@ import math
 
 import numpy as np
 
-from ..runtime import simclock
 from .mlp import ACTIVATIONS, Linear, layer_backward, layer_forward
 
 # -- which layers, and their parameters --------------------------------------------------------------
@@ -104,9 +103,10 @@ def router_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype).itemsize == 2 else np.dtype(dtype)
 
 
-def route(x, Wr, K: int):
+def route(x, Wr, K: int, clock=None):
     """(p, top, gates): router probabilities (n x E), the K chosen experts per row (largest first,
-    ties to the lower index) and their renormalised gates (n x K, rows sum to 1), in router_dtype."""
+    ties to the lower index) and their renormalised gates (n x K, rows sum to 1), in router_dtype.
+    `clock`: the run's simulated clock (its runtime's), or None."""
     f = router_dtype(x.dtype)
     logits = x.astype(f, copy=False) @ Wr.astype(f, copy=False)
     logits -= logits.max(axis=1, keepdims=True)
@@ -114,7 +114,6 @@ def route(x, Wr, K: int):
     p /= p.sum(axis=1, keepdims=True)
     top = np.argsort(-p, axis=1, kind="stable")[:, :K]
     chosen = np.take_along_axis(p, top, axis=1)
-    clock = simclock.active()
     if clock is not None:
         clock.matmul(x.shape[0], x.shape[1], Wr.shape[1])
     return p, top, chosen / chosen.sum(axis=1, keepdims=True)
@@ -161,7 +160,7 @@ def aux_loss(p, f, alpha: float, N: int) -> tuple[float, np.ndarray]:
     return share, np.broadcast_to((alpha * E / N) * f, p.shape).astype(p.dtype)
 
 
-def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr):
+def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock=None):
     """dL/dx through the router (the module docstring's renorm, aux and softmax lines); dWr += x^T dlogit.
     Computed in p's type (router_dtype); dWr gets the result rounded to its own type, dx is in p's."""
     S = np.take_along_axis(p, top, axis=1).sum(axis=1, keepdims=True)
@@ -171,7 +170,6 @@ def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr):
     dlogits = p * (dp - (p * dp).sum(axis=1, keepdims=True))
     x, Wr = x.astype(p.dtype, copy=False), Wr.astype(p.dtype, copy=False)
     dWr += (x.T @ dlogits).astype(dWr.dtype, copy=False)
-    clock = simclock.active()
     if clock is not None:
         clock.matmul(x.shape[1], x.shape[0], Wr.shape[1])
         clock.matmul(x.shape[0], Wr.shape[1], x.shape[1])

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
-
-from ..runtime import simclock
+from ..runtime.context import PLAIN
 
 
 class SGD:
     """SGD with (heavy-ball) momentum, as in PyTorch:  v <- mu*v + g ;  w <- w - lr*v."""
 
-    def __init__(self, lr: float, momentum: float = 0.9):
-        self.lr, self.momentum = lr, momentum
+    def __init__(self, lr: float, momentum: float = 0.9, rt=PLAIN):
+        self.lr, self.momentum, self.rt = lr, momentum, rt  # rt: the run's kernels and clock
         self.velocity: dict[int, np.ndarray] = {}
 
     def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
-        update = kernels.active().sgd_update  # the math: kernels/reference.py
+        update = self.rt.kernels.sgd_update  # the math: kernels/reference.py
         for i, (w, g) in enumerate(zip(params, grads)):
             v = None
             if self.momentum:
@@ -36,7 +34,7 @@ class SGD:
                 if v is None:
                     v = self.velocity[i] = np.zeros_like(w)
             update(w, g, v, self.lr, self.momentum)
-        _charge(params, "sgd", bool(self.momentum))
+        _charge(self.rt, params, "sgd", bool(self.momentum))
 
     def state_nbytes(self) -> int:
         return sum(v.nbytes for v in self.velocity.values())
@@ -56,8 +54,8 @@ class SGD:
 class Adam:
     """Adam (Kingma & Ba 2015, Algorithm 1) with bias correction."""
 
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
-        self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, rt=PLAIN):
+        self.lr, self.beta1, self.beta2, self.eps, self.rt = lr, beta1, beta2, eps, rt
         self.m: dict[int, np.ndarray] = {}
         self.v: dict[int, np.ndarray] = {}
         self.t = 0
@@ -65,12 +63,12 @@ class Adam:
     def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
         self.t += 1
         m_scale, v_scale = 1 / (1 - self.beta1**self.t), 1 / (1 - self.beta2**self.t)
-        update = kernels.active().adam_update  # the math: kernels/reference.py
+        update = self.rt.kernels.adam_update  # the math: kernels/reference.py
         for i, (w, g) in enumerate(zip(params, grads)):
             if i not in self.m:
                 self.m[i], self.v[i] = np.zeros_like(w), np.zeros_like(w)
             update(w, g, self.m[i], self.v[i], self.lr, self.beta1, self.beta2, self.eps, m_scale, v_scale)
-        _charge(params, "adam", False)
+        _charge(self.rt, params, "adam", False)
 
     def state_nbytes(self) -> int:
         return sum(a.nbytes for a in self.m.values()) + sum(a.nbytes for a in self.v.values())
@@ -86,15 +84,16 @@ class Adam:
         self.t = int(scalars.get("t", 0))
 
 
-def _charge(params: list[np.ndarray], name: str, momentum: bool) -> None:
-    """The simulated clock's cost of an update: the active backend's sweeps over the parameters
+def _charge(rt, params: list[np.ndarray], name: str, momentum: bool) -> None:
+    """The simulated clock's cost of an update: the run's backend's sweeps over the parameters
     (reads and writes of w, g, the state and NumPy's temporaries; kernels/__init__.py) -- memory-bound
     work. The cost model writes the same table again (costmodel/passes.py)."""
-    clock = simclock.active()
+    clock = rt.clock
     if clock is not None:
-        passes = kernels.active().optimizer_passes(name, momentum)
+        passes = rt.kernels.optimizer_passes(name, momentum)
         clock.stream(passes * sum(w.nbytes for w in params))
 
 
-def make_optimizer(name: str, lr: float, momentum: float):
-    return SGD(lr, momentum) if name == "sgd" else Adam(lr)
+def make_optimizer(name: str, lr: float, momentum: float, rt=PLAIN):
+    """`rt`: the run's runtime (its kernels run the update, its clock is charged for it)."""
+    return SGD(lr, momentum, rt) if name == "sgd" else Adam(lr, rt=rt)

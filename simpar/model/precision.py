@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime import simclock
 from .mlp import softmax_cross_entropy
 from .optim import make_optimizer
 
@@ -96,11 +95,11 @@ class HalfKernels:
         return self.inner.optimizer_passes(name, momentum)
 
 
-def scaled_loss_grad(logits, labels, global_batch: int, scale: float):
+def scaled_loss_grad(logits, labels, global_batch: int, scale: float, clock=None):
     """Softmax cross-entropy of half logits, computed in float32 (exp and log of half numbers lose
     too much), and its gradient multiplied by the loss scale BEFORE rounding to half: dL/dlogits is
     p/B, small enough for B in the thousands to lose bits in float16 unscaled."""
-    loss, d = softmax_cross_entropy(logits.astype(np.float32), labels, global_batch)
+    loss, d = softmax_cross_entropy(logits.astype(np.float32), labels, global_batch, clock)
     d *= np.float32(scale)
     return loss, d.astype(logits.dtype)
 
@@ -129,7 +128,7 @@ class MixedPrecisionOptimizer:
         overflow = any(not np.isfinite(g.sum(dtype=np.float64)) for g in grads)
         if self.comm is not None and self.comm.size > 1:
             overflow = self.comm.allreduce_scalar(float(overflow)) > 0  # control: a vote, not training
-        clock = simclock.active()
+        clock = self.rt.clock
         n = sum(g.size for g in grads)
         if overflow:
             self.skipped.append(self.steps)
@@ -148,6 +147,11 @@ class MixedPrecisionOptimizer:
         self.good_steps += 1
         if self.good_steps == GROWTH_INTERVAL:
             self.scale, self.good_steps = self.scale * 2, 0
+
+    @property
+    def rt(self):
+        """The run's runtime: the inner optimizer's."""
+        return self.inner.rt
 
     def state_nbytes(self) -> int:
         return sum(m.nbytes for m in self.master.values()) + self.inner.state_nbytes()
@@ -181,17 +185,18 @@ def vote_comm(mesh, group):
     return mesh.world if mesh.tp > 1 else group
 
 
-def build_optimizer(cfg, comm=None):
-    """The run's optimizer: optim.py's as is, or wrapped for --precision mixed-*."""
-    inner = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum)
+def build_optimizer(cfg, comm=None, rt=None):
+    """The run's optimizer: optim.py's as is, or wrapped for --precision mixed-*. `rt`: the run's
+    runtime (a strategy passes its mesh's: mesh.world.runtime; None: the plain one)."""
+    inner = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum, *([rt] if rt is not None else []))
     return MixedPrecisionOptimizer(inner, cfg.precision, comm, cfg.loss_scale) if cfg.mixed else inner
 
 
 def loss_grad(optimizer, logits, labels, global_batch: int):
     """(loss share, dL/dlogits), the gradient scaled by the optimizer's loss scale if it has one."""
     if isinstance(optimizer, MixedPrecisionOptimizer):
-        return scaled_loss_grad(logits, labels, global_batch, optimizer.scale)
-    return softmax_cross_entropy(logits, labels, global_batch)
+        return scaled_loss_grad(logits, labels, global_batch, optimizer.scale, optimizer.rt.clock)
+    return softmax_cross_entropy(logits, labels, global_batch, optimizer.rt.clock)
 
 
 # -- moving bfloat16 through MPI ---------------------------------------------------------------------
@@ -232,7 +237,8 @@ class WireComm:
 def wire(comm, cfg):
     """`comm`, wrapped in WireComm when this run communicates bfloat16. Always the SAME wrapper for one
     communicator: collectives keep their tag counter on the object they are given (collectives/base.py),
-    so two wrappers of one group (say, two pipeline chunks' tp stacks) would hand out colliding tags."""
+    so two wrappers of one group (say, two pipeline chunks' tp stacks) would hand out colliding tags.
+    Its one caller is the mesh (run/setup.py build_mesh), which wraps every group once as it builds it."""
     if cfg.precision != "mixed-bf16":
         return comm
     if getattr(comm, "_wire", None) is None:

@@ -33,9 +33,7 @@ import math
 
 import numpy as np
 
-import kernels
-
-from ..runtime import simclock
+from ..runtime.context import PLAIN
 from .mlp import (
     ACTIVATIONS,
     Linear,
@@ -77,9 +75,10 @@ def layernorm_backward(dy, cache, gamma):
 class LinearUnit:
     """A projection: layer i of the model as a unit (model.Linear on views of the flat vector)."""
 
-    def __init__(self, index: int, fan_in: int, fan_out: int, act: str):
+    def __init__(self, index: int, fan_in: int, fan_out: int, act: str, rt=PLAIN):
         self.index, self.fi, self.fo, self.act = index, fan_in, fan_out, act
         self.size = fan_in * fan_out + fan_out
+        self.rt = rt  # the run's kernels and clock (build_units)
 
     def views(self, flat):
         return flat[: self.fi * self.fo].reshape(self.fi, self.fo), flat[self.fi * self.fo :]
@@ -90,11 +89,11 @@ class LinearUnit:
 
     def forward(self, flat, x):
         W, b = self.views(flat)
-        return layer_forward(Linear(self.index, W, b, None, None, self.act), x)
+        return layer_forward(Linear(self.index, W, b, None, None, self.act, rt=self.rt), x)
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool):
         (W, b), (dW, db) = self.views(flat), self.views(gflat)
-        return layer_backward(Linear(self.index, W, b, dW, db, self.act), ctx, dy, need_dx)
+        return layer_backward(Linear(self.index, W, b, dW, db, self.act, rt=self.rt), ctx, dy, need_dx)
 
     def backward_input(self, flat, gflat, ctx, dy, need_dx: bool):
         """The B half (model.backward_input): (dx, the W half as a closure that adds dW, db)."""
@@ -132,9 +131,10 @@ class BlockContext:
 class BlockUnit:
     """x + W2 act(W1 LN(x) + b1) + b2 on width d; flat parameters gamma, beta, W1, b1, W2, b2."""
 
-    def __init__(self, index: int, d: int, act: str):
+    def __init__(self, index: int, d: int, act: str, rt=PLAIN):
         self.index, self.d, self.act = index, d, act
         self.size = 2 * d * d + 4 * d
+        self.rt = rt  # the run's kernels and clock (build_units)
 
     def views(self, flat):
         d = self.d
@@ -156,10 +156,10 @@ class BlockUnit:
     def forward(self, flat, x):
         g, beta, W1, b1, W2, b2 = self.views(flat)
         h, (xh, s) = layernorm_forward(x, g, beta)
-        k = kernels.active()
+        k = self.rt.kernels
         z1, u = k.linear_act_forward(h, W1, b1, self.act)
         v, _ = k.linear_act_forward(u, W2, b2, "none")
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:  # LN ~8 passes over rows x d, two linear layers, the residual add 3
             r, bpe = x.shape[0], x.itemsize
             clock.matmul(r, self.d, self.d)
@@ -174,7 +174,7 @@ class BlockUnit:
         g, beta, *_ = self.views(flat)
         h, (xh, s) = layernorm_forward(x, g, beta)
         u = ACTIVATIONS[self.act][0](z1)
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:
             clock.stream((8 + 2) * x.shape[0] * self.d * x.itemsize)
         return BlockContext(x, xh, s, h, z1, u)
@@ -190,13 +190,13 @@ class BlockUnit:
         g, beta, W1, b1, W2, b2 = self.views(flat)
         dg, dbeta, dW1, db1, dW2, db2 = self.views(gflat)
         x, xh, s, h, z1, u = ctx.arrays
-        k = kernels.active()
+        k = self.rt.kernels
         du, gW2, gb2 = k.linear_act_backward(dy, u, W2, dy, dy, "none", True)  # z, y unused
         dh, gW1, gb1 = k.linear_act_backward(du, h, W1, z1, u, self.act, True)
         dx, ggamma, gbeta = layernorm_backward(dh, (xh, s), g)
         for acc, new in ((dg, ggamma), (dbeta, gbeta), (dW1, gW1), (db1, gb1), (dW2, gW2), (db2, gb2)):
             acc += new  # += so grad-accum micro-steps add up
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:  # 4 matmuls; act', LN' (~10 passes), accumulating 2d^2 + 4d, residual 2
             r, bpe = dy.shape[0], dy.itemsize
             for _ in range(2):
@@ -225,7 +225,7 @@ class BlockUnit:
         gh = dh * wide(g)  # LayerNorm's dx (module docstring) without its dgamma, dbeta
         dx = (gh - gh.mean(axis=1, keepdims=True) - xh * (gh * xh).mean(axis=1, keepdims=True)) / s
         dx = dx.astype(half, copy=False)
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:
             r = dy.shape[0]
             clock.matmul(r, self.d, self.d)
@@ -247,7 +247,7 @@ class BlockUnit:
             (dbeta, dh.sum(axis=0)),
         ):
             acc += new.astype(half, copy=False)  # half: rounded once, as HalfKernels' dW, db
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:
             r = dy.shape[0]
             clock.matmul(self.d, r, self.d)
@@ -258,17 +258,22 @@ class BlockUnit:
         return (flat.copy(), np.empty(0, flat.dtype))  # one flat vector per block (b: empty)
 
 
-def build_units(cfg) -> list:
+def build_units(cfg, rt=PLAIN) -> list:
     """The model's units: [input projection, blocks..., output projection] for resmlp; for mlp, one
-    LinearUnit per layer (hidden layers with the activation, the last with raw logits)."""
+    LinearUnit per layer (hidden layers with the activation, the last with raw logits). `rt`: the
+    run's runtime (kernels, clock), which every unit gets."""
     W, n = cfg.layers, cfg.n_layers
     if cfg.arch != "resmlp":
-        return [LinearUnit(i, W[i], W[i + 1], cfg.activation if i < n - 1 else "none") for i in range(n)]
-    return (
-        [LinearUnit(0, W[0], W[1], "none")]
-        + [BlockUnit(i, W[i], cfg.activation) for i in range(1, n - 1)]
-        + [LinearUnit(n - 1, W[n - 1], W[n], "none")]
-    )
+        units = [LinearUnit(i, W[i], W[i + 1], cfg.activation if i < n - 1 else "none") for i in range(n)]
+    else:
+        units = (
+            [LinearUnit(0, W[0], W[1], "none")]
+            + [BlockUnit(i, W[i], cfg.activation) for i in range(1, n - 1)]
+            + [LinearUnit(n - 1, W[n - 1], W[n], "none")]
+        )
+    for unit in units:
+        unit.rt = rt
+    return units
 
 
 def predict_logits(units, weights, x):

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..model.mlp import ParamStore, activation_of, init_layer, layer_backward, layer_forward
 from ..run.checkpoint import FullState
+from ..runtime.context import PLAIN
 
 
 class HeldBytes:
@@ -79,6 +80,7 @@ class Strategy(ABC):
 
     def __init__(self, cfg, mesh):
         self.cfg, self.mesh = cfg, mesh
+        self.rt = mesh.world.runtime  # the run's kernels and clock, for the layers it builds
         self.meter = HeldBytes()
         self.watch = NonFiniteWatch()
 
@@ -166,8 +168,9 @@ class SerialStack:
     as a layer's gradients are final, so data parallelism can start that bucket's all-reduce.
     """
 
-    def __init__(self, cfg, layer_indices: list[int]):
+    def __init__(self, cfg, layer_indices: list[int], rt=PLAIN):
         n = cfg.n_layers
+        self.rt = rt
         self.store = ParamStore.build(
             [
                 (
@@ -178,6 +181,7 @@ class SerialStack:
                 for i in layer_indices
             ],
             cfg.compute_dtype(),
+            rt,
         )
 
     def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):

@@ -18,7 +18,7 @@ last one communicates. Model bytes per rank per step, ring: 2(p-1)/p * P * bytes
 from __future__ import annotations
 
 from .. import collectives
-from ..model.precision import build_optimizer, loss_grad, vote_comm, wire
+from ..model.precision import build_optimizer, loss_grad, vote_comm
 from ..runtime import trace
 from .base import SerialStack, Strategy
 from .resmlp_stack import make_stack
@@ -79,7 +79,7 @@ class GradientBuckets:
     def finish(self) -> None:
         """Start whatever has not started (all of it under --no-overlap), then wait for all."""
         if self.comm.size > 1:
-            with trace.span("allreduce", "allreduce"):  # a bar in the --trace timeline
+            with trace.span(self.comm.runtime, "allreduce", "allreduce"):  # a bar in the --trace timeline
                 for b in range(len(self.buckets)):
                     if b not in self.pending:
                         self._start(b)
@@ -99,12 +99,12 @@ class DataParallel(Strategy):
 
     def __init__(self, cfg, mesh, stack=None):
         super().__init__(cfg, mesh)
-        self.stack = stack if stack is not None else make_stack(cfg)  # mlp or resmlp
+        self.stack = stack if stack is not None else make_stack(cfg, rt=self.rt)  # mlp or resmlp
         self.store = self.stack.store
         # Replicas hold the same summed gradients: no vote, unless a tp stack splits them (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None))
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None), self.rt)
         self.buckets = GradientBuckets(
-            self.store, wire(mesh.dp_comm, cfg), cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
         )
 
     def train_step(self, micro_steps, global_batch: int) -> float:

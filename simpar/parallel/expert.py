@@ -60,7 +60,7 @@ from ..model.moe import (
     router_backward,
     unpack_flat,
 )
-from ..model.precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad
 from .base import Strategy
 
 
@@ -102,7 +102,7 @@ class MoELayer:
         """N: the global rows of this micro-step (its capacity and f_e); B: the global batch (the aux
         loss is weighted N/B per micro-step, so the G micro-steps' shares add up like the main loss)."""
         s, E, K, P = self.s, self.E, self.K, self.P
-        p, top, gates = route(x, self.Wr, K)
+        p, top, gates = route(x, self.Wr, K, s.rt.clock)
         H = s.all_histograms(histogram(top, E))
         cap = capacity(self.C, K, N, E)
         kept = kept_counts(H, cap)
@@ -182,7 +182,7 @@ class MoELayer:
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 dx[assigned[e][0]] += piece
-        dx_router = router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr)
+        dx_router = router_backward(dgates, dp_aux, p, top, gates, x, self.Wr, self.dWr, self.s.rt.clock)
         return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
 
@@ -192,11 +192,9 @@ class ExpertParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         P, dtype, W = cfg.ep, cfg.compute_dtype(), cfg.layers
-        # wire(): under --precision mixed-bf16 the messages carry bfloat16 as its uint16 bits
-        self.dp = wire(mesh.dp_comm, cfg)
-        d = self.dp.rank
-        self.ep = wire(self.dp.split(color=d // P, key=d % P, name="ep"), cfg)
-        self.edp = wire(self.dp.split(color=d % P, key=d // P, name="edp"), cfg)
+        # The mesh made (and wrapped for bfloat16) the groups: ep varies the fastest part of the dp
+        # index (d % P), edp the rest (d // P) -- runtime/mesh.py's AXES
+        self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
         moe, n, per = set(moe_layer_indices(cfg.n_layers)), cfg.n_layers, cfg.experts // P
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         dense, experts = [], []
@@ -217,14 +215,14 @@ class ExpertParallel(Strategy):
                 ex = {}
                 for e in self.mine:
                     (We, dWe), (be, dbe) = eviews.pop(0), eviews.pop(0)
-                    ex[e] = Linear(i, We, be, dWe, dbe, act)
+                    ex[e] = Linear(i, We, be, dWe, dbe, act, rt=self.rt)
                 self.layers.append(MoELayer(self, i, Wr, dWr, ex))
             else:
                 (Wv, dWv), (bv, dbv) = dviews.pop(0), dviews.pop(0)
-                self.layers.append(Linear(i, Wv, bv, dWv, dbv, act))
+                self.layers.append(Linear(i, Wv, bv, dWv, dbv, act, rt=self.rt))
         # Mixed precision: ep ranks hold different experts' gradients, so the whole dp group votes on
         # skipping an overflowed step (precision.MixedPrecisionOptimizer).
-        self.optimizer = build_optimizer(cfg, self.dp)
+        self.optimizer = build_optimizer(cfg, self.dp, self.rt)
         self.routing = []  # per step: {layer index: (H, kept)}
 
     def loss_scale(self) -> float:

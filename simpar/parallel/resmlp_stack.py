@@ -15,12 +15,14 @@ import numpy as np
 from ..model.gpt import gpt_units
 from ..model.mlp import Context, Linear, ParamStore
 from ..model.resmlp import BlockContext, LinearUnit, build_units
+from ..runtime.context import PLAIN
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
-def model_units(cfg) -> list:
-    """The model as units: resmlp.build_units (mlp, resmlp), or gpt.py's embedding, blocks and head."""
-    return gpt_units(cfg) if cfg.arch == "gpt" else build_units(cfg)
+def model_units(cfg, rt=PLAIN) -> list:
+    """The model as units: resmlp.build_units (mlp, resmlp), or gpt.py's embedding, blocks and head;
+    `rt`: the run's runtime, which every unit gets."""
+    return gpt_units(cfg, rt) if cfg.arch == "gpt" else build_units(cfg, rt)
 
 
 def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
@@ -39,7 +41,7 @@ def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
             (W, b), (dW, db) = u.views(p), u.views(g)
         else:
             W, b, dW, db = p, p[:0], g, g[:0]
-        store.layers.append(Linear(u.index, W, b, dW, db, getattr(u, "act", "none")))
+        store.layers.append(Linear(u.index, W, b, dW, db, getattr(u, "act", "none"), rt=u.rt))
         offset += u.size
     return store, flats
 
@@ -47,8 +49,9 @@ def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
 class UnitStack:
     """The units `unit_indices` of the model (default: all), SerialStack's interface."""
 
-    def __init__(self, cfg, unit_indices: list[int] | None = None):
-        every = model_units(cfg)
+    def __init__(self, cfg, unit_indices: list[int] | None = None, rt=PLAIN):
+        self.rt = rt
+        every = model_units(cfg, rt)
         self.units = every if unit_indices is None else [every[i] for i in unit_indices]
         dtype = cfg.compute_dtype()
         # from (seed, unit) on the full shape, as every layout
@@ -122,9 +125,10 @@ def restore_selective(x, kept: list, stack) -> list:
     return contexts
 
 
-def make_stack(cfg, lo: int = 0, hi: int | None = None):
-    """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp."""
+def make_stack(cfg, lo: int = 0, hi: int | None = None, rt=PLAIN):
+    """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp;
+    `rt`: the run's runtime, which their layers get."""
     indices = list(range(lo, cfg.n_layers if hi is None else hi))
     if cfg.arch in ("resmlp", "gpt"):
-        return UnitStack(cfg, indices if cfg.arch == "resmlp" else None)  # gpt: every unit (no --pp yet)
-    return SerialStack(cfg, indices)
+        return UnitStack(cfg, indices if cfg.arch == "resmlp" else None, rt)  # gpt: every unit (no --pp yet)
+    return SerialStack(cfg, indices, rt)

@@ -54,7 +54,6 @@ from ..model.mlp import (
     layer_backward,
     layer_forward,
 )
-from ..model.precision import wire
 from .base import HeldBytes, NonFiniteWatch, Strategy, flatten, store_views
 from .data import DataParallel
 
@@ -103,14 +102,15 @@ class TensorParallelStack:
 
     def __init__(self, cfg, mesh, layer_indices: list[int]):
         # --precision mixed-bf16: f and g move bfloat16 as uint16 views (precision.wire)
-        self.cfg, self.comm, self.algorithm = cfg, wire(mesh.tp_comm, cfg), cfg.collectives
+        self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
+        self.rt = mesh.world.runtime  # the run's kernels and clock, for its layers
         self.kinds = pair_kinds(layer_indices)
         pieces, dtype = [], cfg.compute_dtype()  # half under --precision mixed-*, as the serial stack
         for i, kind in zip(layer_indices, self.kinds):
             W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], dtype)  # full, then slice
             W, b = self._shard(kind, W, b)
             pieces.append((i, W, b, activation_of(i, cfg.n_layers, cfg.activation)))
-        self.store = ParamStore.build(pieces, dtype)
+        self.store = ParamStore.build(pieces, dtype, self.rt)
 
     def _shard(self, kind: str, W: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of a full-shape layer (initial weights, or a checkpoint's state)."""
@@ -128,11 +128,13 @@ class TensorParallelStack:
         # The kernel must not add b or apply act: both belong AFTER the sum g computes.
         partial, _ = layer_forward(dataclasses.replace(layer, act="none"), x_shard, bias=False)
         z = g_forward(partial, self.comm, self.algorithm)
-        y = bias_act_forward(z, layer.b, layer.act)  # b once, on the full sum (b is replicated)
+        y = bias_act_forward(
+            z, layer.b, layer.act, self.rt.clock
+        )  # b once, on the full sum (b is replicated)
         return y, Context(x_shard, z, y)
 
     def _row_backward(self, layer, ctx, dy):
-        dz = act_backward(g_backward(dy), ctx.z, ctx.y, layer.act)
+        dz = act_backward(g_backward(dy), ctx.z, ctx.y, layer.act, self.rt.clock)
         # dB_k = Y_k^T dZ (this rank's rows), db = sum dZ (identical on every rank), dY_k = dZ B_k^T.
         return layer_backward(dataclasses.replace(layer, act="none"), Context(ctx.x, dz, dz), dz)
 

@@ -59,11 +59,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import kernels
-
 from .. import collectives
 from ..model.mlp import ACTIVATIONS, pending_weight_passes
-from ..model.precision import wire
 from ..model.resmlp import (
     BlockContext,
     BlockUnit,
@@ -72,7 +69,6 @@ from ..model.resmlp import (
     layernorm_backward,
     layernorm_forward,
 )
-from ..runtime import simclock
 from .base import HeldBytes, NonFiniteWatch
 from .resmlp_stack import unit_store
 from .tensor import f_backward, g_forward
@@ -84,6 +80,7 @@ class ShardedBlock:
 
     def __init__(self, unit: BlockUnit, t: int, k: int):
         self.unit, self.index, self.d, self.act = unit, unit.index, unit.d, unit.act
+        self.rt = unit.rt  # the run's kernels and clock (build_units)
         self.dl = unit.d // t
         self.cols = slice(k * self.dl, (k + 1) * self.dl)
         self.size = 3 * self.d + 2 * self.d * self.dl + self.dl
@@ -103,7 +100,7 @@ class ShardedBlock:
         ln, (xh, s) = layernorm_forward(x, g, beta)
         h = ln if gathered is None else gathered
         u = ACTIVATIONS[self.act][0](z1)
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:
             clock.stream((8 * self.d * x.shape[0] + 2 * self.dl * z1.shape[0]) * x.itemsize)
         return BlockContext(x, xh, s, h, z1, u)
@@ -131,10 +128,11 @@ class ResTensorStack:
     cuts them) and returns the logits of those rows."""
 
     def __init__(self, cfg, mesh, unit_indices: list[int] | None = None):
-        self.comm, self.algorithm, self.sp = wire(mesh.tp_comm, cfg), cfg.collectives, cfg.sp
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
-        every = build_units(cfg)
+        self.rt = mesh.world.runtime  # the run's kernels and clock
+        every = build_units(cfg, self.rt)
         chosen = every if unit_indices is None else [every[i] for i in unit_indices]
         self.units = [ShardedBlock(u, t, k) if isinstance(u, BlockUnit) else u for u in chosen]
 
@@ -180,11 +178,11 @@ class ResTensorStack:
         gamma, beta, W1, b1, W2, b2 = blk.views(flat)
         ln, (xh, s) = layernorm_forward(x, gamma, beta)  # on this rank's rows (all of them without sp)
         h = self._f(ln)
-        k = kernels.active()
+        k = self.rt.kernels
         z1, u = k.linear_act_forward(h, W1, b1, blk.act)
         partial, _ = k.linear_act_forward(u, W2, None, "none")  # u_k W2_k: b2 only after the sum
         v = self._g(partial)
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:  # as BlockUnit, split: LN 8, b2 2, residual 3 on x's rows; b1 + act 4
             r, rs, bpe = h.shape[0], x.shape[0], x.itemsize
             clock.matmul(r, blk.d, blk.dl)
@@ -203,13 +201,13 @@ class ResTensorStack:
         grads = blk.views(gflat)
         x, xh, s, h, z1, u = ctx.arrays
         dv = self._g_back(dy)  # all rows
-        k = kernels.active()
+        k = self.rt.kernels
         du, gW2, gb2 = k.linear_act_backward(dv, u, W2, dv, dv, "none", True)  # gb2: the full row sum
         dh, gW1, gb1 = k.linear_act_backward(du, h, W1, z1, u, blk.act, True)
         dx, ggamma, gbeta = layernorm_backward(self._f_back(dh), (xh, s), gamma)
         for acc, new in zip(grads, (ggamma, gbeta, gW1, gb1, gW2, gb2)):
             acc += new  # += so grad-accum micro-steps add up
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:  # 4 matmuls; LN' 10, residual 2 on x's rows; db2 1 on all; act' 3, db1 1
             r, rs, bpe = dv.shape[0], dy.shape[0], dy.itemsize
             for _ in range(2):
@@ -230,7 +228,7 @@ class ResTensorStack:
         dv = self._g_back(dy)
         dz1 = ACTIVATIONS[blk.act][1](dv @ W2.T, z1, u)
         dx, ggamma, gbeta = layernorm_backward(self._f_back(dz1 @ W1.T), (xh, s), gamma)
-        clock = simclock.active()
+        clock = self.rt.clock
         if clock is not None:  # the two dx matmuls; act' 3 per column, LN' 10 and residual 2 on x's rows
             r, rs = dv.shape[0], dy.shape[0]
             clock.matmul(r, blk.d, blk.dl)
@@ -252,7 +250,7 @@ class ResTensorStack:
             (dbeta, gbeta),
         ):
             acc += new
-        clock = simclock.active()
+        clock = blk.rt.clock
         if clock is not None:  # the two dW matmuls, db2 and db1's row sums, accumulating 3 per parameter
             r = dv.shape[0]
             clock.matmul(blk.dl, r, blk.d)

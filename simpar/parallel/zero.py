@@ -54,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model.precision import build_optimizer, loss_grad, wire
+from ..model.precision import build_optimizer, loss_grad
 from .base import HeldBytes, Strategy
 from .resmlp_stack import make_stack, model_units
 
@@ -65,17 +65,17 @@ class ZeroDataParallel(Strategy):
     def __init__(self, cfg, mesh):
         super().__init__(cfg, mesh)
         self.stage = cfg.zero
-        self.comm = wire(mesh.dp_comm, cfg)
+        self.comm = mesh.dp_comm
         self.p, self.r = self.comm.size, self.comm.rank
         self.dtype = cfg.compute_dtype()
         self.bpe = self.dtype.itemsize
         # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
-        self.units = model_units(cfg)
+        self.units = model_units(cfg, self.rt)
         self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
         # Mixed precision: ranks hold different gradient shards, so they vote on skipping a step.
-        self.optimizer = build_optimizer(cfg, self.comm)
+        self.optimizer = build_optimizer(cfg, self.comm, self.rt)
         # Besides the activations (self.meter): gradient buffers, and stage 3's gathered layers.
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         if self.stage == 1:
@@ -86,7 +86,7 @@ class ZeroDataParallel(Strategy):
     # -- construction ------------------------------------------------------------------------------
     def _init_stage1(self) -> None:
         # The whole model and its whole gradient on every rank (as DDP); only the optimizer shrinks.
-        self.stack = make_stack(self.cfg)
+        self.stack = make_stack(self.cfg, rt=self.rt)
         self.store = self.stack.store
         bounds = collectives.chunk_bounds(self.P, self.p)
         self.chunk = slice(int(bounds[self.r]), int(bounds[self.r + 1]))

@@ -211,9 +211,8 @@ class BatchFeeder:
         self.width = cfg.layers[0] if cfg.layers else None  # gpt: token ids (no --data-source root yet)
 
     def _needs(self, world_rank: int) -> tuple[int, bool, bool]:
-        from ..runtime.mesh import coords_of
-
-        p, d, _ = coords_of(world_rank, self.mesh.dp, self.mesh.tp, self.mesh.pp)
+        c = self.mesh.coords_of(world_rank)
+        d, p = c["dp"], c["pp"]
         return d, p == 0, p == loss_stage(self.cfg.schedule, self.mesh.pp)
 
     def rows_of(self, world_rank: int, rows: np.ndarray) -> list[np.ndarray]:

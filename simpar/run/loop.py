@@ -30,7 +30,7 @@ from ..config import RunConfig, SimparError, parse_inject
 from ..files import write_json, write_trace, write_weights
 from ..report.postrun import Measured, run_metrics
 from ..report.tables import print_summary
-from ..runtime import flight, simclock
+from ..runtime import flight
 from ..runtime.agree import preflight
 from ..runtime.comm import Communicator
 from ..runtime.mesh import Mesh
@@ -46,6 +46,7 @@ from .limits import diverged, divergence_message
 from .progress import Progress
 from .resume import resume_collectively, save_checkpoint
 from .setup import (
+    build_mesh,
     check_outputs,
     init_mpi,
     inject,
@@ -77,7 +78,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
         try:
             return _run_training(cfg, world)
         finally:  # the tour runs several layouts in one process: nothing may outlive its run
-            flight.uninstall()
+            flight.stop(world.runtime.recorder)
 
 
 @dataclass
@@ -147,9 +148,9 @@ def _set_up(cfg: RunConfig, world: Communicator) -> Run | None:
     resumed = resume_collectively(cfg, world, n_train, steps)  # a bad checkpoint fails here, early
     if resumed is not None and resumed[1] is None:
         return None
-    kernels_name = select_kernels(cfg)  # after every check: Numba may compile for seconds
+    kernels_name = select_kernels(cfg, world)  # after every check: Numba may compile for seconds
     clock = start_clock(cfg, world)  # --clock sim; before the mesh: its groups need headers
-    mesh = Mesh.build(world, cfg.dp, cfg.tp, cfg.pp)
+    mesh = build_mesh(cfg, world, clock)
     from ..parallel import build_strategy
 
     strategy = build_strategy(cfg, mesh)
@@ -247,9 +248,6 @@ def _finish(run: Run, log: Measured) -> RunResult | None:
         },
         root=0,
     )
-    if run.tracer is not None:
-        run.tracer.uninstall()  # the tour runs several layouts in one process
-    simclock.uninstall()
     if world.rank != 0:
         return None
     accuracy = evaluate(weights, run.data, cfg.activation, cfg) if run.data is not None else None

@@ -14,15 +14,20 @@ import time
 
 import numpy as np
 
-from .. import collectives
 from ..config import RunConfig, SimparError, parse_inject
 from ..costmodel import hardware
 from ..files import output_problem
+from ..registries import check as check_registries
 from ..runtime import flight, simclock
 from ..runtime.agree import same_data, together
 from ..runtime.comm import Communicator, Ledger
+from ..runtime.mesh import Mesh
+from ..runtime.network import Network
+from ..runtime.trace import Tracer
 from . import checkpoint
 from .data import Dataset, load_dataset
+
+check_registries()  # a name one side lacks stops every run here, not after training (registries.py)
 
 
 def init_mpi():
@@ -31,9 +36,11 @@ def init_mpi():
     return Communicator(MPI.COMM_WORLD, Ledger(), "world")
 
 
-def select_kernels(cfg: RunConfig) -> str:
+def select_kernels(cfg: RunConfig, world: Communicator) -> str:
     """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
-    on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths."""
+    on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths.
+    The backend goes into the run's runtime (the layers, optimizers and collectives' reduce-add
+    take it from there), not into the process: another run in this process may choose another."""
     import kernels
 
     name = cfg.kernels
@@ -53,12 +60,12 @@ def select_kernels(cfg: RunConfig) -> str:
                 "--kernels cuda needs an NVIDIA GPU with its driver (or NUMBA_ENABLE_CUDASIM=1 "
                 "to run the same kernels in Numba's CPU simulator, slowly)"
             )
-    backend = kernels.use(name)
+    backend = kernels.load(name)
     if cfg.mixed:  # half tensors, each layer computed in float32 and rounded back (precision.py)
         from ..model.precision import HalfKernels
 
-        backend = kernels.install(HalfKernels(backend, cfg.compute_dtype()))
-    collectives.set_reduce_kernel(backend.reduce_add)  # the `dst += src` inside every reducing collective
+        backend = HalfKernels(backend, cfg.compute_dtype())
+    world.runtime.kernels = backend  # the `dst += src` inside every reducing collective, too
     if name == "numba":
         # Load (or compile, the very first time) every kernel now, so step 1 is not 0.4-8 s long.
         from kernels import cpu
@@ -113,11 +120,10 @@ def check_outputs(cfg: RunConfig, world: Communicator) -> None:
 
 
 def start_tracer(cfg, world):
-    if not cfg.trace:
-        return None
-    from ..runtime.trace import Tracer
-
-    return Tracer.install(world.rank)
+    """--trace: the run's tracer, in the runtime every group of this run carries (after start_clock:
+    under --clock sim its events take simulated time)."""
+    world.runtime.tracer = Tracer(world.rank, world.runtime.clock) if cfg.trace else None
+    return world.runtime.tracer
 
 
 def start_recorder(cfg: RunConfig, world: Communicator):
@@ -125,9 +131,9 @@ def start_recorder(cfg: RunConfig, world: Communicator):
     if world.rank == 0:
         flight.clear_dumps()
     world.barrier()  # nobody may dump before the old dumps are gone
-    recorder = flight.install(world.rank, world.size, cfg.watchdog)
+    recorder = world.runtime.recorder = flight.start(world.rank, world.size, cfg.watchdog)
     recorder.check_collectives = cfg.check_collectives
-    recorder.progress_bar = not cfg.quiet
+    flight.show_progress_bar(recorder, not cfg.quiet)
     fault = parse_inject(cfg.inject) if cfg.inject else None
     if fault and fault["kind"] == "desync" and fault["rank"] == world.rank:
         recorder.desync_at = fault["step"]
@@ -154,7 +160,10 @@ def inject(cfg: RunConfig, rank: int, step: int, micro: list) -> list:
 
 
 def start_clock(cfg: RunConfig, world: Communicator):
-    """--clock sim: install a simulated clock on the hardware profile (simclock.py), else None."""
+    """--clock sim: a simulated clock on the hardware profile (simclock.py) in the run's runtime,
+    else None. The profile's numbers are copied in as plain data (runtime/ never imports the cost
+    model): each message's link follows from where its two ranks sit (runtime/network.py)."""
+    world.runtime.clock = None
     if cfg.clock != "sim":
         return None
     hw = hardware.load(cfg.hardware)
@@ -163,11 +172,9 @@ def start_clock(cfg: RunConfig, world: Communicator):
     precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
     share = hw.compute_share(min(world.size, hw.devices_per_node))
-    links = {}
-    for group in ("tp", "dp", "pp", "world"):
-        link = hardware.group_link(hw, group, cfg.dp, cfg.tp, cfg.pp)
-        links[group] = simclock.Link(link.alpha, link.bw)
-    links["ep"] = links["edp"] = links["dp"]  # expert parallelism's groups live inside the dp group
+    network = Network(
+        hw.devices_per_node, hw.intra_alpha, hw.intra_bw, hw.inter_alpha, hw.nic_bw, hw.nics_per_node
+    )
     local = hardware.load("local")
     profile = simclock.Profile(
         name=hw.name,
@@ -176,13 +183,32 @@ def start_clock(cfg: RunConfig, world: Communicator):
         layer_overhead=hw.layer_overhead,
         compute_share=share,
         stream_share=hw.stream_share(min(world.size, hw.devices_per_node)),
-        links=links,
+        links={},
+        network=network,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
         host_progress=hw.host_progress,
     )
-    clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))
+    clock = world.runtime.clock = simclock.SimClock(profile, measured=cfg.compute == "measured")
     world.enable_headers()
     return clock
+
+
+def build_mesh(cfg: RunConfig, world: Communicator, clock) -> Mesh:
+    """The run's mesh: every group split and wrapped (bfloat16 travels as uint16) once, here, and
+    placed on nodes of the profile's size under --clock sim."""
+    from ..model.precision import wire
+
+    nodes = clock.profile.network.devices_per_node if clock is not None else None
+    return Mesh.build(
+        world,
+        cfg.dp,
+        cfg.tp,
+        cfg.pp,
+        ep=cfg.ep,
+        wrap=lambda comm: wire(comm, cfg),
+        devices_per_node=nodes,
+        experts=cfg.experts > 0,
+    )
 
 
 def mpi_max():

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import flight, simclock
+from . import simclock
+from .context import Runtime
 
 CATEGORIES = ("data", "model", "activation", "control")
 
@@ -76,38 +77,57 @@ def _check_category(category: str) -> None:
         raise ValueError(f"unknown traffic category {category!r}; use one of {CATEGORIES}")
 
 
-def _done(event) -> None:
-    recorder = flight.active()
-    if recorder is not None and event is not None:
-        recorder.wait_end(event)
-
-
-def _clock_for(category: str):
-    """The simulated clock, if one runs -- except for control traffic, which takes no simulated time."""
-    return None if category == "control" else simclock.active()
-
-
 class Communicator:
     """An mpi4py communicator whose every message is counted in a shared `Ledger`.
 
     `rank`/`size` are positions inside this (possibly split) group; the ledger keys peers by their
-    WORLD rank so that a rank's traffic from all its groups adds up in one place.
+    WORLD rank so that a rank's traffic from all its groups adds up in one place. `runtime`: the
+    run's clock, recorder, tracer and kernels (context.py), shared by every group split from it.
     """
 
-    def __init__(self, mpi_comm: MPI.Comm, ledger: Ledger, name: str = "world"):
+    def __init__(self, mpi_comm: MPI.Comm, ledger: Ledger, name: str = "world", runtime=None):
         self.mpi = mpi_comm
         self.ledger = ledger
         self.name = name
+        self.runtime = runtime if runtime is not None else Runtime()
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         world = MPI.COMM_WORLD.Get_group()
         # World rank of every member of this group, so the ledger can name peers globally.
         self.world_ranks = MPI.Group.Translate_ranks(mpi_comm.Get_group(), list(range(self.size)), world)
-        self._headers = mpi_comm.Dup() if simclock.active() is not None else None
+        self._headers = mpi_comm.Dup() if self.runtime.clock is not None else None
+        self._links: dict = {}  # peer -> its simclock.Link (link_to)
 
     def split(self, color: int, key: int, name: str) -> "Communicator":
         """A sub-group (e.g. the data-parallel ranks that share a tensor/pipeline position)."""
-        return Communicator(self.mpi.Split(color, key), self.ledger, name)
+        return Communicator(self.mpi.Split(color, key), self.ledger, name, self.runtime)
+
+    def _done(self, event) -> None:
+        recorder = self.runtime.recorder
+        if recorder is not None and event is not None:
+            recorder.wait_end(event)
+
+    def _clock_for(self, category: str):
+        """The simulated clock, if one runs -- except for control traffic, which takes no simulated time."""
+        return None if category == "control" else self.runtime.clock
+
+    def link_to(self, peer: int):
+        """The link a message to group rank `peer` takes under the simulated clock: from where the
+        two ranks sit (network.py), or the group's fixed link when the profile gives those."""
+        clock = self.runtime.clock
+        if clock.profile.network is None:
+            return clock.profile.links[self.name]
+        if peer not in self._links:
+            me, them = self.world_ranks[self.rank], self.world_ranks[peer]
+            self._links[peer] = clock.profile.network.link(me, them, list(self.world_ranks))
+        return self._links[peer]
+
+    def group_link(self):
+        """The group's slowest hop (a collective MPI runs, whose messages are hidden)."""
+        clock = self.runtime.clock
+        if clock.profile.network is None:
+            return clock.profile.links[self.name]
+        return clock.profile.network.group_link(self.world_ranks[self.rank], list(self.world_ranks))
 
     def enable_headers(self) -> None:
         """Under the simulated clock, messages carry their arrival time in a header message on a
@@ -116,20 +136,20 @@ class Communicator:
             self._headers = self.mpi.Dup()
 
     # -- point to point ---------------------------------------------------------------------------
-    # Under `--clock sim` (simclock.active()), each message also sends a 2-float header with its
+    # Under `--clock sim` (self.runtime.clock), each message also sends a 2-float header with its
     # simulated transfer start and arrival time; the ledger books the payload only.
     def send(self, buf: np.ndarray, dest: int, category: str, op: str, tag: int = 0) -> None:
         _check_category(category)
         buf = np.ascontiguousarray(buf)
         self.ledger.book_send(category, op, self.world_ranks[dest], buf.nbytes)
-        clock = _clock_for(category)
+        clock = self._clock_for(category)
         if clock is not None:
             left, header = self._stamp(clock, dest, buf.nbytes)
             self._headers.Send(header, dest=dest, tag=tag)
             clock.wait_until(left, busy_from=header[0])  # a blocking send returns once sent
         event = self._record("send", op, category, dest, buf.nbytes, tag, wait=True)
         self.mpi.Send(buf, dest=dest, tag=tag)
-        _done(event)
+        self._done(event)
 
     def recv(self, buf: np.ndarray, source: int, category: str, op: str, tag: int = 0) -> np.ndarray:
         """Receive into `buf` (which the caller owns: never a buffer another array still aliases).
@@ -138,12 +158,12 @@ class Communicator:
         _check_category(category)
         status = MPI.Status()
         event = self._record("recv", op, category, source, buf.nbytes, tag, wait=True)
-        clock = _clock_for(category)
+        clock = self._clock_for(category)
         if clock is not None:
             header = np.empty(2)
             self._headers.Recv(header, source=source, tag=tag)
         self.mpi.Recv(buf, source=source, tag=tag, status=status)
-        _done(event)
+        self._done(event)
         nbytes = status.Get_count(MPI.BYTE)
         self.ledger.book_recv(category, op, self.world_ranks[source], nbytes)
         if clock is not None:
@@ -159,7 +179,7 @@ class Communicator:
             raise ValueError("isend needs a contiguous buffer that stays alive until the request completes")
         self.ledger.book_send(category, op, self.world_ranks[dest], buf.nbytes)
         self._record("send", op, category, dest, buf.nbytes, tag)
-        clock = _clock_for(category)
+        clock = self._clock_for(category)
         if clock is None:
             return self.mpi.Isend(buf, dest=dest, tag=tag)
         left, header = self._stamp(clock, dest, buf.nbytes)
@@ -173,19 +193,19 @@ class Communicator:
         # received bytes add up to all ranks' sent bytes, which a shorter message would break).
         self.ledger.book_recv(category, op, self.world_ranks[source], buf.nbytes)
         self._record("recv", op, category, source, buf.nbytes, tag)
-        if _clock_for(category) is None:
+        if self._clock_for(category) is None:
             return self.mpi.Irecv(buf, source=source, tag=tag)
         header = np.empty(2)
         reqs = [
             self.mpi.Irecv(buf, source=source, tag=tag),
             self._headers.Irecv(header, source=source, tag=tag),
         ]
-        return simclock.SimRequest(reqs, header=header)
+        return simclock.SimRequest(reqs, header=header, alpha=self.link_to(source).alpha)
 
     def waitall(self, requests: list) -> None:
         """Finish requests from isend/irecv (a pipeline's sends); under the simulated clock the rank
         waits until the last one completes in simulated time."""
-        recorder = flight.active()
+        recorder = self.runtime.recorder
         event = None
         if recorder is not None and requests:  # a pipeline's sends: done once their receivers took them
             event = recorder.record("wait", "sends-delivered", "activation", self.name, "the receivers", 0)
@@ -196,12 +216,12 @@ class Communicator:
             + [r for sim in sims for r in sim.requests]
         )
         for sim in sims:
-            simclock.active().wait_until(sim.completion(), busy_from=sim.transfer_start())
-        _done(event)
+            self.runtime.clock.wait_until(sim.completion(), busy_from=sim.transfer_start())
+        self._done(event)
 
     def _record(self, kind, op, category, peer, nbytes, tag, wait=False):
         """Into the flight recorder (flight.py), if one runs; `wait`: the rank blocks on it now."""
-        recorder = flight.active()
+        recorder = self.runtime.recorder
         if recorder is None:
             return None
         event = recorder.record(kind, op, category, self.name, self.world_ranks[peer], nbytes, tag)
@@ -211,20 +231,20 @@ class Communicator:
 
     def _blocking(self, op: str, call):
         """A native MPI call that blocks on the whole group (control traffic): the watchdog watches it."""
-        recorder = flight.active()
+        recorder = self.runtime.recorder
         event = None
         if recorder is not None:
             event = recorder.record("collective", op, "control", self.name, "its group", 0)
             recorder.wait_begin(event)
         result = call()
-        _done(event)
+        self._done(event)
         return result
 
     def _stamp(self, clock, dest: int, nbytes: int) -> tuple[float, np.ndarray]:
         """When the message's last byte has left, and its header: [transfer start, arrival]."""
-        left, arrival = clock.send(self.name, dest, nbytes)
+        link = self.link_to(dest)
+        left, arrival = clock.send(self.name, dest, nbytes, link)
         clock.headers_sent += 1
-        link = clock.profile.links[self.name]
         return left, np.array([left - nbytes / link.bandwidth, arrival])
 
     # -- native MPI, counted by model ------------------------------------------------------------

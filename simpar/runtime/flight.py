@@ -33,11 +33,9 @@ SIZE = 512
 DEFAULT_WATCHDOG_S = 120.0
 DUMP_DIR = "simpar-flight"
 
-_active: "FlightRecorder | None" = None
-
-
-def active() -> "FlightRecorder | None":
-    return _active
+# Whether a progress bar may hold the terminal's current line: print_error starts on a fresh line
+# then. Display state only (set while a recorder with progress_bar runs); no run reads it.
+_bar_showing = False
 
 
 class FlightRecorder:
@@ -55,6 +53,7 @@ class FlightRecorder:
         self.round_recvs: list = []  # receives posted since a collective last looked (collectives/base.py)
         self.check_collectives = False  # --check-collectives
         self.desync_at: int | None = None  # --inject desync: skip the first collective of this step
+        self.running = True  # the watchdog watches while this holds (stop() ends it)
         self._lock = threading.Lock()
 
     def record(
@@ -112,29 +111,37 @@ class FlightRecorder:
         return path
 
 
-def install(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_DIR) -> FlightRecorder:
-    global _active
-    _active = FlightRecorder(rank, world_size, dump_dir)
+def start(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_DIR) -> FlightRecorder:
+    """A run's recorder (the run's Runtime carries it), and its watchdog thread until `stop`."""
+    recorder = FlightRecorder(rank, world_size, dump_dir)
     if watchdog_s > 0:
         threading.Thread(
-            target=_watch, args=(_active, watchdog_s), daemon=True, name="simpar-watchdog"
+            target=_watch, args=(recorder, watchdog_s), daemon=True, name="simpar-watchdog"
         ).start()
-    return _active
+    return recorder
 
 
-def take_desync() -> bool:
+def show_progress_bar(recorder: FlightRecorder, on: bool) -> None:
+    global _bar_showing
+    recorder.progress_bar = _bar_showing = on
+
+
+def take_desync(recorder: FlightRecorder | None) -> bool:
     """--inject desync@rank=R,step=S: True once, for this rank's first collective of step S -- which
     it then skips, as a rank whose code took another branch would. Its peers wait for it."""
-    recorder = _active
     if recorder is not None and recorder.desync_at is not None and recorder.step + 1 >= recorder.desync_at:
         recorder.desync_at = None
         return True
     return False
 
 
-def uninstall() -> None:
-    global _active
-    _active = None
+def stop(recorder: FlightRecorder | None) -> None:
+    """The run is over: its watchdog stops watching."""
+    global _bar_showing
+    if recorder is not None:
+        recorder.running = False
+        if recorder.progress_bar:
+            _bar_showing = False
 
 
 def describe(event: dict) -> str:
@@ -148,7 +155,7 @@ def _watch(recorder: FlightRecorder, limit: float) -> None:
     stalled rank) -- it dumps the recorder and ends the job with exit status 2. Exactly one rank
     says why: the first to claim the report (a file created exclusively in the dump folder)."""
     poll = min(1.0, limit / 4)
-    while _active is recorder:
+    while recorder.running:
         time.sleep(poll)
         waiting, now, since = recorder.waiting, time.monotonic(), recorder.step_since
         if waiting is not None and now - waiting["since"] >= limit:
@@ -213,7 +220,7 @@ def first_to_report() -> bool:
 
 def print_error(message: str) -> None:
     """The one line, starting on a line of its own even after rank 0's progress bar."""
-    start = "\n" if _active is not None and _active.progress_bar else ""
+    start = "\n" if _bar_showing else ""
     print(f"{start}simpar: error: {message}", file=sys.stderr, flush=True)
 
 

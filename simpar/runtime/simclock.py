@@ -27,8 +27,10 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
   one group go out one after another (one outgoing port per rank and group), and messages a
   collective receives in the same round come in one after another (one incoming port). A receive
   completes at max(when the rank waits, arrival).
-  Links: the group's link from the profile and the mesh (costmodel.hardware.group_link: tp, dp,
-  pp or world group; intra-node or between nodes).
+  Links: from where the ranks sit (network.py, the profile's numbers copied in by run/setup.py): a
+  group inside one node talks over the intra-node link, a group that spans nodes over the node's
+  network cards (its slowest hop; Network.per_hop: each message's own two nodes instead); a profile
+  given fixed `links` per group name (tests) uses those.
 * Collectives run on one communication stream per rank and group (tp, dp, pp, world), as NCCL runs
   a communicator's kernels on a CUDA stream: in the order they were started, each beginning when
   the previous one on that group ended and not before the rank started it; their rounds are chained by
@@ -51,28 +53,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-_active: "SimClock | None" = None
-
-
-def active() -> "SimClock | None":
-    return _active
-
-
-def install(clock: "SimClock") -> "SimClock":
-    global _active
-    _active = clock
-    return clock
-
-
-def uninstall() -> None:
-    global _active
-    _active = None
-
-
-@dataclass(frozen=True)
-class Link:
-    alpha: float  # s per message
-    bandwidth: float  # bytes/s
+from .network import Link, Network  # noqa: F401  (Link re-exported: simclock.Link)
 
 
 @dataclass
@@ -84,10 +65,11 @@ class Profile:
     gamma: float  # s per byte reduced (dst += src)
     layer_overhead: float  # s per layer forward call (Python/NumPy call cost; 0 on GPU presets)
     compute_share: float  # 1, or cores/ranks when ranks share cores
-    links: dict  # communicator name ("tp", "dp", "pp", "world") -> Link
+    links: dict  # communicator name -> Link: fixed links per group (used when `network` is None)
     measured_scale: float = 0.0  # --compute measured: profile seconds per local CPU second
     stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
     host_progress: bool = False  # Hardware.host_progress: a collective runs when its rank waits for it
+    network: Network | None = None  # where ranks sit: each message's link from its two ranks' nodes
 
 
 @dataclass
@@ -160,9 +142,10 @@ class SimClock:
         self.sync_measured()
         return self.now
 
-    def send(self, group: str, peer: int, nbytes: int) -> tuple[float, float]:
-        """(when the last byte has left, when it arrives) of a message posted now on `group`'s link."""
-        link = self.profile.links[group]
+    def send(self, group: str, peer: int, nbytes: int, link: Link | None = None) -> tuple[float, float]:
+        """(when the last byte has left, when it arrives) of a message posted now on `group`: on
+        `link` (the message's own, Communicator.link_to), else the group's fixed link."""
+        link = link or self.profile.links[group]
         depart = max(self.issue_time(), self.link_free.get(group, 0.0))
         on_wire = nbytes / link.bandwidth
         self.link_free[group] = depart + on_wire
@@ -171,8 +154,11 @@ class SimClock:
     def receive_round(self, group: str, receives: list) -> float:
         """When the last of several messages received at once (one round of a collective) has
         arrived: they share this rank's incoming link, so their bytes arrive one after another."""
-        alpha, data_end, done = self.profile.links[group].alpha, float("-inf"), float("-inf")
-        for start, arrival in sorted((sim.transfer_start(), sim.completion()) for sim in receives):
+        data_end, done = float("-inf"), float("-inf")
+        fixed = self.profile.links[group].alpha if group in self.profile.links else None
+        own = lambda sim: fixed if getattr(sim, "alpha", None) is None else sim.alpha  # its link's alpha
+        timed = sorted((sim.transfer_start(), sim.completion(), own(sim)) for sim in receives)
+        for start, arrival, alpha in timed:
             wire = arrival - alpha - start
             data_end = max(start + wire, data_end + wire)
             done = max(done, data_end + alpha)
@@ -222,6 +208,7 @@ class SimRequest:
     header: object = None  # receive: the 1-element array the arrival time lands in
     keep: list = field(default_factory=list)
     busy_from: float = 0.0
+    alpha: float | None = None  # receive: the latency of the link it arrives on
 
     def completion(self) -> float:
         """Send: when its last byte left. Receive: its arrival (the header says [transfer start, arrival])."""

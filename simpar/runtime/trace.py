@@ -1,13 +1,14 @@
 """Per-rank timing spans -> Chrome trace events (open the --trace file in https://ui.perfetto.dev).
 
-    tracer = Tracer.install(rank)          # train.py does this when --trace is given
-    with trace.span("F3", "forward", mb=3):
+    runtime.tracer = Tracer(rank, runtime.clock)   # run/setup.py does this when --trace is given
+    with trace.span(comm.runtime, "F3", "forward", mb=3):
         ...                                # recorded as one complete event ("ph": "X")
     tracer.events                          # gathered to rank 0 and written as {"traceEvents": [...]}
 
-Strategies call `span(...)` wherever they want a bar in the timeline. With no tracer installed
-(the default), `span` returns one shared do-nothing context manager: the cost is a function call
-and a global lookup, so the instrumentation can stay in the hot path.
+Strategies call `span(runtime, ...)` wherever they want a bar in the timeline, with the runtime
+their communicators carry (context.py). With no tracer in it (the default), `span` returns one
+shared do-nothing context manager: the cost is a function call and an attribute lookup, so the
+instrumentation can stay in the hot path.
 
 Event layout (Chrome trace format, "complete" events): pid = the world rank, tid 0 = compute,
 tid 1 = communication, ts/dur in microseconds. Every event carries args {"kind": ..., "step": ...}
@@ -23,46 +24,31 @@ from __future__ import annotations
 
 import time
 
-from . import simclock
-
 KINDS = ("forward", "backward", "comm", "allreduce", "other")
 COMM_KINDS = ("comm", "allreduce")  # drawn on tid 1
 
-_active: "Tracer | None" = None
-
 
 class Tracer:
-    """Collects this rank's events. One per process; `install` makes it the target of `span`."""
+    """Collects this rank's events: one per run, carried by its runtime (context.py). `clock`: the
+    run's simulated clock, whose time the events then take, or None (wall time)."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, clock=None):
+        self.rank, self.clock = rank, clock
         self.events: list[dict] = []
         self.step = 0
         self._wall0 = time.time()
         self._perf0 = time.perf_counter()
 
-    @classmethod
-    def install(cls, rank: int) -> "Tracer":
-        global _active
-        _active = cls(rank)
-        return _active
-
-    @classmethod
-    def uninstall(cls) -> None:
-        global _active
-        _active = None
-
     def now_us(self) -> float:
-        clock = simclock.active()
+        clock = self.clock
         if clock is not None:  # --clock sim: the trace is in simulated microseconds from the start
             clock.sync_measured()
             return clock.now * 1e6
         return (self._wall0 + (time.perf_counter() - self._perf0)) * 1e6
 
-    @staticmethod
-    def _clock_arg() -> dict:
+    def _clock_arg(self) -> dict:
         """Events of a --clock sim run say so: their times are simulated, on this hardware profile."""
-        clock = simclock.active()
+        clock = self.clock
         return {"clock": f"simulated on {clock.profile.name}"} if clock is not None else {}
 
     def add(self, name: str, kind: str, start_us: float, end_us: float, args: dict | None = None) -> None:
@@ -108,18 +94,15 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
-def span(name: str, kind: str = "other", **args):
-    """Time the `with` block as one event named `name` (e.g. "F3", "recv grad", "allreduce")."""
-    if _active is None:
+def span(runtime, name: str, kind: str = "other", **args):
+    """Time the `with` block as one event named `name` (e.g. "F3", "recv grad", "allreduce"), if
+    `runtime` (a communicator's, context.py) has a tracer."""
+    if runtime.tracer is None:
         return _NO_SPAN
-    return _Span(_active, name, kind, args)
+    return _Span(runtime.tracer, name, kind, args)
 
 
-def active() -> Tracer | None:
-    return _active
-
-
-def next_step() -> None:
+def next_step(runtime) -> None:
     """Mark the start of a new training step (events carry the step number in args)."""
-    if _active is not None:
-        _active.step += 1
+    if runtime.tracer is not None:
+        runtime.tracer.step += 1

@@ -40,7 +40,7 @@ class StageMessages:
 
     def _send(self, flight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
-        with trace.span(name, "comm"):
+        with trace.span(self.pp_comm.runtime, name, "comm"):
             request = self.pp_comm.isend(buf, dest, "activation", op, tag)
         flight.sends.append((request, buf))  # MPI reads buf until the request completes: keep it
 
@@ -50,7 +50,7 @@ class StageMessages:
         # buffer, it would silently overwrite activations a pending backward still needs --
         # the classic pipeline bug. np.empty per message makes that impossible.
         buf = np.empty(shape, dtype=self.dtype)
-        with trace.span(name, "comm"):
+        with trace.span(self.pp_comm.runtime, name, "comm"):
             return self.pp_comm.recv(buf, source, "activation", op, tag)
 
     def _send_act(self, step: SendAct, flight) -> None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...model.mlp import deferred_weight_grads
-from ...model.precision import build_optimizer, loss_grad, vote_comm, wire
+from ...model.precision import build_optimizer, loss_grad, vote_comm
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
 from ..base import HeldBytes, Strategy
@@ -106,9 +106,9 @@ class PipelineParallel(StageMessages, Strategy):
         self.stores = [self.stacks[c].store for c in self.chunks]
         # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
         # over the pp group (with --tp: the world) on skipping an overflowed step (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm))
-        self.pp_comm = wire(mesh.pp_comm, cfg)  # bfloat16 messages travel as uint16 views
-        dp_comm = wire(mesh.dp_comm, cfg)  # ONE wrapper: it keeps the tag counter all chunks' buckets share
+        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm), self.rt)
+        self.pp_comm = mesh.pp_comm  # wrapped by the mesh: bfloat16 messages travel as uint16 views
+        dp_comm = mesh.dp_comm  # the mesh's ONE wrapper: the tag counter all chunks' buckets share
         self.buckets = {
             c: GradientBuckets(st.store, dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
             for c, st in self.stacks.items()
@@ -142,7 +142,7 @@ class PipelineParallel(StageMessages, Strategy):
             from ..tensor import TensorParallelStack
 
             return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        return make_stack(cfg, lo, hi)  # an MLP's layers, or resmlp's units (resstack.py)
+        return make_stack(cfg, lo, hi, mesh.world.runtime)  # an MLP's layers, or resmlp's units (resstack.py)
 
     @property
     def is_first(self) -> bool:
@@ -158,7 +158,7 @@ class PipelineParallel(StageMessages, Strategy):
         for store in self.stores:
             store.zero_grad()
         self.watch.reset()
-        trace.next_step()
+        trace.next_step(self.pp_comm.runtime)
         rows = self._micro_batch_rows(global_batch)
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps_data):
@@ -199,7 +199,7 @@ class PipelineParallel(StageMessages, Strategy):
         """Walk this stage's schedule: the steps are data, each handler below does one kind."""
         for step in self.steps:
             self._handlers[type(step)](step, flight)
-        with trace.span("wait sends", "comm"):
+        with trace.span(self.pp_comm.runtime, "wait sends", "comm"):
             self.pp_comm.waitall([request for request, _ in flight.sends])
         flight.sends.clear()
 
@@ -207,6 +207,7 @@ class PipelineParallel(StageMessages, Strategy):
     def _forward(self, step: Forward, flight: InFlight) -> None:
         key = (step.mb, step.chunk)
         with trace.span(
+            self.pp_comm.runtime,
             f"F{step.mb}",
             "forward",
             mb=step.mb,
@@ -244,7 +245,7 @@ class PipelineParallel(StageMessages, Strategy):
         kept = flight.contexts.pop(key)
         if self.cfg.recompute == "none":
             return kept
-        with trace.span(f"R{key[0]}", "forward", mb=key[0], chunk=key[1], stage=self.s):
+        with trace.span(self.pp_comm.runtime, f"R{key[0]}", "forward", mb=key[0], chunk=key[1], stage=self.s):
             contexts = recompute.restore(self.cfg.recompute, kept, self.stacks[key[1]])
         self.meter.take(recompute.context_bytes(contexts) - kept.held)
         return contexts
@@ -252,7 +253,9 @@ class PipelineParallel(StageMessages, Strategy):
     def _backward(self, step: Backward, flight: InFlight) -> None:
         key = (step.mb, step.chunk)
         contexts = self._contexts(key, flight)
-        with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+        with trace.span(
+            self.pp_comm.runtime, f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s
+        ):
             dx = self.stacks[step.chunk].backward(
                 contexts, flight.grads.pop(key), self.meter, self._hook(step, flight)
             )
@@ -263,7 +266,9 @@ class PipelineParallel(StageMessages, Strategy):
         """B: dx only; the activations stay held (this rank's meter) until the W pass."""
         key = (step.mb, step.chunk)
         contexts = self._contexts(key, flight)
-        with trace.span(f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+        with trace.span(
+            self.pp_comm.runtime, f"B{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s
+        ):
             with deferred_weight_grads() as weight_passes:
                 dx = self.stacks[step.chunk].backward(contexts, flight.grads.pop(key), HeldBytes(), None)
         flight.weight_passes[key] = (weight_passes, sum(ctx.nbytes for ctx in contexts))
@@ -276,7 +281,9 @@ class PipelineParallel(StageMessages, Strategy):
         hook = self._hook(step, flight)
         if hook is not None and self.cfg.sp:  # the W pass completes the row shards' gradients: sum them
             hook = self.stacks[step.chunk].sequence_synced(hook)
-        with trace.span(f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s):
+        with trace.span(
+            self.pp_comm.runtime, f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s
+        ):
             for layer, weight_pass in zip(reversed(self.stacks[step.chunk].store.layers), weight_passes):
                 weight_pass()
                 if hook is not None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from ...model.mlp import ACTIVATIONS, Context
 from ...model.resmlp import BlockContext
-from ...runtime import simclock
 from .. import resmlp_stack as resstack
 from ..base import HeldBytes, NonFiniteWatch
 
@@ -58,9 +57,10 @@ def restore(mode: str, saved: Saved, stack) -> list:
         return stack.forward(saved.x, HeldBytes(), NonFiniteWatch())[1]
     if saved.units:
         return resstack.restore_selective(saved.x, saved.zs, stack)
-    contexts, x, clock = [], saved.x, simclock.active()
+    contexts, x = [], saved.x
     for layer, z in zip(stack.store.layers, saved.zs):
         y = ACTIVATIONS[layer.act][0](z)
+        clock = layer.rt.clock  # the run's, handed to the layer by the strategy that built it
         if clock is not None and layer.act != "none":  # read z, write y
             clock.stream(2 * z.size * z.itemsize)
         contexts.append(Context(x, z, y))

@@ -1,0 +1,73 @@
+"""Where ranks sit, and which link a message between two of them takes (for the simulated clock).
+
+A node holds `devices_per_node` consecutive world ranks (node = rank // devices_per_node, the
+placement mesh.py's numbering is designed for: tp neighbours share a node). A message between two
+ranks of one node takes the intra-node link (NVLink, shared memory); between nodes it leaves through
+the node's network cards, which every group with members on that node shares:
+
+    intra:  (intra_alpha, intra_bw)
+    inter:  (inter_alpha, min(nic_bw, nics_per_node * nic_bw / flows)),  flows = G // m
+
+with G = devices_per_node and m the members of the message's group on the sender's node: the
+G/m groups of that kind cross the node boundary at once, each with one flow (a ring's one hop out of
+the node). A profile without network cards (nics_per_node = 0, the `local` machine) is one node.
+
+Which pair of nodes decides: with `per_hop` each message's own two ranks (a ring of 4 over nodes of
+2 then has two fast hops and two slow ones); without it (the default) the group's: every message of
+a group that spans nodes takes the inter-node link, the group's slowest hop -- the rule the cost
+model's closed form uses ("a ring waits for its slowest link", costmodel/hardware.group_link), so
+that predict == simulate holds. Either way the nodes come from the placement, not from the cost
+model's table: tests/test_runtime_mesh.py checks the two derivations agree on every layout. Measured
+(4 ranks, dp 4, 4 experts over ep 2, nodes of 2 devices, tests/test_simclock.py's TWO_PER_NODE
+numbers): a step of 205.5 us with the group's link, 133.7 us per hop; the cost model predicts 204.1.
+
+The numbers are plain data copied from the hardware profile when the run is set up (run/setup.py):
+the runtime never imports the cost model, so a mistake in the cost model's own closed form for a
+group's link (costmodel/hardware.group_link) cannot move the simulated clock with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha: float  # s per message
+    bandwidth: float  # bytes/s
+
+
+@dataclass(frozen=True)
+class Network:
+    devices_per_node: int
+    intra_alpha: float
+    intra_bw: float
+    inter_alpha: float = 0.0
+    nic_bw: float = 0.0
+    nics_per_node: int = 0
+    per_hop: bool = False  # True: each message's own two nodes decide; False: its group's span
+
+    def node_of(self, world_rank: int) -> int:
+        return world_rank // self.devices_per_node
+
+    def link(self, src: int, dst: int, members: list[int]) -> Link:
+        """The link a message from world rank `src` to world rank `dst` takes inside the group whose
+        world ranks are `members`."""
+        if not self.per_hop:
+            return self.group_link(src, members)
+        if self.nics_per_node <= 0 or self.node_of(src) == self.node_of(dst):
+            return Link(self.intra_alpha, self.intra_bw)
+        return self._inter(src, members)
+
+    def group_link(self, me: int, members: list[int]) -> Link:
+        """The slowest hop of a group, seen from world rank `me`: what a collective whose messages
+        MPI hides (--collectives mpi) is timed on."""
+        if self.nics_per_node <= 0 or len({self.node_of(r) for r in members}) == 1:
+            return Link(self.intra_alpha, self.intra_bw)
+        return self._inter(me, members)
+
+    def _inter(self, src: int, members: list[int]) -> Link:
+        on_node = sum(self.node_of(r) == self.node_of(src) for r in members)
+        flows = max(1, self.devices_per_node // max(1, on_node))
+        per_flow = min(self.nic_bw, self.nics_per_node * self.nic_bw / flows)
+        return Link(self.inter_alpha, per_flow)
