@@ -37,12 +37,23 @@ def load_data(paths: list[str], args) -> list[dict]:
 
 def validate_main(argv: list[str]) -> int:
     p = Parser(prog="simpar validate", description="Hold the cost model to published measurements.")
-    p.add_argument("--data", nargs="+", default=None, help="CSV files in validation/'s columns, or nccl-tests "
-                   "logs (all_reduce_perf ... output); default: validation/*.csv")  # fmt: skip
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        help="CSV files in validation/'s columns, or nccl-tests "
+        "logs (all_reduce_perf ... output); default: validation/*.csv",
+    )
     p.add_argument("--hardware", default=None, help="price every point on this profile (preset or FILE.json)")
-    p.add_argument("--op", default=None, choices=validation.COLLECTIVES, help="an nccl-tests log's collective")
-    p.add_argument("--gpus", type=int, default=None, help="an nccl-tests log's GPU count (default: its Rank lines)")
-    p.add_argument("--nodes", type=int, default=None, help="an nccl-tests log's node count (default: its hosts)")
+    p.add_argument(
+        "--op", default=None, choices=validation.COLLECTIVES, help="an nccl-tests log's collective"
+    )
+    p.add_argument(
+        "--gpus", type=int, default=None, help="an nccl-tests log's GPU count (default: its Rank lines)"
+    )
+    p.add_argument(
+        "--nodes", type=int, default=None, help="an nccl-tests log's node count (default: its hosts)"
+    )
     p.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
     p.add_argument("-o", "--out", default=None, help="also draw published vs predicted (log-log) to this PNG")
     args = p.parse_args(argv)
@@ -65,8 +76,10 @@ def validate_main(argv: list[str]) -> int:
         draw(rows, args.out)
         print(f"wrote {args.out}", file=sys.stderr if args.json else sys.stdout)
     if summary["failed"]:
-        print(f"simpar validate: {len(summary['failed'])} of {len(rows)} points out of tolerance: "
-              f"{', '.join(summary['failed'][:8])}", file=sys.stderr)  # fmt: skip
+        print(
+            f"simpar validate: {len(summary['failed'])} of {len(rows)} points out of tolerance: "
+            f"{', '.join(summary['failed'][:8])}",
+            file=sys.stderr,
+        )
         return 1
     return 0
-

@@ -201,7 +201,12 @@ def group_link(hw: Hardware, kind: str, dp: int, tp: int, pp: int) -> Link:
     G = hw.devices_per_node
     stride, size = {"tp": (1, tp), "dp": (tp, dp), "pp": (tp * dp, pp), "world": (1, dp * tp * pp)}[kind]
     if stride * size <= G or hw.nics_per_node <= 0:
-        return Link(hw.intra_name, hw.intra_alpha, hw.intra_bw, tuning=tuning(hw, size, 1, hw.intra_bw, hw.intra_alpha))
+        return Link(
+            hw.intra_name,
+            hw.intra_alpha,
+            hw.intra_bw,
+            tuning=tuning(hw, size, 1, hw.intra_bw, hw.intra_alpha),
+        )
     members_per_node = max(1, min(size, G // stride)) if stride <= G else 1
     flows = max(1, G // members_per_node)
     if hw.ring_proto:  # NCCL: one rail per member, its share of the NICs, at most the NVLink ring
@@ -209,7 +214,9 @@ def group_link(hw: Hardware, kind: str, dp: int, tp: int, pp: int) -> Link:
     else:
         per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
     nodes = -(-size // members_per_node)
-    return Link(hw.inter_name, hw.inter_alpha, per_flow, tuning=tuning(hw, size, nodes, per_flow, hw.inter_alpha))
+    return Link(
+        hw.inter_name, hw.inter_alpha, per_flow, tuning=tuning(hw, size, nodes, per_flow, hw.inter_alpha)
+    )
 
 
 def tuning(hw: Hardware, p: int, nodes: int, bw: float, alpha: float) -> nccl.GroupTuning:

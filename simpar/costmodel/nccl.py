@@ -74,7 +74,11 @@ class GroupTuning:
             cap = ceiling[min(self.nodes, 3) - 1] if ceiling else 0.0
             if cap:  # LL's ceiling for this many nodes (tuning.cc llMaxBws)
                 bw = min(bw, cap)
-            hop = hop_intra if self.p < 2 else ((self.p - self.nodes) * hop_intra + (self.nodes - 1) * hop_inter) / (self.p - 1)
+            hop = (
+                hop_intra
+                if self.p < 2
+                else ((self.p - self.nodes) * hop_intra + (self.nodes - 1) * hop_inter) / (self.p - 1)
+            )
             out.append(Timing(name, base, hop, bw))
         if nvls and kind == "all-reduce" and self.nvls_bw and self.nodes == 1 and self.p >= self.nvls_min:
             # priced as the ring's 2(p-1) steps of S/p with no per-step latency: S / nvls_bw in all
@@ -118,8 +122,16 @@ def rail_bandwidth(intra_bw: float, nic_bw: float, nics_per_node: int, members: 
 # -- compute ------------------------------------------------------------------------------------------
 
 
-def gemm_seconds(m: int, n: int, k: int, rate: float, tile: float = 0.0, sms: int = 0, hbm: float = 0.0,
-                 elem_bytes: int = 2) -> float:  # fmt: skip
+def gemm_seconds(
+    m: int,
+    n: int,
+    k: int,
+    rate: float,
+    tile: float = 0.0,
+    sms: int = 0,
+    hbm: float = 0.0,
+    elem_bytes: int = 2,
+) -> float:
     """A GEMM (m x k) @ (k x n) on a GPU: the larger of its FLOPs at the achievable rate, its operands
     through memory, and one output tile's k-loop on one SM (a GEMM cannot end before the SM with the
     last tile has computed it: the floor that makes small GEMMs slow; `tile` output elements per tile).
@@ -131,4 +143,3 @@ def gemm_seconds(m: int, n: int, k: int, rate: float, tile: float = 0.0, sms: in
     if hbm:
         t = max(t, (m * k + k * n + m * n) * elem_bytes / hbm)
     return t
-

@@ -1,4 +1,4 @@
-"""Read nccl-tests' own output (all_reduce_perf, all_gather_perf, ... as they print it) into validation points.
+"""nccl-tests' own output (all_reduce_perf, all_gather_perf, ... as they print it) as validation points.
 
 A log looks like (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md explains the columns):
 
@@ -42,8 +42,15 @@ def detect_op(text: str) -> str | None:
     return None
 
 
-def parse(text: str, where: str, op: str | None = None, gpus: int | None = None, nodes: int | None = None,
-          hardware: str = "", profile: str = "") -> list[dict]:  # fmt: skip
+def parse(
+    text: str,
+    where: str,
+    op: str | None = None,
+    gpus: int | None = None,
+    nodes: int | None = None,
+    hardware: str = "",
+    profile: str = "",
+) -> list[dict]:
     """Validation points (the CSV's columns) from one nccl-tests log."""
     op = op or detect_op(text)
     if op is None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from .draw import _plt, _save
 
-COLOURS = {"time": "#4C72B0", "algbw": "#55A868", "busbw": "#8172B2", "tflops": "#C44E52",
-           "bandwidth": "#DD8452", "latency": "#937860"}  # fmt: skip
+COLOURS = {
+    "time": "#4C72B0",
+    "algbw": "#55A868",
+    "busbw": "#8172B2",
+    "tflops": "#C44E52",
+    "bandwidth": "#DD8452",
+    "latency": "#937860",
+}
 
 
 def draw(rows: list[dict], path: str) -> str:
@@ -22,8 +28,14 @@ def draw(rows: list[dict], path: str) -> str:
         if not pts:
             continue
         unit = pts[0]["unit"]
-        ax.scatter([r["value"] for r in pts], [r["predicted"] for r in pts], s=18, color=colour,
-                   label=f"{q} ({unit}), {len(pts)}", edgecolors=["red" if not r["ok"] else colour for r in pts])  # fmt: skip
+        ax.scatter(
+            [r["value"] for r in pts],
+            [r["predicted"] for r in pts],
+            s=18,
+            color=colour,
+            label=f"{q} ({unit}), {len(pts)}",
+            edgecolors=["red" if not r["ok"] else colour for r in pts],
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
