@@ -88,6 +88,8 @@ def parse(
                     "size_bytes": size,
                     "value": float(m.group(col)),
                     "unit": "us",
+                    "tolerance": 0.20,
+                    "fit": "",
                     "source_url": where,
                     "how": f"nccl-tests {op} log, {'out-of-place' if place == 'oop' else 'in-place'} time",
                 }
