@@ -158,11 +158,12 @@ def start_clock(cfg: RunConfig, world: Communicator):
     precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
     share = hw.compute_share(min(world.size, hw.devices_per_node))
-    links = {}
+    links, tunings = {}, {}
     for group in ("tp", "dp", "pp", "world"):
         link = hardware.group_link(hw, group, cfg.dp, cfg.tp, cfg.pp)
-        links[group] = simclock.Link(link.alpha, link.bw)
+        links[group], tunings[group] = simclock.Link(link.alpha, link.bw), link.tuning
     links["ep"] = links["edp"] = links["dp"]  # expert parallelism's groups live inside the dp group
+    tunings["ep"] = tunings["edp"] = tunings["dp"]
     local = hardware.load("local")
     profile = simclock.Profile(
         name=hw.name,
@@ -174,6 +175,8 @@ def start_clock(cfg: RunConfig, world: Communicator):
         links=links,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
         host_progress=hw.host_progress,
+        tunings=tunings,  # NCCL's protocols on GPU profiles (costmodel/nccl.py)
+        reduce_gamma=0.0 if hw.reduce_in_transfer else None,
     )
     clock = simclock.install(simclock.SimClock(profile, measured=cfg.compute == "measured"))
     world.enable_headers()

@@ -28,7 +28,9 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
   collective receives in the same round come in one after another (one incoming port). A receive
   completes at max(when the rank waits, arrival).
   Links: the group's link from the profile and the mesh (costmodel.hardware.group_link: tp, dp,
-  pp or world group; intra-node or between nodes).
+  pp or world group; intra-node or between nodes). On GPU profiles a ring collective's messages use
+  the protocol NCCL's tuner would pick for it (costmodel/nccl.py, the closed form's own function):
+  its per-step latency and bandwidth, plus its base latency once when the collective starts.
 * Collectives run on one communication stream per rank and group (tp, dp, pp, world), as NCCL runs
   a communicator's kernels on a CUDA stream: in the order they were started, each beginning when
   the previous one on that group ended and not before the rank started it; their rounds are chained by
@@ -88,6 +90,8 @@ class Profile:
     measured_scale: float = 0.0  # --compute measured: profile seconds per local CPU second
     stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
     host_progress: bool = False  # Hardware.host_progress: a collective runs when its rank waits for it
+    tunings: dict = field(default_factory=dict)  # group -> costmodel.nccl.GroupTuning (GPU profiles)
+    reduce_gamma: float | None = None  # s per byte a collective's reduction adds (None: gamma; 0 on GPUs)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class SimClock:
         self.cursor: float | None = None  # set while a collective runs: its own time on the stream
         self.link_free: dict = {}  # group -> when this rank's outgoing link in that group is free again
         self.in_flight: dict = {}  # group -> started collectives not finished yet, oldest first
+        self.override: dict = {}  # group -> Link of the protocol the running collective uses (GPU profiles)
         self.headers_sent = 0
         self.steps: list[StepTimes] = []
         self._step = StepTimes()
@@ -145,8 +150,10 @@ class SimClock:
             self._step.compute_s += seconds
 
     def reduce(self, nbytes: int) -> None:
-        """`dst += src` of nbytes inside a collective: on the stream while one runs."""
-        seconds = nbytes * self.profile.gamma
+        """`dst += src` of nbytes inside a collective: on the stream while one runs (on GPU profiles
+        free: NCCL reduces inside the copy kernel, its cost is in the protocol's bandwidth)."""
+        gamma = self.profile.gamma if self.profile.reduce_gamma is None else self.profile.reduce_gamma
+        seconds = nbytes * gamma
         if self.cursor is not None:
             self.cursor += seconds
         else:
@@ -160,9 +167,24 @@ class SimClock:
         self.sync_measured()
         return self.now
 
+    def link(self, group: str) -> Link:
+        """The link a message on `group` uses now: the running collective's protocol, else the group's."""
+        return self.override.get(group) or self.profile.links[group]
+
+    def collective_timing(self, group: str, call: dict | None):
+        """How NCCL would run this collective on a GPU profile (costmodel.nccl.GroupTuning.choose, the
+        function the closed form calls): chosen by its bytes per ring step, ceil(n/p) elements. None on
+        CPU profiles and for algorithms other than the ring (their messages use the group's link)."""
+        tuning = self.profile.tunings.get(group)
+        if tuning is None or not tuning.proto or not call or not call.get("ring") or call["comm"].size < 2:
+            return None
+        size, p = call["dtype"].itemsize, call["comm"].size
+        step = -(-(call["nbytes"] // size) // p) * size
+        return tuning.choose(call["kind"], step, nvls=call.get("nvls", False))
+
     def send(self, group: str, peer: int, nbytes: int) -> tuple[float, float]:
         """(when the last byte has left, when it arrives) of a message posted now on `group`'s link."""
-        link = self.profile.links[group]
+        link = self.link(group)
         depart = max(self.issue_time(), self.link_free.get(group, 0.0))
         on_wire = nbytes / link.bandwidth
         self.link_free[group] = depart + on_wire
@@ -171,7 +193,7 @@ class SimClock:
     def receive_round(self, group: str, receives: list) -> float:
         """When the last of several messages received at once (one round of a collective) has
         arrived: they share this rank's incoming link, so their bytes arrive one after another."""
-        alpha, data_end, done = self.profile.links[group].alpha, float("-inf"), float("-inf")
+        alpha, data_end, done = self.link(group).alpha, float("-inf"), float("-inf")
         for start, arrival in sorted((sim.transfer_start(), sim.completion()) for sim in receives):
             wire = arrival - alpha - start
             data_end = max(start + wire, data_end + wire)

@@ -183,3 +183,53 @@ def test_fit_profile_recovers_latency_and_bandwidth_and_loads(tmp_path):
     assert res.returncode == 0, res.stderr
     ratios = [r["ratio"] for r in json.loads(res.stdout)["rows"]]
     assert max(abs(r - 1) for r in ratios) < 1e-4
+
+
+# -- the same model in the closed form and the simulated clock -------------------------------------------
+
+
+def gpu_profile(tmp_path, base: str, **changes) -> str:
+    """A preset with some numbers changed, as a JSON profile (what --hardware FILE.json loads)."""
+    d = {**hardware.load(base).to_dict(), **changes, "name": f"{base}-test"}
+    path = tmp_path / f"{base}-{len(changes)}.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "hw, layout",
+    [
+        ("h200", dict(dp=4, collectives="auto")),
+        ("dgx-a100", dict(tp=2, dp=2)),
+        ("dgx-h100", dict(dp=4, zero=3)),
+        ("nodes-of-2", dict(dp=2, pp=2, collectives="auto")),  # dp and pp cross nodes: rails, net steps
+        ("nodes-of-2", dict(tp=2, dp=2, sp=True, arch="resmlp")),
+    ],
+)
+def test_predict_equals_simulate_on_gpu_profiles(tmp_path, hw, layout):
+    """NCCL's protocols, the reduction inside the copy and the launch cost, in both the closed form and
+    the simulated clock, on the GPU presets and on DGX H100 nodes of 2 GPUs (2 NDR rails each)."""
+    from simpar.launch import launch
+
+    if hw == "nodes-of-2":
+        hw = gpu_profile(tmp_path, "ib-cluster", devices_per_node=2, nics_per_node=2)
+    m = launch(4, clock="sim", hardware=hw, layers="64,128,128,10", steps=2, batch=64, **layout)
+    assert m["prediction_mismatches"] == []
+    assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-6)
+
+
+def test_nvlink_sharp_under_collectives_auto_in_both_clocks(tmp_path):
+    """On 6 GPUs of one NVSwitch node, --collectives auto may take NVLS for the gradient all-reduce (here
+    made cheap enough to win at this size: its latency set to 1 us); --collectives ring may not. Both
+    clocks agree on each, and on auto being the faster."""
+    from simpar.launch import launch
+
+    hw = gpu_profile(tmp_path, "dgx-h100", nvls_lat=1e-6, nvls_bw=2000e9)
+    steps = {}
+    for algo in ("ring", "auto"):
+        common = dict(clock="sim", hardware=hw, layers="64,512,512,10", steps=2, batch=60)
+        m = launch(6, dp=6, collectives=algo, **common)
+        sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
+        assert pred == pytest.approx(sim, rel=1e-6), algo
+        steps[algo] = sim
+    assert steps["auto"] < steps["ring"]

@@ -148,6 +148,7 @@ ALLREDUCE = {
     "tree": tree_allreduce,
     "ps": ps_allreduce,
     "mpi": mpi_allreduce,
+    "auto": ring_allreduce,  # the ring's bytes; its time as NCCL's tuner picks (chunktime.op_time, nccl.py)
 }
 
 
