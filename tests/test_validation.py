@@ -233,3 +233,25 @@ def test_nvlink_sharp_under_collectives_auto_in_both_clocks(tmp_path):
         assert pred == pytest.approx(sim, rel=1e-6), algo
         steps[algo] = sim
     assert steps["auto"] < steps["ring"]
+
+
+def test_gpu_collectives_reduce_inside_the_copy_and_pick_protocols_by_size():
+    """On a GPU profile a ring all-reduce's reduction costs nothing apart (it is in the protocol's
+    bandwidth); on `local` it costs gamma per byte. Small all-reduces take LL, large ones Simple, and
+    the closed form's per-call latency is the chosen protocol's (tuning.cc: LL 6.6 us + 0.6 us a step)."""
+    from simpar.costmodel import chunktime, collectives
+
+    h100, local = hardware.load("dgx-h100"), hardware.load("local")
+    link = hardware.group_link(h100, "dp", 8, 1, 1)
+    small = collectives.to_bytes(collectives.ring_allreduce(1024, 8, 0), 4)  # 4 KiB
+    big = collectives.to_bytes(collectives.ring_allreduce(1 << 28, 8, 0), 4)  # 1 GiB
+    assert chunktime.collective_gamma(h100) == 0 and chunktime.collective_gamma(local) == local.gamma
+    t_small = chunktime.op_time(small, link, chunktime.collective_gamma(h100), ring=True)
+    assert t_small["reduction"] == 0
+    assert t_small["latency"] == pytest.approx(6.6e-6 + 14 * 0.6e-6)  # LL: one call, 14 steps
+    t_big = chunktime.op_time(big, link, 0.0, ring=True)
+    assert t_big["bandwidth"] == pytest.approx(big.round_elems / 370e9)  # Simple: the whole NVLink ring
+    assert t_big["latency"] == pytest.approx(8.4e-6 + 14 * 3.4e-6)
+    # and NVLink SHARP only when asked (--collectives auto) and worth it on 8 GPUs of one node
+    t_nvls = chunktime.op_time(big, link, 0.0, ring=True, nvls=True)
+    assert sum(t_nvls.values()) == pytest.approx(150e-6 + (1 << 30) / 276e9, rel=1e-3)
