@@ -13,7 +13,6 @@ slows when every core streams at once (Hardware.stream_share).
 
 from __future__ import annotations
 
-from . import nccl
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .resblocks import block_collectives, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers
@@ -30,14 +29,13 @@ def op_time(cost: Cost, link, gamma: float, ring: bool = False, nvls: bool = Fal
     auto) lets an all-reduce on one NVSwitch node take NVLink SHARP. Other algorithms: alpha, beta."""
     tuning = getattr(link, "tuning", None)
     if ring and cost.rounds and tuning is not None and tuning.proto:
-        kind = ring_kind(cost)
-        t = tuning.choose(kind, cost.round_elems / cost.rounds, nvls=nvls)
-        calls = cost.rounds / nccl.ring_steps(kind, tuning.p)
-        return {
-            "latency": calls * t.base + cost.rounds * t.hop,
-            "bandwidth": cost.round_elems / t.bw,
-            "reduction": cost.reduced * gamma,
-        }
+        latency = bandwidth = 0.0
+        calls = cost.calls or ((cost.rounds, cost.round_elems, cost.reduced, 1),)
+        for rounds, round_bytes, reduced, count in calls:  # each call by its own size
+            t = tuning.choose(ring_kind(reduced, round_bytes), round_bytes / rounds, nvls=nvls)
+            latency += count * (t.base + rounds * t.hop)
+            bandwidth += count * round_bytes / t.bw
+        return {"latency": latency, "bandwidth": bandwidth, "reduction": cost.reduced * gamma}
     return {
         "latency": cost.rounds * link.alpha,
         "bandwidth": cost.round_elems * link.beta,
@@ -45,12 +43,12 @@ def op_time(cost: Cost, link, gamma: float, ring: bool = False, nvls: bool = Fal
     }
 
 
-def ring_kind(cost: Cost) -> str:
-    """Which ring collective a (ring) Cost is: all-gather reduces nothing, reduce-scatter reduces
-    every chunk it passes on, all-reduce passes each chunk twice and reduces it once."""
-    if cost.reduced == 0:
+def ring_kind(reduced: float, round_elems: float) -> str:
+    """Which ring collective one call is: all-gather reduces nothing, reduce-scatter reduces every
+    chunk it passes on, all-reduce passes each chunk twice and reduces it once."""
+    if reduced == 0:
         return "all-gather"
-    return "reduce-scatter" if cost.reduced == cost.round_elems else "all-reduce"
+    return "reduce-scatter" if reduced == round_elems else "all-reduce"
 
 
 def collective_gamma(hw) -> float:
