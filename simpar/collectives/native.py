@@ -37,7 +37,8 @@ def mpi_allreduce_rounds(
     )
     clock = simclock.active()
     if clock is not None:  # its messages are hidden: the closed-form time on the stream instead
-        clock.cursor += closed_form_seconds(n, p, bpe, clock.profile.links[comm.name], clock.profile.gamma)
+        gamma = clock.profile.gamma if clock.profile.reduce_gamma is None else clock.profile.reduce_gamma
+        clock.cursor += closed_form_seconds(n, p, bpe, clock.profile.links[comm.name], gamma)
     yield []  # one round with nothing left to wait for
 
 
