@@ -93,17 +93,19 @@ def test_bad_input_is_one_line_and_status_2(args, message):
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-# A log as all_reduce_perf prints it (nccl-tests 2.x: a `root` column), rows with real timings.
+# A log as all_reduce_perf prints it (nccl-tests 2.x: a `root` column). The two rows are real (8x H20,
+# nccl-tests 2.19.7, github.com/kvcache-ai/Mooncake/pull/3484); the Rank lines are cut to 4 ranks on
+# two hosts so that the node count is exercised.
 NEW_FORMAT = """\
-# nccl-tests version 2.17.8 nccl-headers=23004 nccl-library=23004
+# nccl-tests version 2.19.7 nccl-headers=23004 nccl-library=23004
 # Collective test starting: all_reduce_perf
-# nThread 1 nGpus 1 minBytes 32768 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1
+# nThread 1 nGpus 1 minBytes 64 maxBytes 1073741824 step: 2(factor) warmup iters: 10 iters: 100 agg iters: 1
 #
 # Using devices
-#  Rank  0 Group  0 Pid 295203 on    node005 device  0 [0x18] NVIDIA H100 80GB HBM3
-#  Rank  1 Group  0 Pid 295204 on    node005 device  1 [0x6d] NVIDIA H100 80GB HBM3
-#  Rank  2 Group  0 Pid 295205 on    node006 device  0 [0x18] NVIDIA H100 80GB HBM3
-#  Rank  3 Group  0 Pid 295206 on    node006 device  1 [0x6d] NVIDIA H100 80GB HBM3
+#  Rank  0 Group  0 Pid 672730 on     qjh001 device  0 [0000:65:02] NVIDIA H20
+#  Rank  1 Group  0 Pid 672731 on     qjh001 device  1 [0000:65:03] NVIDIA H20
+#  Rank  2 Group  0 Pid 672732 on     qjh002 device  0 [0000:65:02] NVIDIA H20
+#  Rank  3 Group  0 Pid 672737 on     qjh002 device  1 [0000:65:03] NVIDIA H20
 #
 #                                                    out-of-place                  in-place
 #       size     count   type  redop  root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
@@ -125,7 +127,7 @@ TAGGED = (
 
 
 def test_nccl_tests_logs_become_points():
-    pts = nccltests.parse(NEW_FORMAT, "h100.log")
+    pts = nccltests.parse(NEW_FORMAT, "h20.log")
     assert [(p["size_bytes"], p["value"]) for p in pts] == [
         (32768, 18.66),
         (32768, 17.95),
