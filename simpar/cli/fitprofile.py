@@ -25,6 +25,9 @@ def fit_profile_main(argv: list[str]) -> int:
     p.add_argument("--op", default=None, choices=validation.COLLECTIVES, help="the logs' collective")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in the logs (default: their Rank lines)")
     p.add_argument("--nodes", type=int, default=None, help="nodes in the logs (default: their host names)")
+    if "-h" in argv or "--help" in argv:  # before --fit-profile's required LOG... is checked
+        p.print_help()
+        return 0
     args = p.parse_args(argv)
     problem = output_problem({"-o": args.out})
     if problem:
