@@ -34,7 +34,7 @@ def test_data_parallel_equals_serial_float64(tmp_path, serial, dp, extra):
     assert_same_model(run, ref, 1e-12)
 
 
-@pytest.mark.parametrize("algorithm", ["rabenseifner", "tree", "ps", "mpi"])
+@pytest.mark.parametrize("algorithm", ["rabenseifner", "tree", "ps", "mpi", "auto"])
 def test_every_allreduce_algorithm_trains_the_serial_model(tmp_path, serial, algorithm):
     ref = serial(BASE)
     run = train_json(3, BASE + ["--collectives", algorithm, "--bucket-mb", "0.05"], tmp_path)

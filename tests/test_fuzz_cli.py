@@ -54,7 +54,7 @@ def command_lines(draw) -> tuple[int, list[str]]:
     args += draw(option("--microbatches", [0, 1, 2, 4]))
     args += draw(option("--stage-layers", ["1,1", "2", "1,2", "0,2"]))
     args += draw(option("--bucket-mb", [0, 1e-6, 1]))
-    args += draw(option("--collectives", ["ring", "tree", "rabenseifner", "ps", "mpi"]))
+    args += draw(option("--collectives", ["ring", "tree", "rabenseifner", "ps", "mpi", "auto"]))
     args += draw(option("--kernels", ["numpy", "auto"]))  # numba would compile for seconds
     args += draw(option("--data-source", ["local", "root"]))
     args += draw(st.sampled_from([[], ["--no-overlap"]]))

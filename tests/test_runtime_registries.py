@@ -15,11 +15,11 @@ from simpar import registries
 from simpar.costmodel import hardware
 
 EXPECTED = {
-    "collectives": {"ring", "rabenseifner", "tree", "ps", "mpi"},
+    "collectives": {"ring", "rabenseifner", "tree", "ps", "mpi", "auto"},
     "all-to-alls": {"pairwise", "bruck"},
     "schedules": {"naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"},
     "kernels": {"numpy", "numba", "cuda"},
-    "hardware": {"local", "dgx-h100", "ib-cluster", "ethernet-100g"},
+    "hardware": {"local", "dgx-h100", "h200", "dgx-a100", "ib-cluster", "ethernet-100g"},
 }
 
 

@@ -4,9 +4,9 @@
 * Simulated time is deterministic (--compute model), and each rank's step splits exactly into
   compute + exposed communication + idle.
 * Predict == simulate: the cost model's step time (closed-form recurrences, never calling the code it
-  predicts) agrees with the simulated clock within 5% on every layout the tour runs, on two hardware
-  profiles (one node of NVLink; and nodes of 2 devices, so groups cross an inter-node link) and two
-  model sizes. Both sides are deterministic, so this is a check of the closed form.
+  predicts) agrees with the simulated clock to rounding on every layout the tour runs (ZeRO: 1e-4),
+  on two hardware profiles (one node of NVLink; and nodes of 2 devices, so groups cross an inter-node
+  link) and two model sizes. Both sides are deterministic, so this is a check of the closed form.
 """
 
 from __future__ import annotations
@@ -95,14 +95,17 @@ def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers
             continue
         m = json.loads(path.read_text())
         sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
-        assert abs(pred / sim - 1) <= 0.05, (path.stem, hardware, layers, sim, pred)
+        # ZeRO layouts differ by up to ~1.4e-5 (as before NCCL's protocols were modelled: a small
+        # gap in the closed form of ZeRO's collectives); every other layout agrees to rounding
+        tolerance = 1e-4 if "zero" in path.stem else 1e-9
+        assert abs(pred / sim - 1) <= tolerance, (path.stem, hardware, sim, pred)
     assert "speedup" in res.stdout and "time per step, simulated on" in res.stdout
 
 
 def test_native_mpi_allreduce_gets_closed_form_time_and_is_marked_modeled():
     m = launch(4, dp=4, steps=2, clock="sim", hardware="dgx-h100", collectives="mpi")
     assert m["comm"]["modeled_ops"] == ["model/grad-allreduce"]
-    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=0.05)
+    assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=1e-9)
 
 
 def test_wait_splits_into_idle_and_exposed_communication():

@@ -1,4 +1,4 @@
-"""Command line: tour (default) | train | plan | bench | plot | debug. One file per subcommand.
+"""Command line: tour (default) | train | plan | bench | plot | debug | validate. One file per subcommand.
 
     mpiexec -n 4 python -m mpi4py -m simpar                       # the tour          (tour.py)
     mpiexec -n 4 python -m mpi4py -m simpar train --dp 2 --tp 2 --metrics-out run.json   (train.py)
@@ -6,6 +6,7 @@
     python -m simpar bench matmul ;  mpiexec -n 2 python -m mpi4py -m simpar bench allreduce  (bench.py)
     python -m simpar plot run1.json run2.json -o compare.png                             (plot.py)
     python -m simpar debug simpar-flight/      what the watchdog's flight recorders say  (debug.py)
+    python -m simpar validate [--json] [-o PNG] [--data FILE]   the model vs published numbers (validate.py)
 
 Bad input becomes ONE line `simpar: error: ...` on stderr (from rank 0 only) and exit status 2 on
 every rank (base.finish_error). Errors are found collectively (agree.py: every rank checks, then
@@ -26,7 +27,7 @@ from .base import Parser, finish_error, launcher_rank
 from .tour import add_tour_arguments, tour_command
 from .train import add_run_arguments, train_command
 
-SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot", "debug")
+SUBCOMMANDS = ("tour", "train", "plan", "bench", "plot", "debug", "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("tour", help="every layout that fits the world size, checked against serial (default)")
     )
     add_run_arguments(sub.add_parser("train", help="train one layout"))
-    for name in ("plan", "bench", "plot", "debug"):
+    for name in ("plan", "bench", "plot", "debug", "validate"):
         p = sub.add_parser(name, add_help=False, help=f"see `simpar {name} --help`")
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             from .debug import debug_main
 
             return debug_main(argv[1:])
+        if argv[0] == "validate":
+            from .validate import validate_main
+
+            return validate_main(argv[1:])
         args = build_parser().parse_args(argv)
         return train_command(args) if args.command == "train" else tour_command(args)
     except SimparError as exc:

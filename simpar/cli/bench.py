@@ -4,6 +4,7 @@ python -m simpar bench matmul [--sizes 256,512,1024 --dtype float64 --repeat 7 -
 mpiexec -n 2 python -m mpi4py -m simpar bench allreduce [--sizes 1K,...,64M --algorithms ring,tree]
 mpiexec -n 4 python -m mpi4py -m simpar bench alltoall [--sizes 64,1K,16K,256K --iters N]   pairwise
                                                  vs Bruck vs MPI_Alltoallv, pieces of SIZE bytes
+python -m simpar bench --fit-profile LOG... -o my.json   a profile fitted to nccl-tests logs (fitprofile.py)
 python -m simpar bench --calibrate [-o FILE]     measure this machine (< 30 s) and save a hardware
                                                  profile for `plan --hardware local`
 """
@@ -41,6 +42,10 @@ def bench_main(argv: list[str]) -> int:
         return alltoall_main(argv[1:])
     if argv[0].startswith("--calibrate"):
         return calibrate_main(argv)
+    if argv[0].startswith("--fit-profile"):
+        from .fitprofile import fit_profile_main
+
+        return fit_profile_main(argv)
     raise SimparError(f"unknown benchmark {argv[0]!r}; {USAGE}")
 
 

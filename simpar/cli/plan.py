@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("hardware and output")
     g.add_argument(
-        "--hardware", default="local", help="local | dgx-h100 | ib-cluster | ethernet-100g | FILE.json"
+        "--hardware",
+        default="local",
+        help="local | dgx-h100 | h200 | dgx-a100 | ib-cluster | ethernet-100g | FILE.json",
     )
     g.add_argument("--memory-limit", default=None, help="bytes per rank, e.g. 80GB, 24GiB")
     g.add_argument("--json", action="store_true", help="print the prediction as JSON")

@@ -49,12 +49,16 @@ ALLREDUCE_ALGORITHMS: dict[str, Callable[..., Rounds]] = {
     "tree": tree_allreduce_rounds,
     "ps": ps_allreduce_rounds,
     "mpi": mpi_allreduce_rounds,
+    "auto": ring_allreduce_rounds,  # moves the ring's bytes; the simulated clock prices it as NCCL picks
 }
 
 
-def _call(comm: Communicator, buf: np.ndarray, category: str, op: str) -> dict:
-    """What the flight recorder and --check-collectives know of a call."""
-    return {"comm": comm, "op": op, "category": category, "nbytes": buf.nbytes, "dtype": buf.dtype}
+def _call(comm: Communicator, buf: np.ndarray, category: str, op: str, kind: str = "", ring: bool = False,
+          nvls: bool = False) -> dict:  # fmt: skip
+    """What the flight recorder and --check-collectives know of a call, and what the simulated clock
+    prices it by: `kind` of a `ring` collective (NCCL's protocols), `nvls` allowed (--collectives auto)."""
+    return {"comm": comm, "op": op, "category": category, "nbytes": buf.nbytes, "dtype": buf.dtype,
+            "kind": kind, "ring": ring, "nvls": nvls}  # fmt: skip
 
 
 def _skipped(comm: Communicator, buf: np.ndarray, category: str, op: str) -> Pending:
@@ -81,7 +85,8 @@ def start_allreduce(
     if flight.take_desync(comm.runtime.recorder):
         return _skipped(comm, buf, category, op)
     rounds = ALLREDUCE_ALGORITHMS[algorithm](comm, _flat(buf), category, op)
-    return Pending(rounds, comm, _call(comm, buf, category, op))
+    ring, nvls = algorithm in ("ring", "auto"), algorithm == "auto"
+    return Pending(rounds, comm, _call(comm, buf, category, op, "all-reduce", ring, nvls))
 
 
 def allreduce(
@@ -99,7 +104,8 @@ def reduce_scatter(
     if flight.take_desync(comm.runtime.recorder):
         _skipped(comm, buf, category, op)
     else:
-        run(ring_reduce_scatter_rounds(comm, flat, category, op), comm, _call(comm, buf, category, op))
+        call = _call(comm, buf, category, op, "reduce-scatter", ring=True)
+        run(ring_reduce_scatter_rounds(comm, flat, category, op), comm, call)
     bounds = offsets(flat.size, comm.size)
     return flat[bounds[comm.rank] : bounds[comm.rank + 1]]
 
@@ -109,7 +115,8 @@ def allgather(comm: Communicator, buf: np.ndarray, category: str, op: str = "all
     if flight.take_desync(comm.runtime.recorder):
         _skipped(comm, buf, category, op)
     else:
-        run(ring_allgather_rounds(comm, _flat(buf), category, op), comm, _call(comm, buf, category, op))
+        call = _call(comm, buf, category, op, "all-gather", ring=True)
+        run(ring_allgather_rounds(comm, _flat(buf), category, op), comm, call)
     return buf
 
 

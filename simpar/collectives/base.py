@@ -26,7 +26,7 @@ from typing import Generator, Iterator
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime import flight
+from ..runtime import flight, simclock
 from ..runtime.comm import Communicator
 
 Rounds = Generator[list, None, None]  # a collective: yields lists of MPI requests
@@ -149,6 +149,7 @@ class Pending:
             self._advance()
         else:
             self.group, self.started_at = group, self._clock.issue_time()
+            self.timing = self._clock.collective_timing(group, call)  # GPU profiles: NCCL's protocol
             self._clock.in_flight.setdefault(group, []).append(self)
 
     def _advance(self) -> None:
@@ -194,6 +195,9 @@ class Pending:
             first = queue.pop(0)
             t = max(first.started_at, clock.stream_free.get(self.group, 0.0), waited_at)
             start = t
+            if first.timing is not None:  # its protocol: base latency once, then its steps' link
+                t += first.timing.base
+                clock.override[self.group] = simclock.Link(first.timing.hop, first.timing.bw)
             outer, clock.cursor = clock.cursor, t
             try:
                 while True:
@@ -210,6 +214,7 @@ class Pending:
                     t = max([t] + sends + ([clock.receive_round(self.group, receives)] if receives else []))
             finally:
                 clock.cursor = outer
+                clock.override.pop(self.group, None)
             first.done, first.ended_at = True, t
             clock.stream_free[self.group] = t
             clock.comm_busy(t - start)

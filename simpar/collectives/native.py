@@ -36,7 +36,8 @@ def mpi_allreduce_rounds(
     )
     clock = comm.runtime.clock
     if clock is not None:  # its messages are hidden: the closed-form time on the stream instead
-        clock.cursor += closed_form_seconds(n, p, bpe, comm.group_link(), clock.profile.gamma)
+        gamma = clock.profile.gamma if clock.profile.reduce_gamma is None else clock.profile.reduce_gamma
+        clock.cursor += closed_form_seconds(n, p, bpe, comm.group_link(), gamma)
     yield []  # one round with nothing left to wait for
 
 

@@ -28,7 +28,7 @@ PRECISIONS = ("fp32", "mixed-fp16", "mixed-bf16")  # fp32: everything in --dtype
 ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 RECOMPUTE = ("none", "full", "selective")
-COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi")
+COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi", "auto")  # auto: the ring, priced as NCCL picks
 ALLTOALLS = ("pairwise", "bruck")  # expert parallelism's all-to-all (collectives/alltoall.py, bruck.py)
 KERNELS = ("auto", "numpy", "numba", "cuda")
 DATA_SOURCES = ("local", "root")
@@ -169,7 +169,7 @@ class Time:
     hardware: str = option(
         "local",
         help="the profile of the cost model's prediction in the metrics and of --clock sim: local | "
-        "dgx-h100 | ib-cluster | ethernet-100g | FILE.json",
+        "dgx-h100 | h200 | dgx-a100 | ib-cluster | ethernet-100g | FILE.json",
     )
     compute: str = option(
         "model",

@@ -18,7 +18,11 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
   steptime.py     those pieces in a schedule's order: one step's time as max-plus recurrences
   predict.py      the time model, the whole prediction (predict) and the comparison with a run
                   (predict_from_config, mismatches)
-  hardware.py     hardware profiles (local, dgx-h100, ib-cluster, ethernet-100g, FILE.json) and links
+  hardware.py     hardware profiles (local, dgx-h100, h200, dgx-a100, ib-cluster, ethernet-100g,
+                  FILE.json) and links
+  gpus.py         every number of the GPU presets, each with its source
+  nccl.py         a collective as NCCL runs it (protocols, NVLink SHARP, rails), a GEMM by its shape:
+                  plain arithmetic the simulated clock and `simpar validate` call too
   compare.py      rank every layout of N ranks (`plan --compare`) and explain the winner
 
 No printing and no command line here: `simpar plan` (cli/plan.py) is the front end.

@@ -4,9 +4,11 @@ the optimizer (RankCosts); steptime.py puts these pieces in a schedule's order.
 
 Costs are the alpha-beta-gamma model (Thakur, Rabenseifner & Gropp 2005) on a hardware profile:
 a collective costs rounds x alpha + bytes on its critical path x beta + bytes reduced x gamma on
-its group's link; compute is matmul FLOPs / FLOP rate plus memory-bound bytes x gamma / 3 plus a
-per-layer call overhead (work.layer_work says which bytes). Ranks that share cores compute slower,
-and memory-bound work slows when every core streams at once (Hardware.stream_share).
+its group's link; on GPU profiles a ring collective is priced as NCCL runs it (op_time: protocols,
+NVLink SHARP under --collectives auto, the reduction inside the copy: nccl.py); compute is matmul
+FLOPs / FLOP rate plus memory-bound bytes x gamma / 3 plus a per-layer call overhead
+(work.layer_work says which bytes). Ranks that share cores compute slower, and memory-bound work
+slows when every core streams at once (Hardware.stream_share).
 """
 
 from __future__ import annotations
@@ -17,8 +19,23 @@ from .spec import Spec, dp_bucket_layers
 from .work import layer_work, loss_bytes, optimizer_bytes
 
 
-def op_time(cost: Cost, link, gamma: float) -> dict:
-    """Latency + bandwidth + reduction terms of one op on the critical path (Thakur et al. 2005)."""
+def op_time(cost: Cost, link, gamma: float, ring: bool = False, nvls: bool = False) -> dict:
+    """Latency + bandwidth + reduction terms of one op on the critical path (Thakur et al. 2005).
+
+    `ring`: the op is a ring collective as NCCL runs it (--collectives ring or auto, ZeRO's and --sp's
+    halves): on a profile with a protocol table (GPUs, nccl.py) each call pays the chosen protocol's
+    base latency, each step its per-step latency, and the bytes its bandwidth -- the protocol picked
+    by the bytes per step, as the simulated clock picks it (collectives/base.py); `nvls` (--collectives
+    auto) lets an all-reduce on one NVSwitch node take NVLink SHARP. Other algorithms: alpha, beta."""
+    tuning = getattr(link, "tuning", None)
+    if ring and cost.rounds and tuning is not None and tuning.proto:
+        latency = bandwidth = 0.0
+        calls = cost.calls or ((cost.rounds, cost.round_elems, cost.reduced, 1),)
+        for rounds, round_bytes, reduced, count in calls:  # each call by its own size
+            t = tuning.choose(ring_kind(reduced, round_bytes), round_bytes / rounds, nvls=nvls)
+            latency += count * (t.base + rounds * t.hop)
+            bandwidth += count * round_bytes / t.bw
+        return {"latency": latency, "bandwidth": bandwidth, "reduction": cost.reduced * gamma}
     return {
         "latency": cost.rounds * link.alpha,
         "bandwidth": cost.round_elems * link.beta,
@@ -26,8 +43,42 @@ def op_time(cost: Cost, link, gamma: float) -> dict:
     }
 
 
-def seconds(cost: Cost, link, gamma: float) -> float:
-    return sum(op_time(cost, link, gamma).values())
+def ring_kind(reduced: float, round_elems: float) -> str:
+    """Which ring collective one call is: all-gather reduces nothing, reduce-scatter reduces every
+    chunk it passes on, all-reduce passes each chunk twice and reduces it once."""
+    if reduced == 0:
+        return "all-gather"
+    return "reduce-scatter" if reduced == round_elems else "all-reduce"
+
+
+def collective_gamma(hw) -> float:
+    """Seconds per byte a collective's reduction adds: none on GPUs, where it runs inside the copy
+    kernel (Hardware.reduce_in_transfer); gamma on the CPU, where the same core does both."""
+    return 0.0 if hw.reduce_in_transfer else hw.gamma
+
+
+def seconds(cost: Cost, link, gamma: float, ring: bool = False, nvls: bool = False) -> float:
+    return sum(op_time(cost, link, gamma, ring, nvls).values())
+
+
+def ring_algorithm(spec) -> bool:
+    """--collectives ring or auto: the all-reduces are NCCL's ring (auto: or NVLink SHARP)."""
+    return spec.collectives in ("ring", "auto")
+
+
+RING_HALVES = ("grad-reduce-scatter", "param-all-gather", "sp-gather", "sp-scatter")  # always the ring
+ALLREDUCE_OPS = (
+    "grad-allreduce",
+    "tp-f-allreduce",
+    "tp-g-allreduce",
+    "sp-grad-allreduce",
+    "expert-grad-allreduce",
+)
+
+
+def ring_op(spec, op: str) -> bool:
+    """Whether the ledger op `op` runs as a ring collective (priced by op_time's NCCL branch)."""
+    return op in RING_HALVES or (op in ALLREDUCE_OPS and ring_algorithm(spec))
 
 
 class RankCosts:
@@ -62,20 +113,21 @@ class RankCosts:
         return self._memo[key]
 
     def _tp(self, n: int) -> float:
-        cost = ALLREDUCE[self.spec.collectives](n, self.spec.tp, self.t)
-        return (
-            seconds(to_bytes(cost, self.spec.prec.act), self.links["tp"], self.hw.gamma)
-            if cost.messages
-            else 0.0
-        )
+        return self._seconds(ALLREDUCE[self.spec.collectives](n, self.spec.tp, self.t), self.spec.prec.act)
 
-    def _seconds(self, cost: Cost, elem_bytes: int) -> float:
-        return seconds(to_bytes(cost, elem_bytes), self.links["tp"], self.hw.gamma) if cost.messages else 0.0
+    def _seconds(self, cost: Cost, elem_bytes: int, ring: bool | None = None, group: str = "tp") -> float:
+        """Seconds of one of this rank's collectives (`ring`: default, --collectives ring or auto)."""
+        if not cost.messages:
+            return 0.0
+        ring = ring_algorithm(self.spec) if ring is None else ring
+        nvls = self.spec.collectives == "auto"
+        return seconds(to_bytes(cost, elem_bytes), self.links[group], collective_gamma(self.hw), ring, nvls)
 
     def _block(self, r: int, i: int, phase: str) -> float:
         """resmlp under --tp: a block's g (forward) or f (backward), or --sp's gather + scatter."""
         return sum(
-            self._seconds(c, self.spec.prec.act) for _, c in block_collectives(self.spec, r, i, self.t, phase)
+            self._seconds(c, self.spec.prec.act, ring_algorithm(self.spec) or op.startswith("sp-"))
+            for op, c in block_collectives(self.spec, r, i, self.t, phase)
         )
 
     def forward_tp(self, r: int) -> float:
@@ -170,5 +222,5 @@ class RankCosts:
         out = []
         for layers in dp_bucket_layers(s_sizes, spec.prec.grad, spec.bucket_mb):
             cost = ALLREDUCE[spec.collectives](sum(s_sizes[i] for i in layers), spec.dp, d)
-            out.append((layers, seconds(to_bytes(cost, spec.prec.grad), self.links["dp"], self.hw.gamma)))
+            out.append((layers, self._seconds(cost, spec.prec.grad, group="dp")))
         return out

@@ -19,7 +19,7 @@ the slowest link, elements reduced) for the alpha-beta-gamma time model in costm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # -- collective volumes (elements), per rank --------------------------------------------------------
 
@@ -48,6 +48,10 @@ class Cost:
     reduced: int = 0
     rounds: int = 0
     round_elems: int = 0
+    # the calls summed into this Cost once in bytes (to_bytes): (rounds, round bytes, reduced bytes,
+    # how many such calls) each -- so that a time model that prices each call by its size (NCCL's
+    # protocols, chunktime.op_time) can, after a step's calls of different sizes were added up
+    calls: tuple = field(default=(), compare=False)
 
     def __add__(self, o: "Cost") -> "Cost":
         return Cost(
@@ -56,6 +60,7 @@ class Cost:
             self.reduced + o.reduced,
             self.rounds + o.rounds,
             self.round_elems + o.round_elems,
+            self.calls + o.calls,
         )
 
 
@@ -148,6 +153,7 @@ ALLREDUCE = {
     "tree": tree_allreduce,
     "ps": ps_allreduce,
     "mpi": mpi_allreduce,
+    "auto": ring_allreduce,  # the ring's bytes; its time as NCCL's tuner picks (chunktime.op_time, nccl.py)
 }
 
 
@@ -189,6 +195,13 @@ ALLTOALL = {"pairwise": pairwise_alltoall, "bruck": bruck_alltoall}
 def to_bytes(cost: Cost, elem_bytes: int, times: int = 1) -> Cost:
     """Elements -> bytes (messages and rounds stay counts), `times` repetitions."""
     k = times * elem_bytes
+    one = ((cost.rounds, cost.round_elems, cost.reduced, 1),) if cost.rounds else ()
+    calls = tuple((r, b * elem_bytes, red * elem_bytes, n * times) for r, b, red, n in cost.calls or one)
     return Cost(
-        cost.sent * k, cost.messages * times, cost.reduced * k, cost.rounds * times, cost.round_elems * k
+        cost.sent * k,
+        cost.messages * times,
+        cost.reduced * k,
+        cost.rounds * times,
+        cost.round_elems * k,
+        calls,
     )

@@ -15,12 +15,15 @@ Profiles:
   local          this machine, measured by `python -m simpar bench --calibrate` (simpar/bench/calibrate.py)
                  and cached in ~/.cache/simpar/hardware-local.json; documented defaults if there is no cache.
   dgx-h100       one DGX H100 node: 8 H100 SXM GPUs on NVLink 4 (NVSwitch).
+  h200           one node of 8 H200 SXM GPUs (NVLink 4, NVSwitch; 141 GB HBM3e).
+  dgx-a100       one DGX A100 node: 8 A100 SXM4 80GB on NVLink 3 (NVSwitch).
   ib-cluster     DGX H100 nodes joined by 400 Gb/s NDR InfiniBand, one ConnectX-7 NIC per GPU.
   ethernet-100g  8-GPU H100 nodes with a single 100 Gb/s Ethernet NIC (RoCE) per node.
   FILE.json      your own: the keys of `Hardware` (see `to_dict`), e.g. a calibrated file.
 
-Every number below says where it comes from. Peak numbers are vendor spec sheets; "achievable"
-fractions are the usual rule of thumb, stated as such -- change them in a JSON file if you know better.
+Every GPU number says where it comes from (gpus.py); on GPU profiles a collective is priced the way
+NCCL runs it (nccl.py: protocols, NVLink SHARP, every rail of a node), and `python -m simpar validate`
+holds the profiles to published measurements (validation/).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import SimparError
 from ..files import read_json
+from . import gpus, nccl
 
 GB = 1e9
 
@@ -61,6 +65,16 @@ class Hardware:
     host_progress: bool = False  # True for local: a collective moves only while its rank is inside MPI
     # (no spare core, no DMA engine), so a DDP bucket started during backward runs when the rank waits
     # for it, on the rank's own time. False for GPUs: NCCL's kernels run beside compute on their streams.
+    # GPU profiles (gpus.py; nccl.py says how they are used; empty/0 on `local`: plain alpha-beta-gamma)
+    ring_proto: dict = field(default_factory=dict)  # NCCL protocol -> [base s, step s NVLink, step s net,
+    # share of the bus bandwidth, ceiling on 1, 2, more nodes (0: none)]
+    nvls_bw: float = 0.0  # NVLink SHARP all-reduce algorithm bandwidth, bytes/s (0: none)
+    nvls_lat: float = 0.0  # s, its latency
+    nvls_min_ranks: int = 0  # NCCL uses NVLS above this many GPUs less one
+    reduce_in_transfer: bool = False  # True on GPUs: a collective's reduction runs inside its copy kernel
+    launch_s: float = 0.0  # s per kernel launch (the host's cost)
+    sms: int = 0  # streaming multiprocessors: GEMM tiles run one per SM
+    gemm_tile: dict = field(default_factory=dict)  # precision -> output elements per GEMM tile
 
     def compute_share(self, ranks_per_node: int) -> float:
         """The fraction of a device one rank gets: 1; or cores/ranks when ranks outnumber cores
@@ -84,84 +98,8 @@ class Hardware:
 
 
 # -- presets -----------------------------------------------------------------------------------------
-
-# H100 SXM5 (NVIDIA H100 Tensor Core GPU datasheet): dense peaks, no sparsity --
-#   FP64 tensor core 67 TFLOP/s, TF32 tensor core 494.5 TFLOP/s, BF16/FP16 tensor core 989.4 TFLOP/s;
-#   80 GB HBM3 at 3.35 TB/s; NVLink 4: 900 GB/s per GPU, i.e. 450 GB/s per direction.
-# Achievable fraction: 50% of the dense peak for the large GEMMs of training (a model-FLOP
-# utilisation of 40-55% is what well-tuned LLM training reports, e.g. the PaLM and Megatron papers).
-_H100_FLOPS = {"fp64": 0.5 * 67e12, "fp32": 0.5 * 494.5e12, "mixed": 0.5 * 989.4e12}
-# A reduction reads two operands and writes one: 3 bytes of HBM traffic per byte reduced at 3.35 TB/s.
-_H100_GAMMA = 3 / 3.35e12
-_NVLINK_SOURCES = [
-    "NVIDIA H100 Tensor Core GPU datasheet: 989.4 TFLOP/s dense BF16, 67 TFLOP/s FP64 TC, "
-    "80 GB HBM3 3.35 TB/s",
-    "NVLink 4 / NVSwitch (DGX H100 user guide): 900 GB/s per GPU bidirectional = 450 GB/s per direction; "
-    "we assume 80% of it (360 GB/s), the bus bandwidth nccl-tests typically reports for all-reduce "
-    "on DGX H100",
-    "latency: NCCL's per-hop launch+sync cost on NVLink is a few microseconds; 3 us assumed",
-    "achievable compute: 50% of the dense peak (typical model-FLOP utilisation of large-model training)",
-]
-
-PRESETS = {
-    "dgx-h100": Hardware(
-        name="dgx-h100",
-        description="1 DGX H100 node: 8 x H100 SXM on NVLink 4",
-        flops=_H100_FLOPS,
-        gamma=_H100_GAMMA,
-        intra_alpha=3e-6,
-        intra_bw=360 * GB,
-        devices_per_node=8,
-        inter_alpha=5e-6,
-        nic_bw=45 * GB,
-        nics_per_node=8,
-        memory_bytes=80e9,
-        intra_name="NVLink4",
-        inter_name="IB-NDR",
-        sources=_NVLINK_SOURCES,
-    ),
-    "ib-cluster": Hardware(
-        name="ib-cluster",
-        description="DGX H100 nodes (8 GPUs, NVLink 4) joined by 400 Gb/s NDR InfiniBand, 1 NIC per GPU",
-        flops=_H100_FLOPS,
-        gamma=_H100_GAMMA,
-        intra_alpha=3e-6,
-        intra_bw=360 * GB,
-        devices_per_node=8,
-        inter_alpha=6e-6,
-        nic_bw=45 * GB,
-        nics_per_node=8,
-        memory_bytes=80e9,
-        intra_name="NVLink4",
-        inter_name="IB-NDR",
-        sources=_NVLINK_SOURCES
-        + [
-            "NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s = 50 GB/s per port per direction; DGX H100 has 8 "
-            "compute NICs, one per GPU; we assume 90% (45 GB/s) achievable",
-            "latency: ~1-2 us IB hardware + NCCL proxy overhead; 6 us assumed per inter-node message",
-        ],
-    ),
-    "ethernet-100g": Hardware(
-        name="ethernet-100g",
-        description="8 x H100 nodes with ONE 100 Gb/s Ethernet NIC (RoCE v2) per node",
-        flops=_H100_FLOPS,
-        gamma=_H100_GAMMA,
-        intra_alpha=3e-6,
-        intra_bw=360 * GB,
-        devices_per_node=8,
-        inter_alpha=20e-6,
-        nic_bw=11 * GB,
-        nics_per_node=1,
-        memory_bytes=80e9,
-        intra_name="NVLink4",
-        inter_name="100GbE",
-        sources=_NVLINK_SOURCES
-        + [
-            "100 GbE (IEEE 802.3 100GBASE): 12.5 GB/s per direction; ~88% achievable with RoCE v2 (11 GB/s)",
-            "latency: RoCE ~5-10 us, TCP 20-50 us; 20 us assumed (NCCL over sockets/RoCE)",
-        ],
-    ),
-}
+# Every GPU number, with its source, is in gpus.py; `simpar validate` checks them against validation/.
+PRESETS = {name: Hardware(**spec) for name, spec in gpus.PRESETS.items()}
 
 # What `local` is when nothing was calibrated: one core of a 2020s x86 laptop/server running
 # NumPy + OpenBLAS single-threaded (~25 GFLOP/s fp64, ~50 fp32 measured on the machine simpar was
@@ -237,6 +175,7 @@ class Link:
     name: str
     alpha: float  # s per message
     bw: float  # bytes/s per direction available to ONE flow of this group
+    tuning: nccl.GroupTuning | None = None  # how a collective on it is priced (nccl.py)
 
     @property
     def beta(self) -> float:
@@ -262,8 +201,26 @@ def group_link(hw: Hardware, kind: str, dp: int, tp: int, pp: int) -> Link:
     G = hw.devices_per_node
     stride, size = {"tp": (1, tp), "dp": (tp, dp), "pp": (tp * dp, pp), "world": (1, dp * tp * pp)}[kind]
     if stride * size <= G or hw.nics_per_node <= 0:
-        return Link(hw.intra_name, hw.intra_alpha, hw.intra_bw)
+        return Link(
+            hw.intra_name,
+            hw.intra_alpha,
+            hw.intra_bw,
+            tuning=tuning(hw, size, 1, hw.intra_bw, hw.intra_alpha),
+        )
     members_per_node = max(1, min(size, G // stride)) if stride <= G else 1
     flows = max(1, G // members_per_node)
-    per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
-    return Link(hw.inter_name, hw.inter_alpha, per_flow)
+    if hw.ring_proto:  # NCCL: one rail per member, its share of the NICs, at most the NVLink ring
+        per_flow = nccl.rail_bandwidth(hw.intra_bw, hw.nic_bw, hw.nics_per_node, members_per_node, flows)
+    else:
+        per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
+    nodes = -(-size // members_per_node)
+    return Link(
+        hw.inter_name, hw.inter_alpha, per_flow, tuning=tuning(hw, size, nodes, per_flow, hw.inter_alpha)
+    )
+
+
+def tuning(hw: Hardware, p: int, nodes: int, bw: float, alpha: float) -> nccl.GroupTuning:
+    """The numbers NCCL's tuner prices a group's collectives with (nccl.GroupTuning): on `local` just
+    the link's alpha and bandwidth; on GPU profiles the protocol table and NVLink SHARP."""
+    proto = tuple((k, *v) for k, v in hw.ring_proto.items())
+    return nccl.GroupTuning(p, nodes, bw, alpha, proto, hw.nvls_bw, hw.nvls_lat, hw.nvls_min_ranks)

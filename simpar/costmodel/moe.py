@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+from .chunktime import op_time, ring_op
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
 from .rank import Book, _book_root_scatter
 from .spec import Spec
@@ -197,11 +198,12 @@ def predict_moe(spec: Spec, hw, routing: dict | None = None, steps: int = 1, imb
             if cat(op) in sent:
                 sent[cat(op)] += c.sent
                 messages[cat(op)] += c.messages
+        # the gradient all-reduces as the ring runs them (on GPU profiles: NCCL's protocols, chunktime)
         comm_s = (
             0.0
             if link is None
             else sum(
-                c.rounds * link.alpha + c.round_elems * link.beta
+                sum(op_time(c, link, 0.0, ring_op(spec, op), spec.collectives == "auto").values())
                 for op, c in ops.items()
                 if CATEGORY.get(op) != "control"
             )

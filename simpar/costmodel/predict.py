@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..config import layout_name
 from . import hardware
-from .chunktime import RankCosts, op_time
+from .chunktime import RankCosts, collective_gamma, op_time, ring_op
 from .order import loss_stage, zb_v_orders
 from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check, coords_of, micro_rows
@@ -97,7 +97,8 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         rp = predict_rank(spec, r, shape)
         by_op, group_s = {}, {g: 0.0 for g in links}
         for (cat, op, group), c in sorted(rp["ops"].items()):
-            terms = op_time(c, links[group], hw.gamma)
+            nvls = spec.collectives == "auto"
+            terms = op_time(c, links[group], collective_gamma(hw), ring_op(spec, op), nvls)
             key, seconds = f"{cat}/{op}", sum(terms.values())
             by_op[key] = {"sent": c.sent, "messages": c.messages, "link": links[group].name, "time_s": terms}
             group_s[group] += seconds

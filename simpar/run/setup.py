@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 
 import numpy as np
 
@@ -172,9 +173,19 @@ def start_clock(cfg: RunConfig, world: Communicator):
     precision = precision_of(cfg)  # mixed: the profile's half-precision FLOP rate
     # Ranks that outnumber a node's cores share them (the local profile): each computes that much slower.
     share = hw.compute_share(min(world.size, hw.devices_per_node))
+    rails = bool(hw.ring_proto)  # GPU profiles: NCCL drives one rail per member of a group on a node
     network = Network(
-        hw.devices_per_node, hw.intra_alpha, hw.intra_bw, hw.inter_alpha, hw.nic_bw, hw.nics_per_node
+        hw.devices_per_node,
+        hw.intra_alpha,
+        hw.intra_bw,
+        hw.inter_alpha,
+        hw.nic_bw,
+        hw.nics_per_node,
+        rails=rails,
     )
+    # NCCL's tuner (costmodel/nccl.py) as a function of plain numbers: the clock hands it the group's
+    # size, node span and link, found from where its ranks sit; the profile's protocol table is data.
+    tuner = partial(hardware.tuning, hw) if hw.ring_proto else None
     local = hardware.load("local")
     profile = simclock.Profile(
         name=hw.name,
@@ -187,6 +198,8 @@ def start_clock(cfg: RunConfig, world: Communicator):
         network=network,
         measured_scale=local.flop_rate(precision) / hw.flop_rate(precision),
         host_progress=hw.host_progress,
+        tuner=tuner,
+        reduce_gamma=0.0 if hw.reduce_in_transfer else None,
     )
     clock = world.runtime.clock = simclock.SimClock(profile, measured=cfg.compute == "measured")
     world.enable_headers()

@@ -129,6 +129,11 @@ class Communicator:
             return clock.profile.links[self.name]
         return clock.profile.network.group_link(self.world_ranks[self.rank], list(self.world_ranks))
 
+    def node_span(self) -> int:
+        """How many nodes the group's ranks sit on (1 with fixed links: the profile says nothing)."""
+        network = self.runtime.clock.profile.network
+        return 1 if network is None else network.node_span(list(self.world_ranks))
+
     def enable_headers(self) -> None:
         """Under the simulated clock, messages carry their arrival time in a header message on a
         duplicate communicator (collective: every rank of the group calls it, as train.py does)."""

@@ -46,6 +46,7 @@ class Network:
     nic_bw: float = 0.0
     nics_per_node: int = 0
     per_hop: bool = False  # True: each message's own two nodes decide; False: its group's span
+    rails: bool = False  # GPU profiles: a group drives one rail (NIC) per member it has on a node
 
     def node_of(self, world_rank: int) -> int:
         return world_rank // self.devices_per_node
@@ -69,5 +70,12 @@ class Network:
     def _inter(self, src: int, members: list[int]) -> Link:
         on_node = sum(self.node_of(r) == self.node_of(src) for r in members)
         flows = max(1, self.devices_per_node // max(1, on_node))
-        per_flow = min(self.nic_bw, self.nics_per_node * self.nic_bw / flows)
+        if self.rails:  # NCCL's channels leave through every member's own NIC, at most the NVLink ring
+            per_flow = min(self.intra_bw, min(on_node, self.nics_per_node / flows) * self.nic_bw)
+        else:
+            per_flow = min(self.nic_bw, self.nics_per_node * self.nic_bw / flows)
         return Link(self.inter_alpha, per_flow)
+
+    def node_span(self, members: list[int]) -> int:
+        """How many nodes a group's ranks sit on (1 without network cards: one machine)."""
+        return 1 if self.nics_per_node <= 0 else len({self.node_of(r) for r in members})

@@ -31,6 +31,10 @@ simulators such as SimGrid/SMPI, applied at the one choke point simpar already h
   group inside one node talks over the intra-node link, a group that spans nodes over the node's
   network cards (its slowest hop; Network.per_hop: each message's own two nodes instead); a profile
   given fixed `links` per group name (tests) uses those.
+  On GPU profiles a ring collective's messages use the protocol NCCL's tuner would pick for it
+  (`Profile.tuner`: costmodel/nccl.py's tuner as a function of plain numbers, handed in by run/setup.py;
+  the clock gives it the group's size, node span and link from where its ranks sit): its per-step
+  latency and bandwidth, plus its base latency once when the collective starts.
 * Collectives run on one communication stream per rank and group (tp, dp, pp, world), as NCCL runs
   a communicator's kernels on a CUDA stream: in the order they were started, each beginning when
   the previous one on that group ended and not before the rank started it; their rounds are chained by
@@ -70,6 +74,8 @@ class Profile:
     stream_share: float = 0.0  # memory-bound work's share (Hardware.stream_share); 0: compute_share
     host_progress: bool = False  # Hardware.host_progress: a collective runs when its rank waits for it
     network: Network | None = None  # where ranks sit: each message's link from its two ranks' nodes
+    tuner: object = None  # GPU profiles: (p, nodes, bw, alpha) -> NCCL's choices for a group (nccl.py)
+    reduce_gamma: float | None = None  # s per byte a collective's reduction adds (None: gamma; 0 on GPUs)
 
 
 @dataclass
@@ -92,6 +98,7 @@ class SimClock:
         self.cursor: float | None = None  # set while a collective runs: its own time on the stream
         self.link_free: dict = {}  # group -> when this rank's outgoing link in that group is free again
         self.in_flight: dict = {}  # group -> started collectives not finished yet, oldest first
+        self.override: dict = {}  # group -> Link of the protocol the running collective uses (GPU profiles)
         self.headers_sent = 0
         self.steps: list[StepTimes] = []
         self._step = StepTimes()
@@ -127,8 +134,10 @@ class SimClock:
             self._step.compute_s += seconds
 
     def reduce(self, nbytes: int) -> None:
-        """`dst += src` of nbytes inside a collective: on the stream while one runs."""
-        seconds = nbytes * self.profile.gamma
+        """`dst += src` of nbytes inside a collective: on the stream while one runs (on GPU profiles
+        free: NCCL reduces inside the copy kernel, its cost is in the protocol's bandwidth)."""
+        gamma = self.profile.gamma if self.profile.reduce_gamma is None else self.profile.reduce_gamma
+        seconds = nbytes * gamma
         if self.cursor is not None:
             self.cursor += seconds
         else:
@@ -142,10 +151,27 @@ class SimClock:
         self.sync_measured()
         return self.now
 
+    def link(self, group: str, link: Link | None = None) -> Link:
+        """The link a message on `group` uses now: the running collective's protocol, else its own
+        (`link`, Communicator.link_to), else the group's fixed link."""
+        return self.override.get(group) or link or self.profile.links[group]
+
+    def collective_timing(self, group: str, call: dict | None):
+        """How NCCL would run this collective on a GPU profile (the tuner chooses by its bytes per ring
+        step, ceil(n/p) elements, for a group of this size, node span and link). None on CPU profiles
+        and for algorithms other than the ring (their messages use their own links)."""
+        if self.profile.tuner is None or not call or not call.get("ring") or call["comm"].size < 2:
+            return None
+        comm = call["comm"]
+        link = comm.group_link()
+        tuning = self.profile.tuner(comm.size, comm.node_span(), link.bandwidth, link.alpha)
+        size, p = call["dtype"].itemsize, comm.size
+        step = -(-(call["nbytes"] // size) // p) * size
+        return tuning.choose(call["kind"], step, nvls=call.get("nvls", False))
+
     def send(self, group: str, peer: int, nbytes: int, link: Link | None = None) -> tuple[float, float]:
-        """(when the last byte has left, when it arrives) of a message posted now on `group`: on
-        `link` (the message's own, Communicator.link_to), else the group's fixed link."""
-        link = link or self.profile.links[group]
+        """(when the last byte has left, when it arrives) of a message posted now on `group` (see link)."""
+        link = self.link(group, link)
         depart = max(self.issue_time(), self.link_free.get(group, 0.0))
         on_wire = nbytes / link.bandwidth
         self.link_free[group] = depart + on_wire
@@ -155,9 +181,12 @@ class SimClock:
         """When the last of several messages received at once (one round of a collective) has
         arrived: they share this rank's incoming link, so their bytes arrive one after another."""
         data_end, done = float("-inf"), float("-inf")
+        over = self.override.get(group)
         fixed = self.profile.links[group].alpha if group in self.profile.links else None
         own = lambda sim: fixed if getattr(sim, "alpha", None) is None else sim.alpha  # its link's alpha
-        timed = sorted((sim.transfer_start(), sim.completion(), own(sim)) for sim in receives)
+        timed = sorted(
+            (sim.transfer_start(), sim.completion(), over.alpha if over else own(sim)) for sim in receives
+        )
         for start, arrival, alpha in timed:
             wire = arrival - alpha - start
             data_end = max(start + wire, data_end + wire)

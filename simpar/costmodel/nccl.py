@@ -1,0 +1,145 @@
+"""What a collective costs the way NCCL runs it: protocols, NVLink SHARP, rails; a GEMM by its shape.
+
+Part of the cost model: plain arithmetic on plain numbers, so that the closed form (chunktime.py,
+predict.py), the simulated clock (simclock.py, collectives/base.py) and `simpar validate` all call the
+same functions. Every constant lives in a hardware profile (gpus.py), each with its source.
+
+NCCL moves a ring collective in steps: an all-reduce over p ranks takes 2(p-1) steps, an all-gather or
+reduce-scatter p-1, each moving 1/p of the buffer to the next rank. Its tuner (src/graph/tuning.cc)
+prices each algorithm x protocol as
+
+    time = base latency + steps x per-step latency + bytes on the bus / bus bandwidth
+
+and runs the cheapest. The three protocols trade latency for bandwidth:
+    LL      8-byte stores, half of them flags: lowest latency, half the bandwidth, capped per GPU
+            generation and node count (llMaxBws)
+    LL128   128-byte lines with a flag: middle latency, 92% of the bandwidth
+    Simple  bulk copies behind a fence: highest latency, all the bandwidth
+A step that crosses nodes costs the network's per-step latency instead of NVLink's.
+
+NVLink SHARP (NVLS, Hopper + NVSwitch): the switch adds the operands up and multicasts the sum, so an
+all-reduce costs about (base latency) + bytes / (its algorithm bandwidth), nearly the same for 5 to 8
+GPUs; NCCL uses it only for all-reduce, on one node, above 4 GPUs.
+
+Rails: each GPU of a DGX has its own NIC. NCCL's ring over several nodes runs many channels, each
+leaving the node through a different NIC, so a group with m members on each node drives m rails:
+its bus bandwidth is min(NVLink ring, m x NIC) (the multi-node points in validation/ agree).
+
+The reduction inside a GPU collective runs in the same kernel as the copy (its cost is in the bus
+bandwidth); on the CPU profile `local` it is charged apart, at gamma per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One way to run a collective: `base` once, then per step `hop` + step bytes / `bw`."""
+
+    name: str
+    base: float  # s, once per collective
+    hop: float  # s, per step
+    bw: float  # bytes/s on the bus (per rank and direction)
+
+    def seconds(self, steps: int, step_bytes: float) -> float:
+        return self.base + steps * (self.hop + step_bytes / self.bw)
+
+
+@dataclass(frozen=True)
+class GroupTuning:
+    """What NCCL's tuner knows of one group, as plain numbers: its size, how many nodes it spans,
+    its Simple-protocol bus bandwidth and link latency (hardware.group_link), and the profile's
+    protocol table. `proto` empty: the plain alpha-beta link (the `local` profile)."""
+
+    p: int
+    nodes: int
+    bw: float
+    alpha: float
+    proto: tuple = ()  # ((name, base_s, hop_intra_s, hop_inter_s, bw share, LL ceilings...), ...)
+    nvls_bw: float = 0.0  # NVLS all-reduce algorithm bandwidth, bytes/s (0: no NVSwitch multicast)
+    nvls_lat: float = 0.0
+    nvls_min: int = 0
+
+    def options(self, kind: str, nvls: bool = True) -> list[Timing]:
+        """Every (algorithm, protocol) NCCL could run a `kind` collective with on this group."""
+        if not self.proto:
+            return [Timing("alpha-beta", 0.0, self.alpha, self.bw)]
+        out = []
+        for name, base, hop_intra, hop_inter, share, *ceiling in self.proto:
+            bw = self.bw * share
+            cap = ceiling[min(self.nodes, 3) - 1] if ceiling else 0.0
+            if cap:  # LL's ceiling for this many nodes (tuning.cc llMaxBws)
+                bw = min(bw, cap)
+            hop = (
+                hop_intra
+                if self.p < 2
+                else ((self.p - self.nodes) * hop_intra + (self.nodes - 1) * hop_inter) / (self.p - 1)
+            )
+            out.append(Timing(name, base, hop, bw))
+        if nvls and kind == "all-reduce" and self.nvls_bw and self.nodes == 1 and self.p >= self.nvls_min:
+            # priced as the ring's 2(p-1) steps of S/p with no per-step latency: S / nvls_bw in all
+            out.append(Timing("NVLS", self.nvls_lat, 0.0, self.nvls_bw * 2 * (self.p - 1) / self.p))
+        return out
+
+    def choose(self, kind: str, step_bytes: float, nvls: bool = True, only: str = "") -> Timing:
+        """The cheapest option for a ring collective moving `step_bytes` per step, as NCCL's tuner
+        picks (`only`: a protocol forced, as NCCL_PROTO does). The choice depends on the step size,
+        so the closed form and the simulated clock, which both know it, always agree on it."""
+        steps = ring_steps(kind, self.p)
+        options = [t for t in self.options(kind, nvls) if not only or t.name == only]
+        return min(options, key=lambda t: t.seconds(steps, step_bytes))
+
+
+def ring_steps(kind: str, p: int) -> int:
+    """Steps of a ring collective: 2(p-1) for all-reduce, p-1 for all-gather, reduce-scatter and an
+    all-to-all done as p-1 exchanges; 1 for one send."""
+    if kind == "send-recv":
+        return 1
+    return 2 * (p - 1) if kind == "all-reduce" else p - 1
+
+
+def bus_factor(kind: str, p: int) -> float:
+    """nccl-tests' busbw = algbw x this (doc/PERFORMANCE.md): what each rank puts on the wire."""
+    if kind == "all-reduce":
+        return 2 * (p - 1) / p
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (p - 1) / p
+    return 1.0
+
+
+def rail_bandwidth(intra_bw: float, nic_bw: float, nics_per_node: int, members: int, groups: int) -> float:
+    """Bus bandwidth of a group that spans nodes with `members` ranks on each, `groups` such groups
+    sharing the node's NICs: each can drive one rail per member (every GPU has its own NIC), at most
+    its share of the node's NICs, and never faster than the NVLink ring inside the node."""
+    rails = min(members, nics_per_node / max(1, groups))
+    return min(intra_bw, rails * nic_bw)
+
+
+# -- compute ------------------------------------------------------------------------------------------
+
+
+def gemm_seconds(
+    m: int,
+    n: int,
+    k: int,
+    rate: float,
+    tile: float = 0.0,
+    sms: int = 0,
+    hbm: float = 0.0,
+    elem_bytes: int = 2,
+) -> float:
+    """A GEMM (m x k) @ (k x n) on a GPU: the larger of its FLOPs at the achievable rate, its operands
+    through memory, and one output tile's k-loop on one SM (a GEMM cannot end before the SM with the
+    last tile has computed it: the floor that makes small GEMMs slow; `tile` output elements per tile).
+    On a CPU profile (tile 0) it is the FLOPs at the rate."""
+    flops = 2.0 * m * n * k
+    t = flops / rate
+    if tile and sms:
+        t = max(t, 2.0 * tile * k / (rate / sms))
+    if hbm:
+        t = max(t, (m * k + k * n + m * n) * elem_bytes / hbm)
+    return t
