@@ -19,6 +19,7 @@ from .config_moe import moe_rules
 from .config_pipeline import pipeline_rules
 from .errors import SimparError
 from .errors import require as _require  # validate's many one-line rules
+from .flight import MIN_WATCHDOG_S
 
 DATASETS = ("digits", "synthetic", "mnist")
 OPTIMIZERS = ("sgd", "adam")
@@ -186,8 +187,16 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
         cfg.compute in COMPUTE_MODELS, f"unknown compute model {cfg.compute!r} (choose model or measured)"
     )
     _require(cfg.watchdog >= 0 and math.isfinite(cfg.watchdog), "--watchdog must be a number of seconds >= 0")
+    _require(  # a tinier limit fires on a healthy step: an error on a run that was fine
+        cfg.watchdog == 0 or cfg.watchdog >= MIN_WATCHDOG_S,
+        f"--watchdog {cfg.watchdog:g}: give at least {MIN_WATCHDOG_S:g} s, or 0 to turn it off",
+    )
     if cfg.inject:
         _require(parse_inject(cfg.inject)["rank"] < world_size, f"--inject {cfg.inject}: no such rank")
+        _require(  # a fault that never happens would teach nothing, silently
+            cfg.steps is None or parse_inject(cfg.inject)["step"] <= cfg.steps,
+            f"--inject {cfg.inject}: step {parse_inject(cfg.inject)['step']} is past --steps {cfg.steps}",
+        )
     _require(cfg.batch >= 1, f"--batch must be at least 1, got {cfg.batch}")
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number, got {cfg.lr}")
     _require(0 <= cfg.momentum < 1, f"--momentum must be in [0, 1), got {cfg.momentum}")
@@ -293,6 +302,8 @@ def parse_inject(text: str) -> dict:
             raise SimparError(usage) from None
     _require(set(fields) == set(INJECTIONS[kind]), usage)
     _require(fields["step"] >= 1 and fields["rank"] >= 0, usage)
+    seconds = fields.get("seconds", 0.0)
+    _require(math.isfinite(seconds) and seconds >= 0, f"--inject {text}: seconds must be a number >= 0")
     return {"kind": kind, **fields}
 
 

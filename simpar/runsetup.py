@@ -21,6 +21,7 @@ from .config import RunConfig, SimparError, parse_inject
 from .costmodel import hardware
 from .data import Dataset, load_dataset
 from .files import output_problem
+from .inputs import run_inputs
 
 
 def init_mpi():
@@ -88,7 +89,7 @@ def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset
 def check_outputs(cfg: RunConfig, world: Communicator) -> None:
     """Fail before training, not after it, if rank 0 will not be able to write an output file."""
     outputs = {"--metrics-out": cfg.metrics_out, "--weights-out": cfg.weights_out, "--trace": cfg.trace}
-    problem = output_problem(outputs) if world.rank == 0 else None
+    problem = output_problem(outputs, run_inputs(cfg)) if world.rank == 0 else None
     if world.rank == 0 and not problem and cfg.checkpoint_dir:
         try:  # create it, and clear what a killed writer left there
             checkpoint.prepare(cfg.checkpoint_dir)
@@ -118,8 +119,8 @@ def start_tracer(cfg, world):
 def start_recorder(cfg: RunConfig, world: Communicator):
     """The flight recorder and its watchdog (flight.py), and --check-collectives / --inject desync."""
     if world.rank == 0:
-        flight.clear_dumps()
-    world.barrier()  # nobody may dump before the old dumps are gone
+        flight.prune_dumps()  # this job's dumps go to a folder of its own; only old jobs' are pruned
+    world.barrier()
     recorder = flight.install(world.rank, world.size, cfg.watchdog)
     recorder.check_collectives = cfg.check_collectives
     recorder.progress_bar = not cfg.quiet

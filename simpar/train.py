@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import flight, simclock
+from . import console, flight, simclock
 from .agree import preflight
 from .comm import Communicator
 from .config import RunConfig, SimparError, parse_inject
@@ -88,6 +88,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
+            console.show_bar(self.bar)  # any error line clears it first (console.say)
 
     def update(self, loss: float) -> None:
         if self.bar is not None:

@@ -20,7 +20,8 @@ import os
 import sys
 import traceback
 
-from .. import flight
+from .. import console, flight, job
+from ..agree import same_command
 from ..config import SimparError
 from .base import Parser, finish_error, launcher_rank
 from .tour import add_tour_arguments, tour_command
@@ -46,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    console.safe_streams()
     try:
+        same_command(argv)  # first: ranks running different commands would wait for each other forever
         if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
             raise SimparError(f"unknown command {argv[0]!r} (choose from {', '.join(SUBCOMMANDS)})")
         if not argv or argv[0] not in SUBCOMMANDS + ("-h", "--help"):
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         return train_command(args) if args.command == "train" else tour_command(args)
     except SimparError as exc:
         return finish_error(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: one line, exit 130, no traceback on any rank
+        recorder = flight.last()
+        return console.interrupted(recorder.step + 1 if recorder else None, job.last_checkpoint())
     except BrokenPipeError:  # `simpar plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

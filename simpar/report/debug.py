@@ -23,8 +23,16 @@ import os
 from ..config import SimparError
 
 
+def newest_run(folder: str) -> str:
+    """`folder` itself if it holds dumps, else its newest job's folder (flight.py keeps one per job)."""
+    if glob.glob(os.path.join(folder, "rank-*.json")):
+        return folder
+    runs = [os.path.dirname(p) for p in glob.glob(os.path.join(folder, "*", "rank-*.json"))]
+    return max(runs, key=os.path.getmtime) if runs else folder
+
+
 def load_dumps(folder: str) -> dict[int, dict]:
-    paths = sorted(glob.glob(os.path.join(folder, "rank-*.json")))
+    paths = sorted(glob.glob(os.path.join(newest_run(folder), "rank-*.json")))
     if not paths:
         raise SimparError(f"{folder}: no flight-recorder dumps (rank-K.json) in it")
     dumps = {}
@@ -75,11 +83,10 @@ def collective_mismatches(dumps: dict[int, dict]) -> list[str]:
 
 def wait_chains(dumps: dict[int, dict], world_size: int) -> list[str]:
     """Who waits for whom, followed to the rank everyone is ultimately waiting for."""
-    lines, culprits = [], set()
+    lines = []
     for rank in sorted(dumps):
         w = dumps[rank].get("waiting")
         if w is None:
-            culprits.add(rank)
             last = dumps[rank]["events"][-1] if dumps[rank]["events"] else None
             lines.append(
                 f"rank {rank} waits for nobody at step {dumps[rank]['step'] + 1}: computing or stalled"
@@ -95,8 +102,17 @@ def wait_chains(dumps: dict[int, dict], world_size: int) -> list[str]:
     missing = [r for r in range(world_size) if r not in dumps]
     for r in missing:
         lines.append(f"rank {r} left no dump: it did not wait long enough to (stalled, killed, or computing)")
-    # follow rank -> peer it waits for, to the end of each chain
-    roots = set()
+    behind = behind_ranks(dumps, world_size)
+    if behind:
+        lines.append(f"=> behind: rank(s) {', '.join(map(str, behind))} (the others wait for them)")
+    return lines
+
+
+def behind_ranks(dumps: dict[int, dict], world_size: int) -> list[int]:
+    """The ranks everyone ultimately waits for: each chain rank -> the peer it waits for, followed to
+    its end (a rank waiting for nobody, or one that left no dump), plus every such rank itself."""
+    ends = {r for r in dumps if dumps[r].get("waiting") is None}
+    ends |= {r for r in range(world_size) if r not in dumps}
     for rank in sorted(dumps):
         seen, r = set(), rank
         while r in dumps and dumps[r].get("waiting") and isinstance(dumps[r]["waiting"].get("peer"), int):
@@ -105,14 +121,18 @@ def wait_chains(dumps: dict[int, dict], world_size: int) -> list[str]:
             seen.add(r)
             r = dumps[r]["waiting"]["peer"]
         if r != rank and (r not in dumps or dumps[r].get("waiting") is None):
-            roots.add(r)
-    behind = sorted(roots | culprits | set(missing))
-    if behind:
-        lines.append(f"=> behind: rank(s) {', '.join(map(str, behind))} (the others wait for them)")
-    return lines
+            ends.add(r)
+    return sorted(ends)
+
+
+def behind(folder: str) -> list[int]:
+    """The ranks the others wait for, from the dumps in `folder` (the watchdog's line names them)."""
+    dumps = load_dumps(folder)
+    return behind_ranks(dumps, max(d.get("world_size", 0) for d in dumps.values()))
 
 
 def analyze(folder: str) -> str:
+    folder = newest_run(folder)
     dumps = load_dumps(folder)
     world = max(d.get("world_size", 0) for d in dumps.values())
     mismatches = collective_mismatches(dumps)
