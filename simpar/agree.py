@@ -68,10 +68,14 @@ def same_config(cfg: RunConfig, world) -> None:
 
 
 def preflight(cfg: RunConfig, world) -> RunConfig:
-    """The checks before any training traffic: same options, valid options, model fits in memory."""
+    """The checks before any training traffic: same options, valid options, model fits in memory, and
+    the hardware profile (of the prediction in the metrics, and of --clock sim) is sound."""
     same_config(cfg, world)  # first: a differing option is the cause of any one-rank failure below
     together(world, validate, cfg, world.size)
     together(world, check_memory, cfg, world.size)
+    from .costmodel import hardware
+
+    together(world, hardware.load, cfg.hardware)  # a bad profile fails now, not after the last step
     return cfg
 
 

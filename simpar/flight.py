@@ -220,7 +220,7 @@ def _behind(recorder: FlightRecorder) -> str:
         ranks = behind(recorder.dump_dir)
     except Exception:  # noqa: BLE001  a dump being rewritten: the rank's own view still helps
         return ""
-    if not ranks:
+    if not ranks or ranks == [recorder.rank]:  # the reporter is the one behind: its own words say so
         return ""
     who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
     return f"{who} behind (the flight recorders agree); "

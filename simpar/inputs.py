@@ -20,14 +20,11 @@ def run_inputs(cfg) -> dict[str, str | None]:
         profile = hardware.cache_path()
     elif cfg.hardware not in hardware.PRESETS:
         profile = cfg.hardware
-    data = None
-    if cfg.dataset == "mnist":
-        data = cfg.data_dir
-    elif cfg.dataset == "digits":
-        data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.npz")
+    digits = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.npz")
     return {
         "the --hardware profile": profile,
-        "the data": data,
+        "the --data-dir": cfg.data_dir if cfg.dataset == "mnist" else None,
+        "the data file": digits if cfg.dataset == "digits" else None,
         "the --resume checkpoint": cfg.resume if cfg.resume != "auto" else None,
         "the --checkpoint-dir": cfg.checkpoint_dir,
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 from .. import console, flight, job
@@ -90,5 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SIMPAR_TRACEBACK"):
             traceback.print_exc()
         kind = "MPI error" if type(exc).__module__.startswith("mpi4py") else type(exc).__name__
+        if kind == "MPI error":  # often a peer that died: let its guardian (job.py) name it first
+            time.sleep(0.5)
         message = f"rank {launcher_rank()}: {kind}: {exc} (unexpected; SIMPAR_TRACEBACK=1 shows where)"
         flight.fatal(message if flight.first_to_report() else None)  # every rank may have hit it
