@@ -50,7 +50,7 @@ def clobber_problem(flag: str, path: str, inputs) -> str | None:
         src = os.path.realpath(source)
         if out == src or out.startswith(src.rstrip(os.sep) + os.sep):
             inside = "" if out == src else "inside "
-            return f"{flag} {path} is {inside}{what} {source}, which this run reads or keeps; write it elsewhere"
+            return f"{flag} {path} is {inside}{what} {source}, which this run reads or keeps; write elsewhere"
     return None
 
 
