@@ -127,6 +127,7 @@ def same_command(argv: list[str]) -> None:
     world = _mpi_world()
     if world is None:
         job.set_run_id(job.new_run_id())
+        job.start_guardian(0)
         return
     everyone = world.gather(list(argv), root=0)
     verdict = None
@@ -134,7 +135,7 @@ def same_command(argv: list[str]) -> None:
         verdict = (_command_problem(everyone), job.new_run_id())
     problem, run_id = world.bcast(verdict, root=0)
     job.set_run_id(run_id)
-    job.start_guardian(world.rank)
+    job.start_guardian(world.rank, world.size)
     if problem:
         raise SimparError(problem)
 

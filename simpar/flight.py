@@ -270,6 +270,7 @@ def fatal(message: str | None) -> None:
     with exit status 2 -- provided nothing of ours is left to print: the abort's own message to
     stdout/stderr is silenced by pointing both at /dev/null first."""
     if message is not None:
+        job.claim_report()  # so that no guardian (job.py) adds a line when the others are killed
         print_error(message)
     else:
         time.sleep(0.3)  # let a reporter's line out first

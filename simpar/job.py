@@ -78,8 +78,8 @@ def last_checkpoint() -> str | None:
 # -- the guardian ----------------------------------------------------------------------------------
 
 
-def start_guardian(rank: int) -> None:
-    """Start this rank's guardian (multi-rank jobs only; a lone process's death is seen by its shell)."""
+def start_guardian(rank: int, size: int = 1) -> None:
+    """Start this rank's guardian (a lone process gets one too: its shell would only say "Killed")."""
     global _guardian_fd
     if _guardian_fd is not None:
         return
@@ -88,7 +88,7 @@ def start_guardian(rank: int) -> None:
     code = f"import sys; sys.path.insert(0, {root!r}); from simpar.job import guard; guard()"
     try:
         subprocess.Popen(
-            [sys.executable, "-S", "-c", code, str(rank), run_id(), str(read_fd)],
+            [sys.executable, "-S", "-c", code, str(rank), str(size), run_id(), str(read_fd)],
             pass_fds=(read_fd,),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # stderr is kept: the rank's own, where its line belongs
@@ -121,7 +121,7 @@ def guard() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rank, run, fd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    rank, size, run, fd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     said = b""
     while True:
         try:
@@ -133,9 +133,10 @@ def guard() -> None:
         said += chunk
     if b"ok" in said or not claim_report(run):
         return
+    others = "; mpiexec ended the other ranks" if size > 1 else ""
     print(
         f"simpar: error: rank {rank} died without a word (killed by a signal, e.g. kill -9 or the "
-        "out-of-memory killer, or crashed in C code); mpiexec ended the other ranks",
+        f"out-of-memory killer, or crashed in C code){others}",
         file=sys.stderr,
         flush=True,
     )
