@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.test_hostile import DISK_FAULTS, command, env, rank_pid, wait_for
@@ -68,7 +68,8 @@ def reference(n, options) -> list:
     key = (n, tuple(options))
     if key not in _reference:
         with tempfile.TemporaryDirectory() as tmp:
-            res = run(n, ["train", *COMMON, *options, "--weights-out", "w.npz"], tmp)
+            args = ["train", *COMMON, *options, "--checkpoint-dir", "ck", "--weights-out", "w.npz"]
+            res = run(n, args, tmp)
             assert res.returncode == 0, res.stderr
             _reference[key] = weights(Path(tmp) / "w.npz")
     return _reference[key]
@@ -111,6 +112,8 @@ def faulted(n, options, fault, at, rank, delay, cwd: Path) -> subprocess.Complet
 @settings(
     max_examples=EXAMPLES,
     derandomize=True,  # a fixed seed: CI runs the same examples every time
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is a real job of seconds
+    report_multiple_bugs=False,
     deadline=None,
     database=None,
     suppress_health_check=list(HealthCheck),
