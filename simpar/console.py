@@ -30,10 +30,12 @@ def clear_bar() -> None:
             pass
 
 
-def say(line: str) -> None:
-    """Print one final line on stderr, on a line of its own."""
+def say(line: str, bar_elsewhere: bool = False) -> None:
+    """Print one final line on stderr, on a line of its own. `bar_elsewhere`: another rank (rank 0)
+    may have its bar on the shared terminal, which this process cannot erase: start a new line."""
+    start = "\n" if bar_elsewhere and _bar is None else ""
     clear_bar()
-    print(line, file=sys.stderr, flush=True)
+    print(f"{start}{line}", file=sys.stderr, flush=True)
 
 
 def safe_streams() -> None:
@@ -55,7 +57,11 @@ def interrupted(step: int | None, checkpoint: str | None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the goodbye
     if job.claim_report():
         where = f" at step {step}" if step is not None else ""
-        say(f"simpar: interrupted{where} (last checkpoint: {checkpoint or 'none'})")
+        recorder = flight.last()  # rank 0's bar may be on screen, drawn by another process
+        say(
+            f"simpar: interrupted{where} (last checkpoint: {checkpoint or 'none'})",
+            recorder and recorder.progress_bar,
+        )
     else:
         clear_bar()
     sys.stdout.flush()

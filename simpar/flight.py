@@ -260,7 +260,8 @@ def first_to_report() -> bool:
 
 def print_error(message: str) -> None:
     """The one line, starting on a line of its own even after rank 0's progress bar."""
-    console.say(f"simpar: error: {message}")
+    recorder = _active or _last  # run_training's finally may have uninstalled it already
+    console.say(f"simpar: error: {message}", bar_elsewhere=recorder is not None and recorder.progress_bar)
 
 
 def fatal(message: str | None) -> None:
