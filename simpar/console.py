@@ -7,7 +7,6 @@ the bar (`...6/20 [..loss=1.8475]simpar: error: ...`). One place, so no error pa
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -46,25 +45,18 @@ def safe_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
-def interrupted(step: int | None, checkpoint: str | None) -> int:
+def interrupted(step: int | None, checkpoint: str | None, bar_elsewhere: bool = False) -> int:
     """Ctrl-C (SIGINT, which mpiexec forwards to every rank): one line from one rank, exit 130 on all.
 
     The ranks may be anywhere -- inside a collective, or between two -- so they cannot finish MPI
     together: the first to claim the report says where the run stood, then every rank leaves at once
     (MPI_Abort with 130, the shell's code for SIGINT), its own output silenced as in flight.fatal."""
-    from . import flight, job
+    from . import job
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the goodbye
     if job.claim_report():
         where = f" at step {step}" if step is not None else ""
-        recorder = flight.last()  # rank 0's bar may be on screen, drawn by another process
-        say(
-            f"simpar: interrupted{where} (last checkpoint: {checkpoint or 'none'})",
-            recorder and recorder.progress_bar,
-        )
+        say(f"simpar: interrupted{where} (last checkpoint: {checkpoint or 'none'})", bar_elsewhere)
     else:
         clear_bar()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    flight.leave(130)
-    os._exit(130)  # not reached: leave() exits
+    job.leave(130)

@@ -36,7 +36,6 @@ SIZE = 512
 DEFAULT_WATCHDOG_S = 120.0
 DUMP_DIR = "simpar-flight"
 KEEP_RUNS = 5  # flight-recorder folders of earlier jobs kept (the newest), for `simpar debug`
-MIN_WATCHDOG_S = 1.0  # below this a healthy step, or the first Numba call, would look like a hang
 IO_GRACE_S = 120.0  # a checkpoint write may take this long before the watchdog calls it a hang
 
 _active: "FlightRecorder | None" = None
@@ -275,19 +274,4 @@ def fatal(message: str | None) -> None:
         print_error(message)
     else:
         time.sleep(0.3)  # let a reporter's line out first
-    leave(2)
-
-
-def leave(status: int) -> None:
-    """Leave now with `status`, ending every rank (MPI_Abort), with nothing more printed: this rank
-    tells its guardian it leaves on purpose (job.py), then points stdout/stderr at /dev/null."""
-    job.release_guardian()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(status)
-    os._exit(status)
+    job.leave(2)

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except SimparError as exc:
         return finish_error(str(exc))
     except KeyboardInterrupt:  # Ctrl-C: one line, exit 130, no traceback on any rank
-        recorder = flight.last()
-        return console.interrupted(recorder.step + 1 if recorder else None, job.last_checkpoint())
+        recorder = flight.last()  # rank 0's bar may be on screen even if another rank says it
+        step, bar = (recorder.step + 1, recorder.progress_bar) if recorder else (None, False)
+        return console.interrupted(step, job.last_checkpoint(), bar)
     except BrokenPipeError:  # `simpar plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
