@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 
 _bar = None  # rank 0's tqdm bar while one is drawn
 
@@ -57,6 +58,7 @@ def interrupted(step: int | None, checkpoint: str | None, bar_elsewhere: bool = 
     if job.claim_report():
         where = f" at step {step}" if step is not None else ""
         say(f"simpar: interrupted{where} (last checkpoint: {checkpoint or 'none'})", bar_elsewhere)
-    else:
+    else:  # the reporter's line must reach mpiexec before anyone's abort makes it kill the ranks
         clear_bar()
+        time.sleep(0.5)
     job.leave(130)
