@@ -79,6 +79,18 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout=60) -> None:
         time.sleep(0.05)
 
 
+def wait_for_step(ck: Path, step: int, proc: subprocess.Popen, timeout=60) -> None:
+    """Until --checkpoint-dir `ck` holds a checkpoint at `step` or later (older ones are pruned as the
+    run goes on, possibly between two looks)."""
+    from simpar import checkpoint
+
+    end = time.monotonic() + timeout
+    while not any(s >= step for s, _ in checkpoint.complete(str(ck))):
+        assert proc.poll() is None, finish(proc).stderr
+        assert time.monotonic() < end, f"no checkpoint at step {step} or later in {ck}"
+        time.sleep(0.02)
+
+
 def rank_pid(cwd: Path, rank: int) -> int:
     """The process of MPI rank `rank` of the job running in `cwd` (its environment says PMI_RANK)."""
     for entry in Path("/proc").iterdir():
@@ -115,8 +127,7 @@ def test_two_stalled_jobs_in_one_folder_each_say_why_and_keep_their_dumps(tmp_pa
         "stall@rank=0,step=2,seconds=20",
     ]
     first = start(0, args, tmp_path)
-    wait_for(tmp_path / "simpar-flight", first)
-    second = start(0, args, tmp_path)
+    second = start(0, args, tmp_path)  # both stall at once: the first to report silenced the other
     for res in (finish(first), finish(second)):
         assert "watchdog: rank 0 spent more than 3 s in step 2" in the_line(res)
     runs = sorted(p for p in (tmp_path / "simpar-flight").iterdir())
@@ -204,10 +215,12 @@ def test_a_run_that_ends_while_the_watchdog_fires_does_not_exit_0(tmp_path):
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, n):
     args = ["train", "--steps", "100000", "--checkpoint-dir", "ck", "--checkpoint-every", "3"]
     proc = start(n, args + (["--dp", "4"] if n else []), tmp_path)
-    wait_for(tmp_path / "ck" / "step-000006", proc)
+    wait_for_step(tmp_path / "ck", 6, proc)
     os.kill(proc.pid, signal.SIGINT)  # mpiexec forwards it to every rank, as a Ctrl-C in a terminal
     line = the_line(finish(proc), code=130, prefix="simpar: interrupted at step ")
     assert re.fullmatch(r"simpar: interrupted at step \d+ \(last checkpoint: ck/step-\d{6}\)", line), line
+    step, saved = map(int, re.findall(r"\d+", line))
+    assert 6 <= saved < step and (tmp_path / "ck" / f"step-{saved:06d}" / "manifest.json").exists()
     assert not list((tmp_path / "ck").glob(".tmp-*"))
 
 
@@ -320,7 +333,7 @@ def test_a_stopped_rank_is_the_one_named(tmp_path):
     """kill -STOP of rank 1: its ring neighbour waits for it, but the line names rank 1."""
     args = ["train", "--dp", "4", "--steps", "100000", "--quiet", "--watchdog", "3", "--checkpoint-dir", "ck"]
     proc = start(4, [*args, "--checkpoint-every", "3"], tmp_path)
-    wait_for(tmp_path / "ck" / "step-000003", proc)
+    wait_for_step(tmp_path / "ck", 3, proc)
     os.kill(rank_pid(tmp_path, 1), signal.SIGSTOP)
     line = the_line(finish(proc))
     assert "watchdog: rank 1 behind (the flight recorders agree)" in line
@@ -375,7 +388,7 @@ def test_a_second_job_on_one_checkpoint_folder_is_refused(tmp_path):
         ["train", "--steps", "100000", "--quiet", "--checkpoint-dir", "ck", "--checkpoint-every", "50"],
         tmp_path,
     )
-    wait_for(tmp_path / "ck" / "step-000050", first)
+    wait_for_step(tmp_path / "ck", 50, first)
     res = simpar(
         0, ["train", "--steps", "100000", "--quiet", "--checkpoint-dir", "ck", "--resume", "auto"], tmp_path
     )
