@@ -8,7 +8,7 @@ interrupted, bit for bit. Hypothesis draws the layout, optimizer, length, checkp
 one real fault: a rank SIGKILLed, SIGSTOPped or stalled (the watchdog ends the job), a NaN in the
 input, the disk filling up at a checkpoint, or Ctrl-C (SIGINT to mpiexec, which forwards it).
 
-In CI: one example of each fault kind (@example) and five drawn with a fixed seed, about 45 s on
+In CI: one example of each fault kind (@example) and five drawn with a fixed seed, about 35 s on
 2 cores; more by hand:
     SIMPAR_FAULT_EXAMPLES=40 python -m pytest tests/test_fault_contract.py -q
 """
