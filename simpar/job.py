@@ -32,7 +32,21 @@ _last_checkpoint: str | None = None
 
 
 def new_run_id() -> str:
+    """Rank 0 names the job; markers of jobs over a day old are swept away on the way."""
+    _sweep_markers(time.time() - 86400)
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def _sweep_markers(before: float) -> None:
+    base = tempfile.gettempdir()
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        folder = os.path.join(base, name)
+        try:
+            if name.startswith("simpar-2") and os.path.getmtime(folder) < before:
+                os.unlink(os.path.join(folder, "reported"))
+                os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def set_run_id(run_id: str) -> None:
