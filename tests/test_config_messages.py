@@ -228,6 +228,18 @@ CASES = [
     (dict(inject="kill@rank=0,step=1,seconds=3"), 1, USAGE.format("kill@rank=0,step=1,seconds=3")),
     (dict(inject="nan@rank=0,step=x"), 1, USAGE.format("nan@rank=0,step=x")),
     (dict(inject="kill@rank=0,step=0"), 1, USAGE.format("kill@rank=0,step=0")),
+    (dict(watchdog=0.5), 1, "--watchdog 0.5: give at least 1 s, or 0 to turn it off"),
+    (
+        dict(inject="stall@rank=0,step=2,seconds=-5"),
+        1,
+        "--inject stall@rank=0,step=2,seconds=-5: seconds must be a number >= 0",
+    ),
+    (
+        dict(inject="stall@rank=0,step=2,seconds=nan"),
+        1,
+        "--inject stall@rank=0,step=2,seconds=nan: seconds must be a number >= 0",
+    ),
+    (dict(inject="kill@rank=0,step=9", steps=5), 1, "--inject kill@rank=0,step=9: step 9 is past --steps 5"),
     (dict(checkpoint_every=0), 1, "--checkpoint-every must be at least 1"),
     (dict(checkpoint_every=3), 1, "--checkpoint-every needs --checkpoint-dir DIR (where to write them)"),
     (dict(resume="auto"), 1, "--resume auto needs --checkpoint-dir DIR (where to look)"),

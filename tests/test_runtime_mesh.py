@@ -123,7 +123,13 @@ def test_group_links_from_placement_agree_with_the_cost_models_closed_form(prese
     else:
         hw = hardware.load(preset)
     net = Network(
-        hw.devices_per_node, hw.intra_alpha, hw.intra_bw, hw.inter_alpha, hw.nic_bw, hw.nics_per_node
+        hw.devices_per_node,
+        hw.intra_alpha,
+        hw.intra_bw,
+        hw.inter_alpha,
+        hw.nic_bw,
+        hw.nics_per_node,
+        rails=bool(hw.ring_proto),  # GPU profiles: NCCL's rails, as run/setup.py builds it
     )
     for pp, dp, tp, _ in layouts(n):
         sizes = axis_sizes(dp, tp, pp)
