@@ -1,0 +1,7 @@
+"""Where things are, for tests at any depth of tests/unit/ and tests/mpi/: the repository's root and
+the scripts the MPI tests launch. One place, so moving a test file never breaks a path."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: simpar/, kernels/, tests/, README.md
+MPI_SCRIPTS = ROOT / "tests" / "mpi"  # fault_rank.py, full_disk.py, mutate_executor.py
