@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,10 @@ FAULT_SCRIPT = Path(__file__).with_name("fault_rank.py")
 FULL_DISK_SCRIPT = Path(__file__).with_name("full_disk.py")
 
 
-def assert_one_line_error(res, fragment, elapsed, after_training=False):
-    """after_training: the run got as far as the tqdm progress bar (rank 0's stderr), whose lines
+def assert_one_line_error(res, fragment, after_training=False):
+    """No timing here: the hang guard is the launch's timeout (run_mpi(timeout=...)).
+
+    after_training: the run got as far as the tqdm progress bar (rank 0's stderr), whose lines
     are not error output; every error found before training must come before any bar."""
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     if after_training:
@@ -29,7 +30,6 @@ def assert_one_line_error(res, fragment, elapsed, after_training=False):
     assert lines[0].startswith("simpar: error: "), lines[0]
     assert fragment in lines[0], lines[0]
     assert "Traceback" not in res.stdout + res.stderr
-    assert elapsed < 15
 
 
 @pytest.mark.parametrize(
@@ -73,9 +73,8 @@ def assert_one_line_error(res, fragment, elapsed, after_training=False):
     ],
 )
 def test_bad_input_is_one_clear_line(n, args, fragment):
-    t = time.time()
     res = run_mpi(n, args, timeout=30)
-    assert_one_line_error(res, fragment, time.time() - t)
+    assert_one_line_error(res, fragment)
 
 
 def test_corrupt_idx_file_is_one_clear_line(tmp_path):
@@ -83,17 +82,15 @@ def test_corrupt_idx_file_is_one_clear_line(tmp_path):
 
     write_idx_set(tmp_path, n_train=20, n_test=5)
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
-    t = time.time()
     res = run_mpi(
         2, ["train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--layers", "784,32,10"], timeout=30
     )
-    assert_one_line_error(res, "is truncated or corrupt", time.time() - t)
+    assert_one_line_error(res, "is truncated or corrupt")
 
 
 def test_nan_loss_names_step_and_layer(tmp_path):
-    t = time.time()
     res = run_mpi(2, ["train", "--lr", "1e30", "--steps", "50", "--quiet"], timeout=30)
-    assert_one_line_error(res, "loss became", time.time() - t)
+    assert_one_line_error(res, "loss became")
     assert "at step" in res.stderr and "layer" in res.stderr
 
 
@@ -109,9 +106,8 @@ def test_error_line_starts_a_line_of_its_own_after_the_progress_bar():
 
 def test_a_finite_blow_up_is_divergence():
     """float64 keeps 1e117 finite (exit 0 before the rule); loss > 1e6 x the first step's stops it."""
-    t = time.time()
     res = run_mpi(1, ["train", "--dtype", "float64", "--lr", "10", "--steps", "30"], timeout=30)
-    assert_one_line_error(res, "loss diverged to", time.time() - t, after_training=True)
+    assert_one_line_error(res, "loss diverged to", after_training=True)
     assert "above 1e+06 x max(first step's loss" in res.stderr
 
 
@@ -125,12 +121,9 @@ def test_no_half_written_metrics_after_an_error(tmp_path):
 
 
 def test_a_rank_that_raises_mid_training_ends_the_job():
-    t = time.time()
-    res = run_script(4, FAULT_SCRIPT, timeout=60)
-    elapsed = time.time() - t
+    res = run_script(4, FAULT_SCRIPT, timeout=60)  # a job left hanging by the dead rank fails here
     assert res.returncode != 0
     assert "injected fault on rank 2" in res.stderr
-    assert elapsed < 15, f"took {elapsed:.1f} s"
 
 
 # -- ranks given different inputs: MPMD launches (`mpiexec -n 1 A : -n 1 B`) -------------------------
@@ -154,9 +147,8 @@ def run_mpmd(*per_rank_args, timeout=30):
 )
 def test_ranks_with_different_options_fail_together(rank1_args, fragment):
     """Used to hang (validate failed on rank 1 only) or, for --lr, train silently wrong."""
-    t = time.time()
     res = run_mpmd(["train", "--steps", "5"], ["train", "--steps", "5", *rank1_args])
-    assert_one_line_error(res, fragment, time.time() - t)
+    assert_one_line_error(res, fragment)
 
 
 # -- data files ----------------------------------------------------------------------------------------
@@ -173,9 +165,8 @@ def test_truncated_gz_idx_is_one_line(tmp_path):
     write_idx_set(tmp_path, n_train=200, n_test=5, gz=True)
     gz = tmp_path / "train-images-idx3-ubyte.gz"
     gz.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
-    t = time.time()
     res = run_mpi(2, _mnist(tmp_path), timeout=30)
-    assert_one_line_error(res, "is truncated or corrupt", time.time() - t)
+    assert_one_line_error(res, "is truncated or corrupt")
 
 
 def test_labels_beyond_the_classes_are_one_line(tmp_path):
@@ -183,9 +174,8 @@ def test_labels_beyond_the_classes_are_one_line(tmp_path):
 
     write_idx_set(tmp_path, n_train=20, n_test=5)
     write_idx(tmp_path / "train-labels-idx1-ubyte", [12] * 20)
-    t = time.time()
     res = run_mpi(2, _mnist(tmp_path), timeout=30)
-    assert_one_line_error(res, "a label is 12; MNIST labels must be 0..9", time.time() - t)
+    assert_one_line_error(res, "a label is 12; MNIST labels must be 0..9")
 
 
 def test_an_idx_file_with_no_rows_is_one_line(tmp_path):
@@ -196,9 +186,8 @@ def test_an_idx_file_with_no_rows_is_one_line(tmp_path):
     write_idx_set(tmp_path, n_train=20, n_test=5)
     write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((0, 28, 28)))
     write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(0))
-    t = time.time()
     res = run_mpi(2, _mnist(tmp_path), timeout=30)
-    assert_one_line_error(res, "the training IDX files hold 0 rows", time.time() - t)
+    assert_one_line_error(res, "the training IDX files hold 0 rows")
 
 
 # -- output files --------------------------------------------------------------------------------------
@@ -216,15 +205,13 @@ def test_bad_output_paths_are_refused_before_training(tmp_path, kind):
     else:
         args = ["--metrics-out", str(target), "--weights-out", str(tmp_path / "." / "out")]
         fragment = "the same file as --metrics-out"
-    t = time.time()
     res = run_mpi(2, ["train", "--steps", "50", *args], timeout=30)
-    assert_one_line_error(res, fragment, time.time() - t)
+    assert_one_line_error(res, fragment)
     assert "train:" not in res.stderr  # refused before the first step, not after training
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     out = tmp_path / "m.json"
-    t = time.time()
     res = run_script(2, FULL_DISK_SCRIPT, ["train", "--steps", "2", "--metrics-out", str(out)], timeout=30)
-    assert_one_line_error(res, f"cannot write {out}: File too large", time.time() - t, after_training=True)
+    assert_one_line_error(res, f"cannot write {out}: File too large", after_training=True)
     assert not list(tmp_path.iterdir())

@@ -1,7 +1,7 @@
 """Random `simpar train` command lines on 1-2 ranks: every one ends well or with ONE clear line.
 
 The promise of tests/test_errors.py, checked on combinations nobody wrote down: exit 0, or exit 2
-with exactly one `simpar: error:` line and no traceback, and never a hang (each run < 15 s).
+with exactly one `simpar: error:` line and no traceback, and never a hang (each run is stopped after 30 s).
 Runs are tiny (steps <= 3, widths <= 16) and few, so the whole test stays near a minute.
 
 The examples are fixed (derandomized) so the suite is reproducible; to explore, draw fresh ones:
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -71,11 +70,8 @@ def command_lines(draw) -> tuple[int, list[str]]:
 @given(command_lines())
 def test_random_train_command_lines_end_well_or_with_one_line(case):
     ranks, args = case
-    start = time.time()
-    res = run_mpi(ranks, args, timeout=30)
-    elapsed = time.time() - start
+    res = run_mpi(ranks, args, timeout=30)  # the hang guard: TimeoutExpired fails the example
     said = f"mpiexec -n {ranks} ... simpar {' '.join(args)}\nexit {res.returncode}\n{res.stderr[-3000:]}"
-    assert elapsed < 15, f"took {elapsed:.1f} s: {said}"
     assert "Traceback" not in res.stdout + res.stderr, said
     assert res.returncode in (0, 2), said
     if res.returncode == 2:

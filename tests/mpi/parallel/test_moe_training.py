@@ -5,7 +5,6 @@ rows), and --precision mixed-bf16 -- each against the serial run."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
@@ -56,9 +55,8 @@ def test_checkpoint_of_dp4_ep2_resumes_on_serial_dp2_ep2_and_dp4_ep4(tmp_path):
         ([], "was trained with --experts 4; this run has --experts 0"),
     ):
         args = ["train", "--dtype", "float64", "--steps", "8", *other, *step4, "--optimizer", "adam"]
-        t = time.time()
         res = run_mpi(1, args, timeout=30)
-        assert_one_line_error(res, fragment, time.time() - t)
+        assert_one_line_error(res, fragment)
 
 
 def test_grad_accum_routes_each_micro_step_and_all_reduces_once(serial, tmp_path):

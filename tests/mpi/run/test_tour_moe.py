@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 
@@ -96,6 +95,5 @@ def test_moe_tour_matches_serial_and_alltoall_bytes(tmp_path):
 
 def test_moe_tour_bad_router_option_is_one_line():
     """The tour checks --experts and its router options with train's rules: one line, every rank ends."""
-    t = time.time()
     res = run(2, ["tour", "--quick", "--experts", "3", "--top-k", "4"], timeout=30)
-    assert_one_line_error(res, "serial: --top-k must be between 1 and --experts 3, got 4", time.time() - t)
+    assert_one_line_error(res, "serial: --top-k must be between 1 and --experts 3, got 4")
