@@ -1,4 +1,4 @@
-"""`simpar ARGS` with a disk that fills up while rank 0 writes its outputs (tests/test_errors.py).
+"""`simpar ARGS` with a disk that fills up while rank 0 writes its outputs (tests/mpi/test_errors.py).
 
 Without root there is no tiny tmpfs to fill, so the file-size limit (RLIMIT_FSIZE) is lowered just
 before simpar writes an output file: the write then fails for real, in the kernel (EFBIG, handled

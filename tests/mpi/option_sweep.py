@@ -1,9 +1,9 @@
 """Random option combinations, each trained for 2 steps on 4 real ranks: every one must either train or
 end with exactly one `simpar: error:` line and exit status 2 (no traceback, no hang, no "unexpected").
 
-    python tests/option_sweep.py [SEED] [DRAWS]        # e.g. 7 60: about 3 minutes on 2 cores
+    python tests/mpi/option_sweep.py [SEED] [DRAWS]        # e.g. 7 60: about 3 minutes on 2 cores
 
-Not part of the suite (too slow for CI); tests/test_fuzz_cli.py is the in-suite, Hypothesis-driven
+Not part of the suite (too slow for CI); tests/mpi/cli/test_fuzz_cli.py is the in-suite, Hypothesis-driven
 version over single options. Prints one line per draw and marks any bad ending with "<-- BAD".
 """
 

@@ -1,11 +1,11 @@
 """Random `simpar train` command lines on 1-2 ranks: every one ends well or with ONE clear line.
 
-The promise of tests/test_errors.py, checked on combinations nobody wrote down: exit 0, or exit 2
+The promise of tests/mpi/test_errors.py, checked on combinations nobody wrote down: exit 0, or exit 2
 with exactly one `simpar: error:` line and no traceback, and never a hang (each run is stopped after 30 s).
 Runs are tiny (steps <= 3, widths <= 16) and few, so the whole test stays near a minute.
 
 The examples are fixed (derandomized) so the suite is reproducible; to explore, draw fresh ones:
-    SIMPAR_FUZZ_EXAMPLES=200 python -m pytest -q -p no:cacheprovider tests/test_fuzz_cli.py
+    SIMPAR_FUZZ_EXAMPLES=200 python -m pytest -q -p no:cacheprovider tests/mpi/cli/test_fuzz_cli.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Run under mpiexec -n 5 by tests/test_alltoall.py: both all-to-alls on groups of P = 1..5 ranks, one launch.
+"""Run under mpiexec -n 5 by test_alltoall.py (beside it): both all-to-alls on groups of P = 1..5 ranks,
+one launch.
 
 For each group size P (the first P world ranks), dtype and matrix of piece sizes (random and uneven,
 empty pieces included; and equal), every rank of the group runs the pairwise exchange and Bruck's

@@ -1,4 +1,4 @@
-"""Run under mpiexec by tests/test_collectives.py: every collective, every size and dtype, one launch.
+"""Run under mpiexec by test_collectives.py (beside it): every collective, every size and dtype, one launch.
 
 Starting MPI is the slow part of an MPI test (seconds with 8 ranks on 2 cores), so this script does
 all the cases of one world size in one job and rank 0 prints ONE line, `REPORT {json}`, which the

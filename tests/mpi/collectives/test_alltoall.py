@@ -53,7 +53,8 @@ def test_both_alltoalls_deliver_every_piece_with_closed_form_bytes_on_1_to_5_ran
 
 
 def moe_args(E: int) -> list[str]:
-    """tests/test_moe.py's MOE run with E experts (E = 4 is that very run: the serial cache serves both)."""
+    """test_moe.py's (tests/mpi/model/) MOE run with E experts (E = 4 is that very run: the serial cache
+    serves both)."""
     return [
         "--dtype",
         "float64",

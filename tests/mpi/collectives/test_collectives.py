@@ -1,6 +1,6 @@
 """Collectives: right sums, and exactly the bytes and messages their docstrings derive.
 
-One mpiexec launch per world size p = 1..8 runs every case (tests/mpi_collectives_check.py) and
+One mpiexec launch per world size p = 1..8 runs every case (mpi_collectives_check.py, beside it) and
 prints a JSON report; the tests below judge it. The formulas here are written out from the
 docstrings of simpar/collectives/ (one file per algorithm), independently of the code
 that sends, so a change to either side that breaks the ledger-vs-formula promise shows up.

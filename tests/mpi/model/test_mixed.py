@@ -2,13 +2,16 @@
 scaler and its skipped steps), the same model as the serial run at the same precision, the ledger's
 2-byte messages, and the ZeRO paper's memory table measured (Rajbhandari et al. 2020, sec. 3.1, Table 1).
 
-Tolerance: TOL = 16 u, u the half format's unit roundoff (2**-11 for float16, 2**-8 for bfloat16).
+Tolerance: the losses to TOL = 16 u, u the half format's unit roundoff (2**-11 float16, 2**-8 bfloat16).
 A sharded layout sums the same half gradients in another order -- the ring adds p half-precision
 partial sums chunk by chunk, while the serial run's gradient comes out of one float32 matmul rounded
 once -- so each gradient element differs by up to about (p-1) roundings, and every step moves the
 weights by slightly different amounts; after a few SGD steps the losses and weights agree to a few
 units of u of their size, not to float64's 1e-12. (Measured on these 6 steps: at most ~3e-3 of the
-largest weight for float16, ~6e-3 for bfloat16; losses ~1e-3 relative.)
+largest weight for float16, ~6e-3 for bfloat16; losses ~1e-3 relative.) The weights: that bound
+is more than a 6-step run's whole update, so they are held by what training did, the update w_T - w_0,
+against serial's (tests/mpi/half_precision.py: within a tenth of its size; a 0.75 x learning rate or
+no update at all fails, test_the_update_check_fails_a_wrong_learning_rate_and_no_training).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 
 from simpar.collectives import chunk_bounds
 from tests.conftest import train_json
+from tests.mpi.half_precision import assert_same_update, initial_weights, update_drift
 from tests.mpiutil import run_mpi
 
 LAYERS = [64, 128, 128, 128, 10]
@@ -35,6 +39,7 @@ def runs(tmp_path_factory):
     def run(n: int, *args: str) -> dict:
         if (n, args) not in cache:
             cache[(n, args)] = train_json(n, [*BASE, *args], tmp_path_factory.mktemp("mixed"), timeout=180)
+            cache[(n, args)]["args"] = [*BASE, *args]  # what initial_weights needs to rebuild w_0
         return cache[(n, args)]
 
     return run
@@ -50,9 +55,9 @@ def flat(weights) -> np.ndarray:
 
 
 def assert_same_model(got: dict, ref: dict, tol: float) -> None:
+    """The losses to tol; the weights moved as serial's did (the update w_T - w_0, half_precision.py)."""
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=tol)
-    a, b = flat(got["weights"]), flat(ref["weights"])
-    assert np.abs(a - b).max() <= tol * np.abs(b).max()
+    assert_same_update(got["weights"], ref["weights"], initial_weights(ref["args"]))
 
 
 # -- whole runs ----------------------------------------------------------------------------------------
@@ -197,6 +202,7 @@ def test_tensor_parallel_at_half_precision(runs, precision, layout):
         # So the losses to TOL, as in the ZeRO table, and the weights to 2 lr per step.
         np.testing.assert_allclose(m["losses"], ref["losses"], rtol=TOL[precision])
         assert np.abs(flat(m["weights"]) - flat(ref["weights"])).max() <= 2 * 0.005 * STEPS
+        assert_same_update(m["weights"], ref["weights"], initial_weights(ref["args"]))
     else:
         assert_same_model(m, ref, TOL[precision])
     assert m["prediction_mismatches"] == [] and m["precision"]["skipped_at"] == []
@@ -282,7 +288,25 @@ def test_checkpoints_keep_masters_moments_and_the_loss_scale(tmp_path):
         np.testing.assert_allclose(got["losses"], ref["losses"][4:], rtol=tol, atol=0)
         assert got["precision"]["skipped_at"] == ref["precision"]["skipped_at"]
         assert got["precision"]["loss_scale"] == ref["precision"]["loss_scale"]
-        a, b = flat(got["weights"]).astype(np.float64), flat(ref["weights"]).astype(np.float64)
-        assert np.abs(a - b).max() <= tol * np.abs(b).max()
+        if tol == 0:
+            assert all(np.array_equal(a, b) for a, b in zip(flat(got["weights"]), flat(ref["weights"])))
+        else:  # another summation order: the update since step 0 as the reference's (half_precision.py)
+            assert_same_update(got["weights"], ref["weights"], initial_weights(common))
     bad = run_mpi(1, ["train", *common[:-4], "--resume", step4], timeout=60)  # fp32 from a mixed one
     assert bad.returncode == 2 and "--precision" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("precision", ["mixed-fp16", "mixed-bf16"])
+def test_the_update_check_fails_a_wrong_learning_rate_and_no_training(runs, precision):
+    """The weights check must tell a wrong run from a right one: the dp4 layout stepping with 0.75 x
+    the learning rate (0.24 of serial's update off, measured), and a run that never updated (its
+    weights are w_0: 1.0 off). The old check, 16 u of the largest weight, let both bfloat16 ones pass."""
+    ref = runs(1, "--precision", precision)
+    w0 = initial_weights(ref["args"])
+    slow = runs(4, "--precision", precision, "--zero", "0", "--lr", str(0.75 * 0.05))  # default --lr 0.05
+    assert update_drift(w0, ref["weights"], w0) == 1.0
+    for wrong in (slow["weights"], w0):
+        with pytest.raises(AssertionError, match="differs from the reference's"):
+            assert_same_update(wrong, ref["weights"], w0)
+    right = runs(4, "--precision", precision, "--zero", "0" if precision == "mixed-fp16" else "3")
+    assert_same_update(right["weights"], ref["weights"], w0)  # and a right one passes

@@ -159,7 +159,7 @@ def test_bad_moe_options_are_one_line_each():
 
 
 def test_cost_model_decides_capacity_itself(tmp_path):
-    """With the executor's capacity cut by one slot (tests/mutate_executor.py), the cost model -- which
+    """With the executor's capacity cut by one slot (tests/mpi/mutate_executor.py), the cost model -- which
     applies its own ceil(C K N / E) to the run's routing histograms -- no longer agrees with the ledger."""
     import json
 

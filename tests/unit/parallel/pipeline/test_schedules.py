@@ -31,7 +31,8 @@ from simpar.parallel.pipeline.schedules import (
 from simpar.runtime import trace
 from tests.conftest import stage_split
 
-CLASSIC = ["naive", "gpipe", "1f1b"]  # one chunk per rank, fused backward (others: test_schedules_new.py)
+# one chunk per rank, fused backward (the others: test_interleaved_and_zero_bubble.py)
+CLASSIC = ["naive", "gpipe", "1f1b"]
 
 SIZES = [(S, M) for S in range(1, 6) for M in range(1, 10)]
 
