@@ -202,7 +202,9 @@ def test_tensor_parallel_at_half_precision(runs, precision, layout):
         # So the losses to TOL, as in the ZeRO table, and the weights to 2 lr per step.
         np.testing.assert_allclose(m["losses"], ref["losses"], rtol=TOL[precision])
         assert np.abs(flat(m["weights"]) - flat(ref["weights"])).max() <= 2 * 0.005 * STEPS
-        assert_same_update(m["weights"], ref["weights"], initial_weights(ref["args"]))
+        # and the update to 0.15 of serial's, not DRIFT's 0.1: those sign flips measured 0.096 here
+        # (a 0.75 x learning rate still scales Adam's whole update by 0.75: 0.25 off)
+        assert_same_update(m["weights"], ref["weights"], initial_weights(ref["args"]), drift=0.15)
     else:
         assert_same_model(m, ref, TOL[precision])
     assert m["prediction_mismatches"] == [] and m["precision"]["skipped_at"] == []
