@@ -7,14 +7,14 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.mpiutil import env, mpiexec, run_mpi, run_script
+from tests.paths import MPI_SCRIPTS
 
-FAULT_SCRIPT = Path(__file__).with_name("fault_rank.py")
-FULL_DISK_SCRIPT = Path(__file__).with_name("full_disk.py")
+FAULT_SCRIPT = MPI_SCRIPTS / "fault_rank.py"
+FULL_DISK_SCRIPT = MPI_SCRIPTS / "full_disk.py"
 
 
 def assert_one_line_error(res, fragment, after_training=False):

@@ -92,7 +92,8 @@ def mutated_run(mutation: str, n: int, args: list, tmp_path) -> dict:
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_mutated_executor_is_caught(mutation, tmp_path):
     """The same launch both ways: unpatched, the ledger equals the prediction; with the executor's
-    stage split or chunk rule changed (tests/mpi/mutate_executor.py), `prediction_mismatches` says so."""
+    stage split or chunk rule changed (tests/mpi/scripts/mutate_executor.py), `prediction_mismatches`
+    says so."""
     n, args, category = MUTATIONS[mutation]
     assert sum(layer_sizes(DIGITS)) % 4 == 2  # with 0 or 1 left over both rules cut the same chunks
     assert mutated_run("none", n, args, tmp_path)["prediction_mismatches"] == []

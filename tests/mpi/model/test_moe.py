@@ -159,8 +159,9 @@ def test_bad_moe_options_are_one_line_each():
 
 
 def test_cost_model_decides_capacity_itself(tmp_path):
-    """With the executor's capacity cut by one slot (tests/mpi/mutate_executor.py), the cost model -- which
-    applies its own ceil(C K N / E) to the run's routing histograms -- no longer agrees with the ledger."""
+    """With the executor's capacity cut by one slot (tests/mpi/scripts/mutate_executor.py), the cost
+    model -- which applies its own ceil(C K N / E) to the run's routing histograms -- no longer agrees
+    with the ledger."""
     import json
 
     from tests.mpiutil import run_script

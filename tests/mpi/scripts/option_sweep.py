@@ -1,7 +1,7 @@
 """Random option combinations, each trained for 2 steps on 4 real ranks: every one must either train or
 end with exactly one `simpar: error:` line and exit status 2 (no traceback, no hang, no "unexpected").
 
-    python tests/mpi/option_sweep.py [SEED] [DRAWS]        # e.g. 7 60: about 3 minutes on 2 cores
+    python tests/mpi/scripts/option_sweep.py [SEED] [DRAWS]        # e.g. 7 60: about 3 minutes on 2 cores
 
 Not part of the suite (too slow for CI); tests/mpi/cli/test_fuzz_cli.py is the in-suite, Hypothesis-driven
 version over single options. Prints one line per draw and marks any bad ending with "<-- BAD".
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from simpar.run.launch import run  # noqa: E402
 
 random.seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,7 +1,7 @@
 """Run under mpiexec by test_costmodel: `simpar train` with one rule of the execution code changed,
 to show the cost model is an independent witness (a rule it only copied would change with it).
 
-    mpiexec -n K python -m mpi4py tests/mpi/mutate_executor.py MUTATION TRAIN-ARGS...
+    mpiexec -n K python -m mpi4py tests/mpi/scripts/mutate_executor.py MUTATION TRAIN-ARGS...
 
 MUTATION: none (the same launch, unpatched), stages (an unbalanced pipeline stage split), chunks
 (collective chunks cut with the whole remainder on the first chunk, instead of one extra element
