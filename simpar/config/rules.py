@@ -3,7 +3,7 @@
 Each function checks one section's fields (reading others only where a rule spans two sections, e.g.
 --precision mixed-bf16 with --collectives mpi) and raises SimparError with a one-line message. The
 order in which validate calls them decides which problem is reported when several are present, so
-it is written out there, in one place; the messages are a contract (tests/test_errors.py, the lessons).
+it is written out there, in one place; the messages are a contract (tests/mpi/test_errors.py, the lessons).
 The pipeline's and the experts' rules are pipeline.py and moe.py, the last of the layout's rules.
 """
 
