@@ -60,8 +60,21 @@ def test_simulated_time_is_deterministic_and_adds_up():
     assert max(r["idle_s"] for r in runs[0]["time"]["sim"]["per_rank"]) > 0
 
 
-@pytest.mark.parametrize("hardware", ["dgx-h100", "two-per-node"])
-@pytest.mark.parametrize("layers", ["64,128,128,128,10", "64,256,256,256,10"])
+@pytest.mark.parametrize(
+    "hardware, layers",
+    [
+        ("dgx-h100", "64,128,128,128,10"),
+        ("dgx-h100", "64,256,256,256,10"),
+        ("two-per-node", "64,128,128,128,10"),
+        ("two-per-node", "64,256,256,256,10"),
+        # every other preset once: the closed form and the clock agree on every profile
+        ("local", "64,128,128,128,10"),
+        ("h200", "64,128,128,128,10"),
+        ("dgx-a100", "64,128,128,128,10"),
+        ("ib-cluster", "64,128,128,128,10"),
+        ("ethernet-100g", "64,128,128,128,10"),
+    ],
+)
 def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers):
     if hardware == "two-per-node":
         (tmp_path / "hw.json").write_text(json.dumps(TWO_PER_NODE))
@@ -93,9 +106,11 @@ def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers
             continue
         m = json.loads(path.read_text())
         sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
-        # ZeRO layouts differ by up to ~1.4e-5 (as before NCCL's protocols were modelled: a small
-        # gap in the closed form of ZeRO's collectives); every other layout agrees to rounding
-        tolerance = 1e-4 if "zero" in path.stem else 1e-9
+        # 1e-6, except ZeRO (up to ~6e-6 measured): its per-layer collectives block, and the last
+        # layer's 1,290 parameters split 323/323/322/322 over 4 ranks, so at each blocking collective
+        # the clock waits for the rank with the bigger chunk, while the closed form sums one rank's
+        # own costs (max of sums, not sum of maxes). Every other layout agrees to rounding.
+        tolerance = 1e-5 if "zero" in path.stem else 1e-6
         assert abs(pred / sim - 1) <= tolerance, (path.stem, hardware, sim, pred)
     assert "speedup" in res.stdout and "time per step, simulated on" in res.stdout
 
