@@ -121,7 +121,7 @@ CASES = [
     (
         dict(sp=True),
         1,
-        "--sp splits the rows of resmlp's residual stream over the tp group: use it with --arch resmlp "
+        "--sp splits the rows of the residual stream over the tp group: use it with --arch resmlp or gpt "
         "and --tp > 1",
     ),
     (

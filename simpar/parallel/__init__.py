@@ -30,6 +30,10 @@ def build_strategy(cfg, mesh):
     if cfg.tp > 1:
         from .tensor import TensorParallel
 
+        if cfg.arch == "gpt":  # heads, vocabulary-parallel embedding, head and loss; --sp
+            from .vocab_parallel import GptTensorParallel
+
+            return GptTensorParallel(cfg, mesh)
         if cfg.arch == "resmlp":  # residual blocks, and --sp
             from .tensor_resmlp import ResTensorStack
 
