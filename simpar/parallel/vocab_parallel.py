@@ -104,7 +104,7 @@ class ShardedHead(Sharded):
         return dx
 
 
-def vocab_parallel_cross_entropy(comm, logits, labels, tokens: int, v0: int, scale: float = 1.0):
+def vocab_parallel_cross_entropy(comm, logits, labels, tokens: int, v0: int, scale=1.0, algorithm="ring"):
     """(loss share, dL/dlogits) of this rank's vocabulary columns `logits` (R x V/t, columns v0 ..);
     the loss share is the same on every tp rank (the whole loss of these rows / `tokens`)."""
     z = wide(logits)
@@ -119,7 +119,7 @@ def vocab_parallel_cross_entropy(comm, logits, labels, tokens: int, v0: int, sca
     sums = np.zeros((2, rows), z.dtype)
     sums[0] = e.sum(axis=1)
     sums[1, where] = z[where, local[where]] - m[where]
-    collectives.allreduce(comm, sums, "activation", "vocab-ce-sums")
+    collectives.allreduce(comm, sums, "activation", "vocab-ce-sums", algorithm)
     loss = float((np.log(sums[0]) - sums[1]).sum() / tokens)
     d = e / sums[0][:, None]
     d[where, local[where]] -= 1
@@ -137,7 +137,7 @@ class VocabParallelReplicas(DataParallel):
         head = self.stack.units[-1]
         v0 = head.k * head.local[2][1]
         loss, grad = vocab_parallel_cross_entropy(
-            self.stack.comm, logits, y, global_batch * self.cfg.seq_len, v0, scale
+            self.stack.comm, logits, y, global_batch * self.cfg.seq_len, v0, scale, self.cfg.collectives
         )
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
