@@ -69,10 +69,10 @@ CASES = [
         "--dataset copy needs an even --seq-len >= 2 (symbols, separator, copy) and --vocab >= 2",
     ),
     (
-        dict(arch="gpt", dataset="text", tp=2, inject="nan@rank=0,step=1"),
+        dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp and with --zero 1-3 so far; --tp, --inject nan not yet "
-        "(issue 23)",
+        "--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; --pp, --inject nan not "
+        "yet (issue 23)",
     ),
     # data
     (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist, text, copy)"),

@@ -52,7 +52,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --tp, --sp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -84,8 +84,8 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; {', '.join(later)} "
-        "not yet (issue 23)",
+        f"--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; {', '.join(later)} not "
+        "yet (issue 23)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
