@@ -144,3 +144,16 @@ def test_shapes_tp_cannot_split_are_refused_in_one_line(extra, message):
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("simpar: error: ") and message in lines[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path):
+    """`tour --arch gpt` on 4 ranks adds tp4, tp4-sp, dp2xtp2 and dp2xtp2-sp to the data-parallel
+    layouts, each equal to serial with bytes = prediction exactly."""
+    args = ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)]
+    res = run_mpi(4, args, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [
+        line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[-1] == "exact"
+    ]
+    names = [r[0] for r in rows]
+    assert names[-4:] == ["tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp"], res.stdout
