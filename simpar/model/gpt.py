@@ -67,7 +67,7 @@ class Kept:
 
 class EmbeddingUnit:
     """x = E[tokens] + Pos, out (batch*s, h). Keeps the token ids (int64) for backward.
-    A vocabulary-parallel rank would hold rows v0..v1 of E, look up only its ids and all-reduce."""
+    Under --tp, parallel/vocab_parallel.py holds rows v0..v1 of E per rank, looks up its ids, all-reduces."""
 
     rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
@@ -165,8 +165,8 @@ class BlockUnit:
 
 
 class HeadUnit:
-    """logits = LN_f(x) Wout, shaped (batch, s, V) for the loss. A vocabulary-parallel rank would hold
-    columns v0..v1 of Wout and compute the softmax's max and sum with two all-reduces."""
+    """logits = LN_f(x) Wout, shaped (batch, s, V) for the loss. Under --tp a rank holds columns
+    v0..v1 of Wout and the loss never gathers the logits (parallel/vocab_parallel.py)."""
 
     rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
