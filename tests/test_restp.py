@@ -136,7 +136,7 @@ def test_cost_model_sp_keeps_the_bytes_and_divides_the_row_parts_by_t():
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--tp", "2", "--sp"], "--sp splits the rows of resmlp's residual stream over the tp group"),
+        (["--tp", "2", "--sp"], "--sp splits the rows of the residual stream over the tp group"),
         (
             ["--arch", "resmlp", "--tp", "2", "--sp", "--batch", "63"],
             "must be a multiple of dp*grad-accum*tp",
