@@ -157,3 +157,16 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
     ]
     names = [r[0] for r in rows]
     assert names[-4:] == ["tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp"], res.stdout
+
+
+def test_checkpoint_from_tp_sp_resumes_on_other_layouts(tmp_path):
+    """A tp2-sp checkpoint holds full-shape units (gathered from the shards, Adam's state too): serial
+    and tp4 resume it at step 2 and continue as the uninterrupted tp2-sp run does."""
+    ckpt = tmp_path / "ckpt"
+    args = [*SHAPE, "--batch", str(B), "--steps", "4", "--dtype", "float64", "--optimizer", "adam"]
+    saver = [*args, "--tp", "2", "--sp", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
+    full = train_json(2, saver, tmp_path, "full")
+    step2 = str(ckpt / "step-000002")
+    for n, extra in ((1, []), (4, ["--tp", "4"])):
+        resumed = train_json(n, [*args, *extra, "--resume", step2], tmp_path, f"res{n}")
+        assert_same_model(resumed, {**full, "losses": full["losses"][2:]}, rtol=1e-12)
