@@ -76,7 +76,10 @@ def model_gpt(cfg) -> None:
             ("--pp", cfg.pp > 1),
             ("--experts", cfg.experts > 0),
             ("--recompute", cfg.recompute != "none"),
-            ("--clock sim", cfg.clock == "sim"),
+            (
+                "--clock sim with --tp, --zero or --precision mixed-*",
+                cfg.clock == "sim" and (cfg.tp > 1 or cfg.zero or cfg.mixed),
+            ),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )

@@ -295,9 +295,16 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "by_op": by_op,
             }
         )
-    rows = max(chunk(cfg.batch, p, d) for d in range(p))
-    compute_s = flops_per_step(rows, s, L, h, V) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    step_s = compute_s + comm_s / max(steps, 1)
+    if hw is not None and cfg.zero == 0 and prec.act != 2:  # as the simulated clock charges a step
+        from .gpt_time import step_seconds
+
+        timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
+    else:
+        rows = max(chunk(cfg.batch, p, d) for d in range(p))
+        rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+        compute_s = flops_per_step(rows, s, L, h, V) / rate if rate else 0.0
+        step_s = compute_s + comm_s / max(steps, 1)
     per_step = {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
     return {
         "steps": steps,
