@@ -77,8 +77,8 @@ def model_gpt(cfg) -> None:
             ("--experts", cfg.experts > 0),
             ("--recompute", cfg.recompute != "none"),
             (
-                "--clock sim with --tp, --zero or --precision mixed-*",
-                cfg.clock == "sim" and (cfg.tp > 1 or cfg.zero or cfg.mixed),
+                "--clock sim with --zero or --precision mixed-*",
+                cfg.clock == "sim" and (cfg.zero or cfg.mixed),
             ),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from . import passes
 from .chunktime import collective_gamma, seconds
-from .collectives import ALLREDUCE, chunk, to_bytes
+from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .spec import dp_bucket_layers, split
 
 BLOCK_FWD_ELEMS, BLOCK_FWD_SCORES, BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES = 50, 6, 51, 4
@@ -29,63 +29,104 @@ EMBED_FWD_ELEMS, EMBED_BWD_ELEMS, HEAD_FWD_ELEMS, HEAD_BWD_ELEMS, ACCUMULATE, LO
 
 
 def unit_seconds(cfg, R: int, sizes: list[int], bpe: int, rate: float, stream: float, overhead: float):
-    """([forward seconds per unit], [backward seconds per unit], loss seconds) for R token rows."""
-    h, a, s, V = cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
-    block_flops = 2 * R * (4 * h * h + 2 * s * h + 8 * h * h)
-    fwd = [EMBED_FWD_ELEMS * R * h * bpe * stream + overhead]
+    """([forward seconds per unit], [backward seconds per unit], loss seconds) of R token rows on one
+    rank of a tp group of t = cfg.tp (1: serial; every sharded dimension / t, as tensor_gpt.py charges
+    it; Rl = R / t rows outside the tensor-parallel regions under --sp)."""
+    h, a, s, V, t = cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab, cfg.tp
+    hl, Rl = h // t, (R // t if cfg.sp else R)
+    block_flops = 2 * R * (4 * h * hl + 2 * s * hl + 8 * h * hl)
+    fwd = [(R * h + 2 * Rl * h) * bpe * stream + overhead]
     bwd = [EMBED_BWD_ELEMS * R * h * bpe * stream]
     for size in sizes[1:-1]:
-        fwd.append(
-            block_flops / rate
-            + (BLOCK_FWD_ELEMS * R * h + BLOCK_FWD_SCORES * R * a * s) * bpe * stream
-            + overhead
+        elems = 26 * Rl * h + 24 * R * hl + BLOCK_FWD_SCORES * R * (a // t) * s
+        fwd.append(block_flops / rate + elems * bpe * stream + overhead)
+        elems = (
+            24 * Rl * h + 2 * R * h + 25 * R * hl + BLOCK_BWD_SCORES * R * (a // t) * s + ACCUMULATE * size
         )
-        bwd.append(
-            2 * block_flops / rate
-            + (BLOCK_BWD_ELEMS * R * h + BLOCK_BWD_SCORES * R * a * s + ACCUMULATE * size) * bpe * stream
-        )
-    fwd.append(2 * R * h * V / rate + HEAD_FWD_ELEMS * R * h * bpe * stream + overhead)
-    bwd.append(4 * R * h * V / rate + (HEAD_BWD_ELEMS * R * h + ACCUMULATE * sizes[-1]) * bpe * stream)
-    return fwd, bwd, LOSS_ELEMS * R * V * bpe * stream
+        bwd.append(2 * block_flops / rate + elems * bpe * stream)
+    fwd.append(2 * R * h * (V // t) / rate + HEAD_FWD_ELEMS * Rl * h * bpe * stream + overhead)
+    bwd.append(
+        4 * R * h * (V // t) / rate + (HEAD_BWD_ELEMS * Rl * h + ACCUMULATE * sizes[-1]) * bpe * stream
+    )
+    return fwd, bwd, LOSS_ELEMS * R * (V // t) * bpe * stream
+
+
+def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, float]:
+    """Seconds of the blocking tp collectives of tp rank j per unit ([forward], [backward]) and of the
+    loss, `secs(cost, bpe, ring)` pricing one (gpt_tp.py lists them)."""
+    t, N, L, ring = cfg.tp, R * cfg.hidden, cfg.blocks, cfg.collectives in ("ring", "auto")
+    if t == 1:
+        return [0.0] * (L + 2), [0.0] * (L + 2), 0.0
+    ar = ALLREDUCE[cfg.collectives](N, t, j)
+    ag, rs = ring_allgather(N, t, j), ring_reduce_scatter(N, t, j)
+    if cfg.sp:
+        pair = secs(ag, bpe, True) + secs(rs, bpe, True)
+        fwd = [secs(rs, bpe, True)] + [2 * pair] * L + [secs(ag, bpe, True)]
+        bwd = [secs(ag, bpe, True)] + [2 * pair] * L + [secs(rs, bpe, True)]
+    else:
+        one = secs(ar, bpe, ring)
+        fwd = [one] + [2 * one] * L + [0.0]
+        bwd = [0.0] + [2 * one] * L + [one]
+    lbpe = 4 if bpe == 2 else bpe
+    loss = secs(ring_allgather(t * R, t, j), lbpe, True) + secs(
+        ALLREDUCE[cfg.collectives](2 * R, t, j), lbpe, ring
+    )
+    return fwd, bwd, loss
 
 
 def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
-    """{step_s, compute_s, comm_s} of a serial or --dp p step (no --zero, --tp or mixed precision)."""
+    """{step_s, compute_s, comm_s} of a serial, --dp p and/or --tp [--sp] step (no --zero, no mixed
+    precision); `sizes`: one rank's units (its shards under --tp)."""
     from .hardware import group_link
 
-    on_node = min(p, hw.devices_per_node)
+    t = cfg.tp
+    on_node = min(p * t, hw.devices_per_node)
     rate = hw.flop_rate(precision) * hw.compute_share(on_node)
     stream = hw.gamma / 3 / hw.stream_share(on_node)
     overhead = hw.layer_overhead / hw.compute_share(on_node)
-    link = group_link(hw, "dp", p, 1, 1)
-    ring = cfg.collectives in ("ring", "auto")
+    links = {g: group_link(hw, g, p, t, 1) for g in ("dp", "tp")}
+    ring, nvls, gamma = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto", collective_gamma(hw)
+
+    def secs(cost, elem_bytes, as_ring, group="tp"):
+        return (
+            seconds(to_bytes(cost, elem_bytes), links[group], gamma, as_ring, nvls) if cost.messages else 0.0
+        )
+
     optimizer_s = (
         passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum)) * sum(sizes) * bpe
     ) * stream
     ends, computes, comms = [], [], []
-    for d in range(p):
-        t = compute = comm = 0.0
+    for rank in range(p * t):
+        d, j = divmod(rank, t)
+        # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
+        sync = [0.0] * len(sizes)
+        if cfg.sp:
+            sync = [0.0] + [secs(ALLREDUCE[cfg.collectives](4 * cfg.hidden, t, j), bpe, ring)] * cfg.blocks
+            sync.append(secs(ALLREDUCE[cfg.collectives](2 * cfg.hidden, t, j), bpe, ring))
+        clock = compute = comm = 0.0
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
             R = chunk(k_rows, p, d) * cfg.seq_len
             fwd, bwd, loss = unit_seconds(cfg, R, sizes, bpe, rate, stream, overhead)
-            t += sum(fwd) + loss
-            backward_start, ready = t, {}
+            fwd_c, bwd_c, loss_c = tp_collectives(cfg, R, j, bpe, secs)
+            clock += sum(fwd) + sum(fwd_c) + loss + loss_c
+            backward_start, ready = clock, {}
+            last = k == len(micro) - 1
             for i in reversed(range(len(sizes))):
-                t += bwd[i]
-                ready[i] = t
+                clock += bwd[i] + bwd_c[i] + (sync[i] if last else 0.0)
+                ready[i] = clock
             compute += sum(fwd) + loss + sum(bwd)
+            comm += sum(fwd_c) + loss_c + sum(bwd_c)
+        comm += sum(sync)
         end = backward_start
         if p > 1:  # the last micro-step's buckets, one after another on the dp stream
             for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):
                 cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, d)
-                secs = seconds(
-                    to_bytes(cost, bpe), link, collective_gamma(hw), ring, cfg.collectives == "auto"
-                )
-                start = t if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
-                end = max(end, start) + secs
-                comm += secs
-        ends.append(max(t, end) + optimizer_s)
+                dp_s = secs(cost, bpe, ring, "dp")
+                start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
+                end = max(end, start) + dp_s
+                comm += dp_s
+        ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
     return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}

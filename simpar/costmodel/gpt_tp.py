@@ -140,10 +140,17 @@ def predict_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "by_op": by_op,
             }
         )
-    rows = max(chunk(cfg.batch, p, d) for d in range(p))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = flops_per_step(rows, s, L, h, V) / t / rate if rate else 0.0
-    step_s = compute_s + comm_s / max(steps, 1)
+    if hw is not None and prec.act != 2:  # as the simulated clock charges a step (gpt_time.py)
+        from .gpt_time import step_seconds
+
+        timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
+    else:
+        rows = max(chunk(cfg.batch, p, d) for d in range(p))
+        rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+        compute_s = flops_per_step(rows, s, L, h, V) / t / rate if rate else 0.0
+        comm_s /= max(steps, 1)
+        step_s = compute_s + comm_s
     cats = ("data", "model", "activation")
     return {
         "steps": steps,
@@ -161,7 +168,7 @@ def predict_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
         "time": {
             "step_s": step_s,
             "compute_s": compute_s,
-            "comm_s": comm_s / max(steps, 1),
+            "comm_s": comm_s,
             "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
         },
     }

@@ -115,6 +115,8 @@ class GptTensorStack:
         z, u = kern.linear_act_forward(h2, W1, c1, "gelu")
         m, _ = kern.linear_act_forward(u, W2, None, "none")
         ctx = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2, h2=h2, z=z, u=u)
+        if self.rt.clock is not None:
+            self._charge(blk, h1.shape[0], x.shape[0], x.itemsize, False)
         return x2 + (self.g(m) + c2), ctx
 
     def block_backward(self, blk: ShardedBlock, flat, gflat, ctx, dy):
@@ -133,7 +135,29 @@ class GptTensorStack:
             acc += new
         dW2 += gW2
         dc2 += gc2
+        if self.rt.clock is not None:
+            self._charge(blk, dv.shape[0], dy.shape[0], dy.itemsize, True)
         return dx2 + dx  # the residual path around attention
+
+    def _charge(self, blk: ShardedBlock, R: int, Rl: int, bpe: int, backward: bool) -> None:
+        """gpt.charge_block's accounting for this rank's share: the matmuls' sharded dimension / t;
+        elementwise work on the R gathered rows (biases of the column shards, GELU, merging heads,
+        the scores) / t, on this rank's Rl rows (LayerNorms, residuals; all rows without --sp) whole."""
+        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.s, blk.t
+        for _ in range(2 if backward else 1):
+            for _ in range(3):
+                clock.matmul(R, h, hl)
+            clock.matmul(R, hl, h)
+            clock.matmul(R, hl, s)
+            clock.matmul(R, s, hl)
+            clock.matmul(R, h, 4 * h // t)
+            clock.matmul(R, 4 * h // t, h)
+        if backward:  # LN' 20h, residuals 4h on Rl; bo, c2 sums 2h and 25h/t on R; softmax' 4 a s / t
+            elems = 24 * Rl * h + 2 * R * h + 25 * R * hl + 4 * R * blk.heads * s + 3 * blk.size
+            clock.stream(elems * bpe)
+        else:  # LN 16h, bo and c2 4h, residuals 6h on Rl; q k v biases, merge, bias + GELU 24h/t on R
+            clock.stream((26 * Rl * h + 24 * R * hl + 6 * R * blk.heads * s) * bpe)
+            clock.layer_call()
 
     def _sync_sequence_grads(self, unit, gflat) -> None:
         """--sp: sum over tp the gradients of parameters that saw only this rank's rows (one message

@@ -63,6 +63,10 @@ class ShardedEmbedding(Sharded):
         x = self.stack.g(partial, op="vocab-embed-allreduce", sp_op="vocab-embed-scatter")
         first = self.k * x.shape[0] if self.stack.sp else 0  # this rank's first row
         x += pos[(first + np.arange(x.shape[0])) % self.s]
+        clock = self.rt.clock
+        if clock is not None:  # gather E's rows (all R), read Pos and write x on this rank's rows
+            clock.stream((partial.size + 2 * x.size) * x.itemsize)
+            clock.layer_call()
         return x, Kept(tokens=tokens)
 
     def backward(self, flat, gflat, ctx, dy):
@@ -72,6 +76,8 @@ class ShardedEmbedding(Sharded):
         np.add.at(dE, ids[mine], dy[mine])
         b, s = ctx.tokens.shape
         dpos[:s] += dy.reshape(b, s, self.h).sum(axis=0)
+        if self.rt.clock is not None:  # gpt.py's 4 passes, over every row
+            self.rt.clock.stream(4 * dy.size * dy.itemsize)
         return None
 
 
@@ -90,6 +96,11 @@ class ShardedHead(Sharded):
         hf, (xh, r) = layernorm_forward(x, g, b)
         hf = self.stack.f(hf, op="vocab-head-gather")
         logits, _ = self.rt.kernels.linear_act_forward(hf, W, None, "none")
+        clock = self.rt.clock
+        if clock is not None:  # gpt.py's head: the matmul V/t wide, LayerNorm on this rank's rows
+            clock.matmul(hf.shape[0], hf.shape[1], W.shape[1])
+            clock.stream(8 * x.size * x.itemsize)
+            clock.layer_call()
         return logits, Kept(xh=xh, r=r, hf=hf)
 
     def backward(self, flat, gflat, ctx, dlogits):
@@ -101,10 +112,17 @@ class ShardedHead(Sharded):
         dW += gW
         dg += gg
         db += gb
+        clock = self.rt.clock
+        if clock is not None:
+            clock.matmul(dlogits.shape[0], W.shape[0], W.shape[1])
+            clock.matmul(dlogits.shape[0], W.shape[0], W.shape[1])
+            clock.stream((10 * dx.size + 3 * self.size) * dx.itemsize)
         return dx
 
 
-def vocab_parallel_cross_entropy(comm, logits, labels, tokens: int, v0: int, scale=1.0, algorithm="ring"):
+def vocab_parallel_cross_entropy(
+    comm, logits, labels, tokens: int, v0: int, scale=1.0, algorithm="ring", clock=None
+):
     """(loss share, dL/dlogits) of this rank's vocabulary columns `logits` (R x V/t, columns v0 ..);
     the loss share is the same on every tp rank (the whole loss of these rows / `tokens`)."""
     z = wide(logits)
@@ -124,6 +142,8 @@ def vocab_parallel_cross_entropy(comm, logits, labels, tokens: int, v0: int, sca
     d = e / sums[0][:, None]
     d[where, local[where]] -= 1
     d *= z.dtype.type(scale / tokens)
+    if clock is not None:  # as model/mlp.softmax_cross_entropy: ~6 sweeps over this rank's R x V/t
+        clock.stream(6 * z.size * z.itemsize)
     return loss, d.astype(logits.dtype, copy=False)
 
 
@@ -137,7 +157,14 @@ class VocabParallelReplicas(DataParallel):
         head = self.stack.units[-1]
         v0 = head.k * head.local[2][1]
         loss, grad = vocab_parallel_cross_entropy(
-            self.stack.comm, logits, y, global_batch * self.cfg.seq_len, v0, scale, self.cfg.collectives
+            self.stack.comm,
+            logits,
+            y,
+            global_batch * self.cfg.seq_len,
+            v0,
+            scale,
+            self.cfg.collectives,
+            self.rt.clock,
         )
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss
