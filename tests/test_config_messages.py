@@ -74,6 +74,21 @@ CASES = [
         "--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; --pp, --inject nan not "
         "yet (issue 23)",
     ),
+    (
+        dict(arch="gpt", dataset="text", heads=2, tp=4),
+        4,
+        "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
+    ),
+    (
+        dict(arch="gpt", dataset="text", vocab=250, tp=4),
+        4,
+        "--vocab 250 is not divisible by --tp 4: each tp rank holds V/tp of the vocabulary",
+    ),
+    (
+        dict(arch="gpt", dataset="text", seq_len=30, tp=4, sp=True),
+        4,
+        "--sp splits every micro-step's tokens evenly over --tp 4: --seq-len 30 must be a multiple of it",
+    ),
     # data
     (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist, text, copy)"),
     (dict(data_source="nfs"), 1, "unknown data source 'nfs'"),

@@ -93,11 +93,11 @@ def model_gpt(cfg) -> None:
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
         cfg.heads % cfg.tp == 0,
-        f"--heads {cfg.heads} is not divisible by --tp {cfg.tp}: a rank holds whole heads",
+        f"--heads {cfg.heads} is not divisible by --tp {cfg.tp}: each tp rank holds whole heads",
     )
     require(
         cfg.vocab % cfg.tp == 0,
-        f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp}: a rank holds V/tp tokens",
+        f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp}: each tp rank holds V/tp of the vocabulary",
     )
 
 
