@@ -52,7 +52,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --tp, --sp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -73,12 +73,13 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--tp", cfg.tp > 1),
             ("--pp", cfg.pp > 1),
-            ("--sp", cfg.sp),
             ("--experts", cfg.experts > 0),
             ("--recompute", cfg.recompute != "none"),
-            ("--clock sim", cfg.clock == "sim"),
+            (
+                "--clock sim with --zero or --precision mixed-*",
+                cfg.clock == "sim" and (cfg.zero or cfg.mixed),
+            ),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
@@ -86,8 +87,17 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp and with --zero 1-3 so far; {', '.join(later)} "
-        "not yet (issue 23)",
+        f"--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; {', '.join(later)} not "
+        "yet (issue 23)",
+    )
+    # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
+    require(
+        cfg.heads % cfg.tp == 0,
+        f"--heads {cfg.heads} is not divisible by --tp {cfg.tp}: each tp rank holds whole heads",
+    )
+    require(
+        cfg.vocab % cfg.tp == 0,
+        f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp}: each tp rank holds V/tp of the vocabulary",
     )
 
 
@@ -216,10 +226,17 @@ def layout_fit(cfg, world_size: int) -> None:
         require(not bad, f"hidden widths {bad} are not divisible by --tp {cfg.tp}")
     if cfg.sp:
         require(
-            cfg.arch == "resmlp" and cfg.tp > 1,
-            "--sp splits the rows of resmlp's residual stream over the tp group: use it with "
-            "--arch resmlp and --tp > 1",
+            cfg.arch in ("resmlp", "gpt") and cfg.tp > 1,
+            "--sp splits the rows of the residual stream over the tp group: use it with "
+            "--arch resmlp or gpt and --tp > 1",
         )
+        if cfg.arch == "gpt":  # the tokens of every micro-step: b s rows, cut in tp contiguous shards
+            require(
+                cfg.seq_len % cfg.tp == 0,
+                f"--sp splits every micro-step's tokens evenly over --tp {cfg.tp}: --seq-len {cfg.seq_len} "
+                "must be a multiple of it",
+            )
+            return
         rows = cfg.dp * cfg.grad_accum * cfg.tp
         require(
             cfg.batch % rows == 0,

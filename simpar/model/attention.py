@@ -20,7 +20,7 @@ Why Q, K and V are three matrices and not one (h, 3h): tensor parallelism (Megat
 al. 2019, sec. 3) gives each of t ranks a/t WHOLE heads -- columns j*d .. (j+a/t)*d of Wq, Wk and Wv,
 and the same rows of Wo -- and attention needs no communication inside a head. With the three kept
 apart a rank's share is one column slice of each; `attention_core_*` works on however many heads it
-is handed. (tp for --arch gpt is later work; the layout is ready for it.)
+is handed (parallel/tensor_gpt.py).
 
 Precision (--precision mixed-*): the projections run through the kernel backend like every linear
 layer (half in, float32 inside, half out); the scores, the softmax and its backward are computed in

@@ -120,7 +120,7 @@ def test_text_loss_falls(serial):
     assert max(m["losses"][-5:]) < 3.5
 
 
-@pytest.mark.parametrize("extra", [["--tp", "2"], ["--pp", "2"], ["--experts", "4"]])
+@pytest.mark.parametrize("extra", [["--pp", "2"], ["--experts", "4"]])
 def test_layouts_not_built_yet_are_refused_in_one_line(extra):
     res = run_mpi(2, ["train", "--arch", "gpt", "--steps", "1", "--quiet", *extra], timeout=60)
     assert res.returncode == 2
@@ -143,7 +143,8 @@ def test_checkpoint_from_dp_resumes_under_zero3_bit_for_bit(tmp_path):
 
 def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
     """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3 on 2 ranks), each
-    equal to serial, bytes = prediction exactly; tp and pp are left out, not failed."""
+    equal to serial, bytes = prediction exactly; pp is left out, not failed, and so is tp here: V = 17
+    does not split over 2 ranks (test_gpt_tp.py tours a vocabulary that does)."""
     res = run_mpi(2, ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)], timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [

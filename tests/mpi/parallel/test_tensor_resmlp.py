@@ -119,7 +119,7 @@ def test_sp_over_four_ranks_matches_serial_in_float32(serial, tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--tp", "2", "--sp"], "--sp splits the rows of resmlp's residual stream over the tp group"),
+        (["--tp", "2", "--sp"], "--sp splits the rows of the residual stream over the tp group"),
         (
             ["--arch", "resmlp", "--tp", "2", "--sp", "--batch", "63"],
             "must be a multiple of dp*grad-accum*tp",

@@ -70,10 +70,25 @@ CASES = [
         "--dataset copy needs an even --seq-len >= 2 (symbols, separator, copy) and --vocab >= 2",
     ),
     (
-        dict(arch="gpt", dataset="text", tp=2, inject="nan@rank=0,step=1"),
+        dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp and with --zero 1-3 so far; --tp, --inject nan not yet "
-        "(issue 23)",
+        "--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; --pp, --inject nan not "
+        "yet (issue 23)",
+    ),
+    (
+        dict(arch="gpt", dataset="text", heads=2, tp=4),
+        4,
+        "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
+    ),
+    (
+        dict(arch="gpt", dataset="text", vocab=250, tp=4),
+        4,
+        "--vocab 250 is not divisible by --tp 4: each tp rank holds V/tp of the vocabulary",
+    ),
+    (
+        dict(arch="gpt", dataset="text", seq_len=30, tp=4, sp=True),
+        4,
+        "--sp splits every micro-step's tokens evenly over --tp 4: --seq-len 30 must be a multiple of it",
     ),
     # data
     (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist, text, copy)"),
@@ -122,7 +137,7 @@ CASES = [
     (
         dict(sp=True),
         1,
-        "--sp splits the rows of resmlp's residual stream over the tp group: use it with --arch resmlp "
+        "--sp splits the rows of the residual stream over the tp group: use it with --arch resmlp or gpt "
         "and --tp > 1",
     ),
     (
