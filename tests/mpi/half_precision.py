@@ -39,14 +39,14 @@ def _initial(args: tuple[str, ...]) -> tuple:
     from simpar.config import validate
     from simpar.parallel import build_strategy
     from simpar.runtime.comm import Communicator, Ledger
-    from simpar.runtime.mesh import Mesh
+    from simpar.run.setup import build_mesh
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
     cfg = config_from_args(parser.parse_args(list(args)))
     validate(cfg, 1)
     world = Communicator(MPI.COMM_SELF, Ledger(), "world")
-    strategy = build_strategy(cfg, Mesh.build(world, 1, 1, 1))
+    strategy = build_strategy(cfg, build_mesh(cfg, world, None))  # the run's mesh, on one process
     # float32, as the run writes them: it holds every half value exactly (train.py, --weights-out)
     return tuple((W.astype(np.float32), b.astype(np.float32)) for W, b in strategy.full_weights())
 
