@@ -93,7 +93,7 @@ def comm_scaling(path: str, results) -> str:
                 xs, ys = _family_curve(members[0][1]["config"], key, values)
                 ax.plot(xs, ys, color=colour, label="cost model")
             else:
-                ax.text(0.5, 0.5, "no single\nworld axis", transform=ax.transAxes, ha="center", fontsize=8)
+                ax.text(0.5, 0.8, "no single\nworld axis", transform=ax.transAxes, ha="center", fontsize=8)
             for _, m in members:
                 cfg = m["config"]
                 here = {
@@ -113,14 +113,15 @@ def comm_scaling(path: str, results) -> str:
             ax.grid(True, which="major", alpha=0.3)
             if col == 0:
                 ax.set_ylabel(f"vs {label}", fontsize=8)
-                _bytes_axis(ax)
         names = [_traffic_label(n, m) for n, m in members]
         axes[0][col].set_title("\n".join(names), fontsize=8)
+    for row in axes:  # after every column's set_yscale: a shared axis keeps the last locator set on it
+        _bytes_axis(row[0])
     fig.suptitle(
         "Bytes per step of the busiest rank, one column per layout (equal predictions share one):\n"
         "lines = cost model, dots = measured by the ledger at the size that ran; rows: world, width, batch"
         + ("; experts: lines for balanced routing, dots as routed" if base.get("experts") else ""),
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _save(fig, path)
