@@ -113,3 +113,46 @@ def test_has_a_plot_and_an_exercise(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_uses_a_python3_kernel(name):
     assert load(name)["metadata"]["kernelspec"]["name"] == "python3"
+
+
+TAKEAWAY = re.compile(r"^#{1,6}\s*Takeaway\b", re.MULTILINE)
+COMMAND = re.compile(r"`[^`]*(?:simpar|mpiexec|python)[^`]*`")
+ASK = "write your prediction above"  # simpar/report/predict.py's ASK, as the stored output shows it
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ends_with_a_takeaway(name):
+    """The last cell says what to remember (three to five sentences or points) and one command to try next."""
+    last = load(name)["cells"][-1]
+    text = source(last)
+    assert last["cell_type"] == "markdown" and TAKEAWAY.search(text), f"{name}: the last cell is no Takeaway"
+    body = TAKEAWAY.sub("", text)
+    points = len(re.findall(r"^\s*[*-] ", body, re.MULTILINE)) or len(re.findall(r"[.!?](?:\s|$)", body))
+    assert 3 <= points <= 6, f"{name}: the takeaway has {points} points (3-5 plus the command)"
+    assert COMMAND.search(body), f"{name}: the takeaway names no command to try next"
+
+
+def exercises(cells: list[dict]):
+    """(heading index, the cells up to the next exercise heading or the takeaway) for each exercise."""
+    heads = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and EXERCISE.search(source(c))]
+    ends = heads[1:] + [next((i for i, c in enumerate(cells) if TAKEAWAY.search(source(c))), len(cells))]
+    return [(h, cells[h + 1 : e]) for h, e in zip(heads, ends)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_exercises_ask_for_a_prediction_first(name):
+    """Each exercise has a cell where the learner writes `my_prediction` (None as shipped), ABOVE a check cell
+    that calls reveal(my_prediction, ...); stored from a Run All, the check shows the request for a
+    prediction, not the answer."""
+    cells = load(name)["cells"]
+    found = exercises(cells)
+    assert found, f"{name}: no exercise"
+    for head, body in found:
+        code = [c for c in body if c["cell_type"] == "code"]
+        setters = [i for i, c in enumerate(code) if re.search(r"^my_prediction = None\b", source(c), re.M)]
+        checks = [i for i, c in enumerate(code) if "reveal(my_prediction" in source(c)]
+        where = f"{name} exercise at cell {head}"
+        assert setters and checks, f"{where}: no my_prediction cell or no reveal() check"
+        assert setters[0] < checks[0], f"{where}: the prediction comes after the check"
+        shown = output_text(code[checks[0]])
+        assert ASK in shown, f"{where}: the stored check does not ask for a prediction"
