@@ -30,6 +30,8 @@ from .gpt import plan as gpt_plan
 from .gpt import unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
+CP_ALGOS_PLANNED = ("ring", "ulysses")
+
 
 def cp_kv_elems(b: int, n: int, h: int, C: int, algo: str) -> dict:
     """Elements one rank sends per block per step: {"forward", "backward"} (module docstring)."""
