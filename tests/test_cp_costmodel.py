@@ -1,0 +1,115 @@
+"""Context parallelism in closed form (costmodel/cp.py), no MPI: the plan of a long-sequence GPT-3 run
+whose activation memory per GPU falls as 1/C, the cp traffic, and the prediction of a small run.
+
+The long run: GPT-3 175B (L 96, h 12288, a 96; Brown et al. 2020, Table 2.1) at s = 131072 tokens (Llama
+3's long-context stage length), tp 8 + sp, pp 16, selective recomputation, 16 micro-batches of one
+sequence each, mixed-precision Adam. Per layer and sequence Korthikanti et al. 2022 (Table 2, tp + sp +
+selective) keep 34 s h / t bytes; with cp C a GPU holds s/C of the tokens: 34 (s/C) h / t. The first
+stage holds ceil(96/16) = 6 layers of min(pp, M) = 16 micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simpar.costmodel import gpt as cg
+from simpar.costmodel import hardware
+from simpar.costmodel.cp import cp_activation_bytes, cp_kv_elems, plan_cp
+
+L, h, a, s, V = 96, 12288, 96, 131072, 50257
+t, p, M = 8, 16, 16
+LAYOUT = dict(tp=t, pp=p, sp=True, microbatches=M, recompute="selective", precision="mixed", optimizer="adam")
+
+
+def activations(C: int) -> float:
+    """Bytes of activations on the first stage's GPU, from the closed form in the module docstring."""
+    return 6 * M * 34 * (s / C) * h / t
+
+
+@pytest.mark.parametrize("C", [1, 2, 4, 8, 16])
+def test_long_sequence_plan_activations_fall_as_one_over_C(C):
+    shape = cg.Shape(L, h, a, s, V)
+    hw = hardware.load("dgx-h100")
+    plan = plan_cp(shape, M, hw, C, "ring", **LAYOUT)
+    mem = plan["memory_per_gpu"]
+    assert mem["activations"] == pytest.approx(activations(C), rel=1e-12)
+    states = mem["params"] + mem["grads"] + mem["optimizer"]
+    assert states == 16 * cg.stage_params(shape, t, p)  # mixed Adam: 2 + 2 + 12 bytes, not split by cp
+    assert mem["total"] == pytest.approx(states + activations(1) / C, rel=1e-12)
+    assert plan["world"] == C * t * p and plan["layout"]["cp"] == C
+    # cp traffic per GPU per step (ring): 6 (C-1) b (s/C) (h/t) elements per layer and micro-batch, 2 bytes
+    assert plan["cp_bytes_per_gpu"] == pytest.approx(6 * (C - 1) * 1 * (s / C) * (h / t) * 2 * 6 * M)
+
+
+def test_without_cp_the_long_run_does_not_fit_an_80_gb_gpu_and_cp16_is_far_closer():
+    """The reason cp exists: 657 GB of activations per GPU at s = 131072 even with tp 8, sp and
+    selective recomputation; cp 16 brings them to 41 GB."""
+    assert activations(1) > 80e9 and activations(16) < 45e9
+
+
+def test_plan_command_prints_the_memory_with_and_without_cp():
+    args = ["--arch", "gpt", "--model", "gpt3-175b", "--seq-len", str(s), "--tp", "8", "--pp", "16"]
+    args += [
+        "--batch",
+        "16",
+        "--microbatches",
+        "16",
+        "--sp",
+        "--recompute",
+        "selective",
+        "--precision",
+        "mixed",
+    ]
+    args += ["--optimizer", "adam", "--hardware", "dgx-h100"]
+    totals = []
+    for C in (1, 4):
+        out = subprocess.run(
+            [sys.executable, "-m", "simpar", "plan", *args, "--cp", str(C), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        totals.append(json.loads(out)["memory_per_gpu"]["activations"])
+    assert totals[1] == pytest.approx(totals[0] / 4, rel=1e-12)
+    text = subprocess.run(
+        [sys.executable, "-m", "simpar", "plan", *args, "--cp", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "context parallelism: cp 4 (ring)" in text and "without" in text
+
+
+def test_bad_plan_cp_is_refused_in_one_line():
+    res = subprocess.run(
+        [sys.executable, "-m", "simpar", "plan", "--arch", "gpt", "--model", "gpt3-175b", "--cp", "7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and res.stderr.strip().startswith("simpar: error: --cp 7 cuts every sequence")
+
+
+@pytest.mark.parametrize("C", [2, 4, 8])
+def test_ring_and_ulysses_bytes_per_block(C):
+    """Ring: 2(C-1) b n h forward, 4(C-1) b n h backward; Ulysses: 4 (C-1)/C b n h each way (n = s/C)."""
+    b, n, w = 3, 64, 32
+    assert cp_kv_elems(b, n, w, C, "ring") == {
+        "forward": 2 * (C - 1) * b * n * w,
+        "backward": 4 * (C - 1) * b * n * w,
+    }
+    u = cp_kv_elems(b, n, w, C, "ulysses")
+    assert u["forward"] == u["backward"] == 4 * (C - 1) * b * n * w // C
+
+
+def test_ulysses_keeps_exactly_one_over_C_of_the_serial_activations():
+    b, S, Lb, hh, aa, VV = 4, 64, 2, 32, 4, 50
+    serial = cg.simpar_activation_bytes(b, S, Lb, hh, aa, VV, 8)
+    for C in (2, 4, 8):
+        assert cp_activation_bytes(b, S, Lb, hh, aa, C, "ulysses", 8) * C == serial
+        assert cp_activation_bytes(b, S, Lb, hh, aa, C, "ring", 8) < serial / C  # no s^2 scores at all
