@@ -262,7 +262,6 @@ def layout_cp(cfg) -> None:
         f"divisible by {cfg.cp}",
     )
     require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
-    require(cfg.tp == 1 and cfg.pp == 1, "--cp with --tp or --pp is not built yet: use --cp with --dp")
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, to_bytes
+from .gpt import flops_per_step, unit_sizes
 from .gpt import plan as gpt_plan
-from .gpt import unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -61,23 +61,32 @@ def cp_activation_bytes(b: int, s: int, L: int, h: int, a: int, C: int, algo: st
 
 
 def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
-    """Per-rank bytes (totals over `steps`) and memory of `simpar train --arch gpt --cp C [--dp D]`,
-    keyed like its metrics (world rank = d C + c: mesh.py's numbering with pp = tp = 1)."""
+    """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt --cp C
+    [--dp D]`, keyed like its metrics (world rank = d C + c: mesh.py's numbering with pp = tp = 1).
+    Time, as gpt.predict_run's: the rank's FLOPs (1/C of its dp rows', the causal work balanced) at
+    the profile's rate, plus its gradient all-reduce (dp x C ranks) and cp traffic, not overlapped."""
     L, h, a, s, V, C = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab, cfg.cp
     dp = cfg.dp if cfg.dp is not None else world_size // C
     prec = PRECISIONS[precision_of(cfg)]
     sizes = unit_sizes(L, h, s, V)
     P = sum(sizes)
     op = "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall"
-    ranks, memory = [], []
+    from .hardware import group_link
+
+    grad_link, cp_link = group_link(hw, "dp", dp * C, 1, 1), group_link(hw, "dp", C, 1, 1)
+    ranks, memory, comm_s = [], [], 0.0
     for r in range(dp * C):
         d, c = divmod(r, C)
-        model = Cost()
+        model, grad_s = Cost(), 0.0
         for n_elems in dp_buckets(sizes, prec.grad, cfg.bucket_mb):
-            model = model + to_bytes(ALLREDUCE[cfg.collectives](n_elems, dp * C, r), prec.grad, steps)
+            bucket = to_bytes(ALLREDUCE[cfg.collectives](n_elems, dp * C, r), prec.grad, steps)
+            model = model + bucket
+            grad_s += bucket.rounds * grad_link.alpha + bucket.round_elems * grad_link.beta
         rows = [chunk(k_rows, dp, d) for k_rows in split(cfg.batch, cfg.grad_accum)]
         kv = sum(sum(cp_kv_elems(b, s // C, h, C, cfg.cp_algo).values()) for b in rows) * L
         act_sent, act_msgs = kv * prec.act * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
+        # not overlapped: an upper bound (the ring overlaps each hop with its block)
+        comm_s = max(comm_s, grad_s + act_sent * cp_link.beta + act_msgs * cp_link.alpha)
         ranks.append(
             {
                 "rank": r,
@@ -95,6 +104,9 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)
         memory.append(mem)
     per_step = {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")}
+    b = max(chunk(cfg.batch, dp, d) for d in range(dp))  # each rank: 1/C of its dp rows' FLOPs (balanced)
+    compute_s = flops_per_step(b, s, L, h, V) / C / hw.flop_rate(precision_of(cfg))
+    step_s = compute_s + comm_s / max(steps, 1)
     return {
         "steps": steps,
         "layout": layout_name(cfg),
@@ -109,7 +121,12 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
         "bubble": 0.0,
         "params": P,
-        "time": {"step_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "samples_per_s": float("inf")},
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": comm_s / max(steps, 1),
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
     }
 
 
