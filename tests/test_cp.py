@@ -103,6 +103,25 @@ def test_cp_equals_serial_with_exact_bytes_and_memory(ranks, dp, C, algo, serial
     assert run["prediction_mismatches"] == []
 
 
+@pytest.mark.parametrize("algo", ["ring", "ulysses"])
+def test_mixed_precision_cp_follows_serial_and_books_its_wide_gradient_sums(algo, serial, tmp_path):
+    """--precision mixed-bf16 on dp2 x cp2: 2-byte K and V, but the ring's dK, dV partial sums travel in
+    float32 (4 bytes: summed over C-1 ranks, not rounded to 16 bits on the way)."""
+    args = [*SHAPE, "--batch", str(B), "--steps", "3", "--optimizer", "adam", "--lr", "0.01"]
+    args += ["--precision", "mixed-bf16", "--kernels", "numpy"]
+    ref = serial(args)
+    run = train_json(4, [*args, "--dp", "2", "--cp", "2", "--cp-algo", algo], tmp_path)
+    assert max(abs(x - y) / y for x, y in zip(run["losses"], ref["losses"])) < 1e-3
+    b, n = B // 2, S // 2
+    if algo == "ring":  # K, V forward + backward: 4 (C-1) b n h of 2 bytes; dK, dV 2 (C-1) b n h of 4
+        per_block = 4 * b * n * H * 2 + 2 * b * n * H * 4
+    else:
+        per_block = 8 * b * n * H // 2 * 2
+    for r in range(4):
+        assert run["comm"]["ranks"][r]["sent"]["activation"] == 3 * L * per_block
+    assert run["prediction_mismatches"] == []
+
+
 def test_checkpoints_move_between_cp_and_serial(tmp_path):
     """A cp2 checkpoint resumes serially and a serial one under cp2: the last steps and final weights
     are those of the uninterrupted run (to float64 rounding: the two layouts add in other orders)."""

@@ -41,8 +41,10 @@ def test_long_sequence_plan_activations_fall_as_one_over_C(C):
     assert states == 16 * cg.stage_params(shape, t, p)  # mixed Adam: 2 + 2 + 12 bytes, not split by cp
     assert mem["total"] == pytest.approx(states + activations(1) / C, rel=1e-12)
     assert plan["world"] == C * t * p and plan["layout"]["cp"] == C
-    # cp traffic per GPU per step (ring): 6 (C-1) b (s/C) (h/t) elements per layer and micro-batch, 2 bytes
-    assert plan["cp_bytes_per_gpu"] == pytest.approx(6 * (C - 1) * 1 * (s / C) * (h / t) * 2 * 6 * M)
+    # cp traffic per GPU per step (ring), per layer and micro-batch of b = 1 sequence, n = s/C, h/t wide:
+    # K, V forward and backward 4 (C-1) b n h/t elements of 2 bytes, dK, dV 2 (C-1) b n h/t of 4 bytes
+    per = 4 * (C - 1) * (s / C) * (h / t) * 2 + 2 * (C - 1) * (s / C) * (h / t) * 4
+    assert plan["cp_bytes_per_gpu"] == pytest.approx(per * 6 * M)
 
 
 def test_without_cp_the_long_run_does_not_fit_an_80_gb_gpu_and_cp16_is_far_closer():

@@ -10,6 +10,7 @@ rules written down again (nothing here calls it):
   Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses", sec. 3), op cp-alltoall: 4 all-to-alls forward
       (q, k, v to head shards, o back) and 4 backward, each (C-1)/C b n h elements
                                                             8 (C-1)/C b n h elements
+  (the ring's dK, dV partial sums in the wide type: 4 bytes under mixed precision, as its log-sum-exp)
   gradients: one ring all-reduce over dp x C ranks (Megatron's dp group with CP): 2(dp C-1)/(dp C) P.
 
 Activations kept per block per sequence (elements): simpar's serial block keeps 16 s h + a s^2 + 2 s
@@ -48,6 +49,22 @@ def cp_messages(C: int, algo: str) -> int:
     return 3 * (C - 1) if algo == "ring" else 8 * (C - 1)
 
 
+def wide_bytes(bpe: int) -> int:
+    """Bytes of the type the attention's sums are kept in: float32 for 16-bit inputs (attention.py)."""
+    return 4 if bpe == 2 else bpe
+
+
+def cp_kv_bytes(b: int, n: int, h: int, C: int, algo: str, bpe: int) -> int:
+    """Bytes one rank sends per block per step, forward and backward. The ring's dK, dV partial sums
+    travel in the wide type (float32 under mixed precision: summed on C-1 ranks, they are not rounded
+    to 16 bits on the way), its K and V in the activations' type."""
+    e = cp_kv_elems(b, n, h, C, algo)
+    if algo != "ring" or C == 1:
+        return (e["forward"] + e["backward"]) * bpe
+    grads = 2 * (C - 1) * b * n * h
+    return (e["forward"] + e["backward"] - grads) * bpe + grads * wide_bytes(bpe)
+
+
 def cp_block_elems(s: int, b: int, h: int, a: int, C: int, algo: str) -> int:
     n = s // C
     scores = a * n if algo == "ring" else a * s * n
@@ -55,9 +72,11 @@ def cp_block_elems(s: int, b: int, h: int, a: int, C: int, algo: str) -> int:
 
 
 def cp_activation_bytes(b: int, s: int, L: int, h: int, a: int, C: int, algo: str, bpe: int) -> int:
-    """A cp rank's kept arrays for b sequences: its int64 tokens, L blocks, the head's 2 n h + n."""
+    """A cp rank's kept arrays for b sequences: its int64 tokens, L blocks, the head's 2 n h + n. The
+    ring's log-sum-exp (a n per sequence) is kept in the wide type."""
     n = s // C
-    return 8 * n * b + L * cp_block_elems(s, b, h, a, C, algo) * bpe + (2 * n * b * h + n * b) * bpe
+    lse = L * a * n * b * (wide_bytes(bpe) - bpe) if algo == "ring" else 0
+    return 8 * n * b + L * cp_block_elems(s, b, h, a, C, algo) * bpe + (2 * n * b * h + n * b) * bpe + lse
 
 
 def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
@@ -83,8 +102,8 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
             model = model + bucket
             grad_s += bucket.rounds * grad_link.alpha + bucket.round_elems * grad_link.beta
         rows = [chunk(k_rows, dp, d) for k_rows in split(cfg.batch, cfg.grad_accum)]
-        kv = sum(sum(cp_kv_elems(b, s // C, h, C, cfg.cp_algo).values()) for b in rows) * L
-        act_sent, act_msgs = kv * prec.act * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
+        kv = sum(cp_kv_bytes(b, s // C, h, C, cfg.cp_algo, prec.act) for b in rows) * L
+        act_sent, act_msgs = kv * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
         # not overlapped: an upper bound (the ring overlaps each hop with its block)
         comm_s = max(comm_s, grad_s + act_sent * cp_link.beta + act_msgs * cp_link.alpha)
         ranks.append(
@@ -151,7 +170,7 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     b = batch / (dp * M * K)
     layers = -(-shape.layers // pp)
     bpe = PRECISIONS[kw.get("precision", "mixed")].act
-    per_layer = sum(cp_kv_elems(1, shape.seq // C, shape.hidden // tp, C, algo).values()) * b * bpe
+    per_layer = cp_kv_bytes(1, shape.seq // C, shape.hidden // tp, C, algo, bpe) * b
     cp_bytes = per_layer * layers * M * K
     link = group_link(hw, "dp", C, tp, 1)
     cp_s = cp_bytes * link.beta + cp_messages(C, algo) * layers * M * K * link.alpha if C > 1 else 0.0
