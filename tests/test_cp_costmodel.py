@@ -18,7 +18,8 @@ import pytest
 
 from simpar.costmodel import gpt as cg
 from simpar.costmodel import hardware
-from simpar.costmodel.cp import cp_activation_bytes, cp_kv_elems, plan_cp
+from simpar.costmodel.cp import cp_activation_bytes, cp_kv_elems, plan_cp, ring_block_map
+from simpar.model.ring_attention import block_relation
 
 L, h, a, s, V = 96, 12288, 96, 131072, 50257
 t, p, M = 8, 16, 16
@@ -115,3 +116,20 @@ def test_ulysses_keeps_exactly_one_over_C_of_the_serial_activations():
     for C in (2, 4, 8):
         assert cp_activation_bytes(b, S, Lb, hh, aa, C, "ulysses", 8) * C == serial
         assert cp_activation_bytes(b, S, Lb, hh, aa, C, "ring", 8) < serial / C  # no s^2 scores at all
+
+
+@pytest.mark.parametrize("C", [1, 2, 3, 4, 8])
+def test_the_block_map_is_the_causal_triangle_balanced_and_what_the_ring_computes(C):
+    """Every rank computes 2C+1 of the C(2C+1) blocks on or below the diagonal (chunks r and 2C-1-r);
+    the ring's own rule (block_relation on the chunks a rank holds at each hop) picks the same ones."""
+    grid = ring_block_map(C)
+    cells = [(q, k, cell) for q, row in enumerate(grid) for k, cell in enumerate(row) if cell]
+    assert {(q, k) for q, k, _ in cells} == {(q, k) for q in range(2 * C) for k in range(q + 1)}
+    assert [sum(1 for *_, (r, _) in cells if r == rank) for rank in range(C)] == [2 * C + 1] * C
+    for rank in range(C):  # replay the ring: at hop t rank r holds rank (r - t)'s chunks
+        mine = (rank, 2 * C - 1 - rank)
+        done = set()
+        for t in range(C):
+            j = (rank - t) % C
+            done |= {(q, k, t) for q in mine for k in (j, 2 * C - 1 - j) if block_relation(q, k)}
+        assert done == {(q, k, hop) for q, k, (r, hop) in cells if r == rank}

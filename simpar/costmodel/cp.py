@@ -44,6 +44,18 @@ def cp_kv_elems(b: int, n: int, h: int, C: int, algo: str) -> dict:
     return {"forward": 4 * (C - 1) * piece, "backward": 4 * (C - 1) * piece}
 
 
+def ring_block_map(C: int) -> list[list[tuple[int, int] | None]]:
+    """For each query chunk q and key chunk k of 2C: (the rank that computes the block, the hop it
+    does so at), or None above the causal diagonal. Rank r owns chunks r and 2C-1-r; it computes the
+    blocks of its query chunks, and meets rank j's keys at hop (r - j) mod C. Every rank computes
+    2C+1 of the C(2C+1) blocks: 3 at hop 0 (two diagonal, one whole), 2 at every other hop."""
+    owner = [min(c, 2 * C - 1 - c) for c in range(2 * C)]
+    return [
+        [(owner[q], (owner[q] - owner[k]) % C) if k <= q else None for k in range(2 * C)]
+        for q in range(2 * C)
+    ]
+
+
 def cp_messages(C: int, algo: str) -> int:
     """Messages one rank sends per block per step: ring 2(C-1) K/V + (C-1) dK/dV; Ulysses 8 x (C-1)."""
     return 3 * (C - 1) if algo == "ring" else 8 * (C - 1)
