@@ -13,18 +13,22 @@ import tempfile
 
 import numpy as np
 
-from .config import SimparError
+from .errors import SimparError
 
 
-def output_problem(outputs: dict[str, str | None]) -> str | None:
+def output_problem(outputs: dict[str, str | None], inputs=None) -> str | None:
     """Why the output files {flag: path} could not be written, or None. Checked before training,
     so a bad path costs seconds, not the run: each must be a new or regular file in a folder where
-    a file can really be created (tried, so /proc, read-only mounts and full quotas show up), and
-    no two flags may name the same file (the second write would silently replace the first)."""
+    a file can really be created (tried, so /proc, read-only mounts and full quotas show up), no two
+    flags may name the same file (the second write would silently replace the first), and none may
+    be, or lie inside, one of the run's `inputs` {what: file or folder} (clobber_problem)."""
     seen = {}
     for flag, path in outputs.items():
         if not path:
             continue
+        clobber = clobber_problem(flag, path, inputs or {})
+        if clobber:
+            return clobber
         problem = _path_problem(path)
         if problem:
             return f"{flag} {path}: not a writable file path ({problem})"
@@ -33,6 +37,47 @@ def output_problem(outputs: dict[str, str | None]) -> str | None:
             return f"{flag} {path}: the same file as {seen[key]}; give each output its own path"
         seen[key] = flag
     return None
+
+
+def clobber_problem(flag: str, path: str, inputs) -> str | None:
+    """An output that is an input (a hardware profile, a metrics file to plot, a data file, a
+    checkpoint) would be destroyed by the run that reads it. `inputs`: {what: path} or [(what, path)].
+    Real paths, so links and ../ count."""
+    out = os.path.realpath(path)
+    for what, source in inputs.items() if isinstance(inputs, dict) else inputs:
+        if not source:
+            continue
+        src = os.path.realpath(source)
+        if out == src or out.startswith(src.rstrip(os.sep) + os.sep):
+            inside = "" if out == src else "inside "
+            return f"{flag} {path} is {inside}{what} {source}, which this run reads or keeps; write elsewhere"
+    return None
+
+
+_locks: dict[str, int] = {}  # folder -> the open, locked file descriptor (held until the process ends)
+
+
+def lock_folder(folder: str, flag: str) -> None:
+    """Take an exclusive lock on `folder` for this process (flock on folder/.lock; the kernel drops
+    it when the process dies, so a crash leaves no stale lock). Another job holding it: SimparError."""
+    import fcntl
+
+    key = os.path.realpath(folder)
+    if key in _locks:
+        return
+    fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SimparError(
+            f"{flag} {folder} is in use by another simpar job (process {holder}); "
+            "wait for it to finish, or choose another folder"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _locks[key] = fd
 
 
 def _path_problem(path: str) -> str | None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
+from .. import console, job
 from ..config import SimparError
 from ..runtime import flight
+from ..runtime.agree import same_command
 from .base import Parser, finish_error, launcher_rank
 from .tour import add_tour_arguments, tour_command
 from .train import add_run_arguments, train_command
@@ -47,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    console.safe_streams()
     try:
+        same_command(argv)  # first: ranks running different commands would wait for each other forever
         if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
             raise SimparError(f"unknown command {argv[0]!r} (choose from {', '.join(SUBCOMMANDS)})")
         if not argv or argv[0] not in SUBCOMMANDS + ("-h", "--help"):
@@ -76,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         return train_command(args) if args.command == "train" else tour_command(args)
     except SimparError as exc:
         return finish_error(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: one line, exit 130, no traceback on any rank
+        recorder = flight.last()  # rank 0's bar may be on screen even if another rank says it
+        step, bar = (recorder.step + 1, recorder.progress_bar) if recorder else (None, False)
+        saved = job.last_checkpoint()
+        if job.checkpoint_root():  # the newest on disk: rank 0 may have finished one this rank waits on
+            from ..run.checkpoint import complete
+
+            found = complete(job.checkpoint_root())
+            if found:
+                saved, step = found[-1][1], max(step or 0, found[-1][0] + 1)
+        return console.interrupted(step, saved, bar)
     except BrokenPipeError:  # `simpar plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -89,5 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SIMPAR_TRACEBACK"):
             traceback.print_exc()
         kind = "MPI error" if type(exc).__module__.startswith("mpi4py") else type(exc).__name__
+        if kind == "MPI error":  # often a peer that died: let its guardian (job.py) name it first
+            time.sleep(0.5)
         message = f"rank {launcher_rank()}: {kind}: {exc} (unexpected; SIMPAR_TRACEBACK=1 shows where)"
         flight.fatal(message if flight.first_to_report() else None)  # every rank may have hit it

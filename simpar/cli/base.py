@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from .. import console
 from ..config import SimparError
 
 
@@ -52,7 +53,7 @@ def launcher_rank() -> int:
 def finish_error(message: str) -> int:
     """Print the one line (rank 0 only), shut MPI down cleanly, exit 2 without an MPI abort."""
     if launcher_rank() == 0:
-        print(f"simpar: error: {message}", file=sys.stderr)
+        console.say(f"simpar: error: {message}")
     sys.stdout.flush()
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")

@@ -35,7 +35,8 @@ def plot_main(argv: list[str]) -> int:
         m = load_metrics(path)
         name = m.get("layout") or os.path.splitext(os.path.basename(path))[0]
         results.append((name if name not in [n for n, _ in results] else f"{name} ({path})", m))
-    _check_outputs({"-o": args.out, "--scaling": args.scaling})
+    inputs = [("the metrics file", path) for path in args.metrics]
+    _check_outputs({"-o": args.out, "--scaling": args.scaling}, inputs)
     _save(compare_figure(results), args.out)
     print(f"wrote {args.out}")
     if args.scaling:
@@ -58,15 +59,15 @@ def timeline_main(argv: list[str]) -> int:
     path = args.trace_opt or args.trace
     if not path:
         p.error("give the trace file: simpar plot --timeline trace.json -o timeline.png")
-    _check_outputs({"-o": args.out})
+    _check_outputs({"-o": args.out}, [("the trace", path)])
     result = plot_timeline(path, args.out, args.schedule, args.stages, args.microbatches, args.step)
     ideal = f", ideal {result['ideal_bubble']:.1%}" if result["ideal_bubble"] is not None else ""
     print(f"wrote {args.out}: measured bubble {result['measured_bubble']:.1%}{ideal}")
     return 0
 
 
-def _check_outputs(outputs: dict) -> None:
-    """Before reading or drawing anything: a bad -o path is one line, not a traceback at the end."""
-    problem = output_problem(outputs)
+def _check_outputs(outputs: dict, inputs=()) -> None:
+    """Before drawing anything: a bad -o path (or one naming an input) is one line, not a traceback."""
+    problem = output_problem(outputs, inputs)
     if problem:
         raise SimparError(problem)

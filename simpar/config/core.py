@@ -15,6 +15,7 @@ SimparError lives in errors.py, so that all of them can raise it; import it from
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, field, fields, make_dataclass
 
 from ..errors import SimparError
@@ -150,6 +151,8 @@ def parse_inject(text: str) -> dict:
             raise SimparError(usage) from None
     _require(set(fields) == set(INJECTIONS[kind]), usage)
     _require(fields["step"] >= 1 and fields["rank"] >= 0, usage)
+    seconds = fields.get("seconds", 0.0)
+    _require(math.isfinite(seconds) and seconds >= 0, f"--inject {text}: seconds must be a number >= 0")
     return {"kind": kind, **fields}
 
 

@@ -3,7 +3,7 @@
 Each function checks one section's fields (reading others only where a rule spans two sections, e.g.
 --precision mixed-bf16 with --collectives mpi) and raises SimparError with a one-line message. The
 order in which validate calls them decides which problem is reported when several are present, so
-it is written out there, in one place; the messages are a contract (tests/test_errors.py, the lessons).
+it is written out there, in one place; the messages are a contract (tests/mpi/test_errors.py, the lessons).
 The pipeline's and the experts' rules are pipeline.py and moe.py, the last of the layout's rules.
 """
 
@@ -288,10 +288,21 @@ def time_names(cfg) -> None:
     )
 
 
+MIN_WATCHDOG_S = 1.0  # a smaller --watchdog fires on healthy steps (or the first Numba call)
+
+
 def reliability_values(cfg, world_size: int, parse_inject) -> None:
     require(cfg.watchdog >= 0 and math.isfinite(cfg.watchdog), "--watchdog must be a number of seconds >= 0")
+    require(  # a tinier limit fires on a healthy step: an error on a run that was fine
+        cfg.watchdog == 0 or cfg.watchdog >= MIN_WATCHDOG_S,
+        f"--watchdog {cfg.watchdog:g}: give at least {MIN_WATCHDOG_S:g} s, or 0 to turn it off",
+    )
     if cfg.inject:
         require(parse_inject(cfg.inject)["rank"] < world_size, f"--inject {cfg.inject}: no such rank")
+        require(  # a fault that never happens would teach nothing, silently
+            cfg.steps is None or parse_inject(cfg.inject)["step"] <= cfg.steps,
+            f"--inject {cfg.inject}: step {parse_inject(cfg.inject)['step']} is past --steps {cfg.steps}",
+        )
 
 
 def checkpoints_values(cfg) -> None:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from ..config import SimparError
 from ..files import read_json
 from . import gpus, nccl
+from .profile_check import check_profile
 
 GB = 1e9
 
@@ -137,12 +138,7 @@ def from_dict(d: dict, where: str) -> Hardware:
         hw = Hardware(**d)
     except TypeError as exc:
         raise SimparError(f"{where}: {exc}") from None
-    for key in ("gamma", "intra_alpha", "intra_bw"):
-        value = getattr(hw, key)
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise SimparError(f"{where}: {key} must be a non-negative number, got {value!r}")
-    if not isinstance(hw.flops, dict) or "fp32" not in hw.flops:
-        raise SimparError(f"{where}: flops must map precisions to FLOP/s and include 'fp32'")
+    check_profile(hw, where)  # every field: its type, finite, and > 0 where something divides by it
     return hw
 
 

@@ -26,7 +26,7 @@ Precision (--precision mixed-*): the projections run through the kernel backend 
 layer (half in, float32 inside, half out); the scores, the softmax and its backward are computed in
 float32 from the half q, k, v (exp of half numbers overflows at 11.1 and loses the small
 probabilities), and P is kept for backward rounded to half, as Megatron keeps it in its compute type.
-tests/test_gpt_ops.py checks each function against finite differences in float64.
+tests/unit/model/test_gpt_ops.py checks each function against finite differences in float64.
 """
 
 from __future__ import annotations

@@ -16,26 +16,7 @@ Like PyTorch's flight-recorder analyzer, it answers two questions from the last 
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-
-from ..config import SimparError
-
-
-def load_dumps(folder: str) -> dict[int, dict]:
-    paths = sorted(glob.glob(os.path.join(folder, "rank-*.json")))
-    if not paths:
-        raise SimparError(f"{folder}: no flight-recorder dumps (rank-K.json) in it")
-    dumps = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                d = json.load(f)
-            dumps[int(d["rank"])] = d
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SimparError(f"{path}: not a simpar flight-recorder dump ({exc})") from None
-    return dumps
+from ..runtime.dumps import behind_ranks, load_dumps, newest_run
 
 
 def _call(e: dict) -> str:
@@ -75,11 +56,10 @@ def collective_mismatches(dumps: dict[int, dict]) -> list[str]:
 
 def wait_chains(dumps: dict[int, dict], world_size: int) -> list[str]:
     """Who waits for whom, followed to the rank everyone is ultimately waiting for."""
-    lines, culprits = [], set()
+    lines = []
     for rank in sorted(dumps):
         w = dumps[rank].get("waiting")
         if w is None:
-            culprits.add(rank)
             last = dumps[rank]["events"][-1] if dumps[rank]["events"] else None
             lines.append(
                 f"rank {rank} waits for nobody at step {dumps[rank]['step'] + 1}: computing or stalled"
@@ -95,24 +75,14 @@ def wait_chains(dumps: dict[int, dict], world_size: int) -> list[str]:
     missing = [r for r in range(world_size) if r not in dumps]
     for r in missing:
         lines.append(f"rank {r} left no dump: it did not wait long enough to (stalled, killed, or computing)")
-    # follow rank -> peer it waits for, to the end of each chain
-    roots = set()
-    for rank in sorted(dumps):
-        seen, r = set(), rank
-        while r in dumps and dumps[r].get("waiting") and isinstance(dumps[r]["waiting"].get("peer"), int):
-            if r in seen:
-                break
-            seen.add(r)
-            r = dumps[r]["waiting"]["peer"]
-        if r != rank and (r not in dumps or dumps[r].get("waiting") is None):
-            roots.add(r)
-    behind = sorted(roots | culprits | set(missing))
+    behind = behind_ranks(dumps, world_size)
     if behind:
         lines.append(f"=> behind: rank(s) {', '.join(map(str, behind))} (the others wait for them)")
     return lines
 
 
 def analyze(folder: str) -> str:
+    folder = newest_run(folder)
     dumps = load_dumps(folder)
     world = max(d.get("world_size", 0) for d in dumps.values())
     mismatches = collective_mismatches(dumps)

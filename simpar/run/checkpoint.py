@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import SimparError
+from ..files import lock_folder
 
 FORMAT, VERSION = "simpar-checkpoint", 1
 KEEP = 3  # complete checkpoints kept in a --checkpoint-dir
@@ -99,9 +100,11 @@ def step_dir(root: str, step: int) -> str:
 
 
 def prepare(root: str) -> None:
-    """Create --checkpoint-dir if needed and remove what a killed writer left (.tmp-*, .trash-*)."""
+    """Create --checkpoint-dir if needed, lock it for this job (a second job is refused: its pruning
+    and cleaning would delete the first's files), and remove what a killed writer left."""
     try:
         os.makedirs(root, exist_ok=True)
+        lock_folder(root, "--checkpoint-dir")
         for name in os.listdir(root):
             if name.startswith(STALE):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
@@ -226,6 +229,9 @@ def save(root: str, step: int, state: FullState, info: dict, keep: int = KEEP) -
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # e.g. the disk filled up: leave no temporary folder
         raise SimparError(f"cannot write checkpoint {final}: {exc.strerror or exc}") from None
+    except BaseException:  # Ctrl-C mid-write: no temporary folder either
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
 
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import job
 from ..config import RunConfig, SimparError, parse_inject
+from ..costmodel import hardware
 from ..files import write_json, write_trace, write_weights
 from ..report.postrun import Measured, run_metrics
 from ..report.tables import print_summary
@@ -74,6 +76,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     """Train one layout on all ranks of `world`; returns a RunResult on rank 0 (None elsewhere)."""
     # Overflow is detected where it matters (a non-finite loss, blamed on a layer): NumPy's own
     # warnings would only print the same news once per rank, in the middle of the progress bar.
+    job.start_guardian(world.rank, world.size)  # names this rank if it is killed outright (job.py)
     with np.errstate(all="ignore"):
         try:
             return _run_training(cfg, world)
@@ -136,7 +139,9 @@ def _run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
 def _set_up(cfg: RunConfig, world: Communicator) -> Run | None:
     """Every check first (options, memory, schedule, outputs, data, checkpoint), then what trains:
     kernels, the clock, the mesh, the strategy (from a checkpoint if resuming), the batches' feeder."""
-    preflight(cfg, world)  # same options on every rank, valid, and the model fits in memory
+    preflight(
+        cfg, world, hardware.load
+    )  # same options on every rank, valid, the model fits, the profile sound
     if cfg.pp > 1:  # every rank executes the schedule symbolically: refuse a deadlock before any traffic
         from ..parallel.pipeline.check import refuse_unsound
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .. import console
+
 
 class Progress:
     """A tqdm bar on rank 0 (nothing elsewhere, nothing under --quiet)."""
@@ -12,6 +14,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="train", unit="step", leave=False, dynamic_ncols=True)
+            console.show_bar(self.bar)  # any error line clears it first (console.say)
 
     def update(self, loss: float) -> None:
         if self.bar is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 
+from .. import job
 from ..config import RunConfig, SimparError, layout_name
 from ..model.gpt import gpt_units
+from ..runtime import flight
 from ..runtime.comm import Communicator
 from . import checkpoint
 from .data import sampler_position
@@ -39,6 +41,7 @@ def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps
                 done = cfg.resume == "auto" and manifest["step"] >= steps
                 checkpoint.check_compatible(path, manifest, cfg, n_train, math.inf if done else steps)
                 outcome = (path, None if done else state, manifest["step"])
+                job.note_checkpoint(path)
                 print(
                     f"simpar: {path} is at the final step {steps}: this job already finished; nothing to "
                     "train, nothing written"
@@ -58,6 +61,13 @@ def resume_collectively(cfg: RunConfig, world: Communicator, n_train: int, steps
 def save_checkpoint(cfg: RunConfig, world: Communicator, strategy, step: int, n_train: int) -> str:
     """Gather the full-shape state to rank 0 (collective), write it there; a write error (disk full)
     is broadcast so every rank stops together. Returns the checkpoint's folder."""
+    with flight.io_section(world.runtime.recorder):  # rank 0 writes while the others wait: slow, not hung
+        path = _save(cfg, world, strategy, step, n_train)
+    job.note_checkpoint(path)
+    return path
+
+
+def _save(cfg: RunConfig, world: Communicator, strategy, step: int, n_train: int) -> str:
     state = strategy.full_state()
     outcome = None
     if world.rank == 0:

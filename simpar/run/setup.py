@@ -15,9 +15,11 @@ from functools import partial
 
 import numpy as np
 
+from .. import job
 from ..config import RunConfig, SimparError, parse_inject
 from ..costmodel import hardware
 from ..files import output_problem
+from ..inputs import run_inputs
 from ..registries import check as check_registries
 from ..runtime import flight, simclock
 from ..runtime.agree import same_data, together
@@ -100,8 +102,9 @@ def load_data_collectively(cfg: RunConfig, world: Communicator) -> tuple[Dataset
 
 def check_outputs(cfg: RunConfig, world: Communicator) -> None:
     """Fail before training, not after it, if rank 0 will not be able to write an output file."""
+    job.note_checkpoint_root(cfg.checkpoint_dir)  # for Ctrl-C's line (cli/__init__.py)
     outputs = {"--metrics-out": cfg.metrics_out, "--weights-out": cfg.weights_out, "--trace": cfg.trace}
-    problem = output_problem(outputs) if world.rank == 0 else None
+    problem = output_problem(outputs, run_inputs(cfg)) if world.rank == 0 else None
     if world.rank == 0 and not problem and cfg.checkpoint_dir:
         try:  # create it, and clear what a killed writer left there
             checkpoint.prepare(cfg.checkpoint_dir)
@@ -130,8 +133,8 @@ def start_tracer(cfg, world):
 def start_recorder(cfg: RunConfig, world: Communicator):
     """The flight recorder and its watchdog (flight.py), and --check-collectives / --inject desync."""
     if world.rank == 0:
-        flight.clear_dumps()
-    world.barrier()  # nobody may dump before the old dumps are gone
+        flight.prune_dumps()  # this job's dumps go to a folder of its own; only old jobs' are pruned
+    world.barrier()
     recorder = world.runtime.recorder = flight.start(world.rank, world.size, cfg.watchdog)
     recorder.check_collectives = cfg.check_collectives
     flight.show_progress_bar(recorder, not cfg.quiet)

@@ -15,6 +15,7 @@ so `same_config` compares the whole RunConfig, and `same_data` a fingerprint of 
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
@@ -66,11 +67,14 @@ def same_config(cfg: RunConfig, world) -> None:
             )
 
 
-def preflight(cfg: RunConfig, world) -> RunConfig:
-    """The checks before any training traffic: same options, valid options, model fits in memory."""
+def preflight(cfg: RunConfig, world, load_profile) -> RunConfig:
+    """The checks before any training traffic: same options, valid options, model fits in memory, and
+    the hardware profile (of the prediction in the metrics, and of --clock sim) is sound:
+    `load_profile(name)` reads and checks it (the cost model's; runtime/ does not import it)."""
     same_config(cfg, world)  # first: a differing option is the cause of any one-rank failure below
     together(world, validate, cfg, world.size)
     together(world, check_memory, cfg, world.size)
+    together(world, load_profile, cfg.hardware)  # a bad profile fails now, not after the last step
     return cfg
 
 
@@ -95,3 +99,56 @@ def same_data(data, world) -> None:
             f"{everyone[odd[0]][:8]} vs {everyone[0][:8]}); give every rank identical data files, "
             "or use --data-source root"
         )
+
+
+def _mpi_world():
+    """COMM_WORLD when this process is one rank of several (MPI started, or a launcher says so)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        size = next((os.environ[v] for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE") if v in os.environ), "1")
+        if not size.isdigit() or int(size) < 2:
+            return None
+        from mpi4py import MPI as mpi
+    if not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() < 2:
+        return None
+    return mpi.COMM_WORLD
+
+
+def same_command(argv: list[str]) -> None:
+    """The first exchange of every subcommand: all ranks run the same one (else one would wait in a
+    collective the others never call), learn rank 0's run id (job.py), and start their guardians.
+    `train` leaves differing options to same_config, which names the option; every other command
+    must have identical arguments."""
+    from .. import job
+
+    world = _mpi_world()
+    if world is None:
+        job.set_run_id(job.new_run_id())  # a lone process's guardian starts when it trains (run/loop.py)
+        return
+    everyone = world.gather(list(argv), root=0)
+    verdict = None
+    if world.rank == 0:
+        verdict = (_command_problem(everyone), job.new_run_id())
+    problem, run_id = world.bcast(verdict, root=0)
+    job.set_run_id(run_id)
+    job.start_guardian(world.rank, world.size)
+    if problem:
+        raise SimparError(problem)
+
+
+def _command_problem(everyone: list[list[str]]) -> str | None:
+    first = everyone[0]
+    command = first[0] if first else ""
+    differs = [args[:1] != first[:1] or (command != "train" and args != first) for args in everyone]
+    odd = [rank for rank, d in enumerate(differs) if d]
+    if not odd:
+        return None
+    ranks = "rank" + ("s " if len(odd) > 1 else " ") + ", ".join(map(str, odd))
+    what = "commands" if everyone[odd[0]][:1] != first[:1] else f"arguments of `simpar {command}`"
+    return (
+        f"ranks run different {what}: rank 0 runs `simpar {' '.join(first)}`, {ranks} "
+        f"{'run' if len(odd) > 1 else 'runs'} `simpar {' '.join(everyone[odd[0]])}`; "
+        "start every rank with the same command"
+    )

@@ -12,9 +12,10 @@ that ranks that called different collectives can be told apart afterwards.
 The watchdog is a thread that looks at what the rank is waiting for. If one wait lasts longer
 than `--watchdog SECONDS` (default 120 s: longer than any step simpar runs here, shorter than a
 person's patience; 0 turns it off) -- or a step runs that long without any communication, as on a
-stalled rank -- the rank dumps its recorder to `simpar-flight/rank-K.json` and ends with exit
-status 2; the first rank to get there says why in ONE line (the operation, and the peer it waits
-for); MPI_Abort then ends every rank, one that cannot run its watchdog (SIGSTOP, hung in C code)
+stalled rank -- the rank dumps its recorder to `simpar-flight/RUNID/rank-K.json` (one folder per
+job, job.py; the newest KEEP_RUNS kept) and ends with exit status 2; the first rank to get there
+says why in ONE line, naming the rank the recorders agree is behind (it reads the dumps as `simpar
+debug` does); MPI_Abort then ends every rank, one that cannot run its watchdog (SIGSTOP, hung in C code)
 too. `simpar debug DIR` (report/debug.py) reads the dumps and names the rank that is behind, or
 the ranks whose collectives differ.
 """
@@ -23,19 +24,27 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
 
+from .. import console, job
+
 SIZE = 512
 DEFAULT_WATCHDOG_S = 120.0
 DUMP_DIR = "simpar-flight"
+KEEP_RUNS = 5  # flight-recorder folders of earlier jobs kept (the newest), for `simpar debug`
+IO_GRACE_S = 120.0  # a checkpoint write may take this long before the watchdog calls it a hang
 
-# Whether a progress bar may hold the terminal's current line: print_error starts on a fresh line
-# then. Display state only (set while a recorder with progress_bar runs); no run reads it.
-_bar_showing = False
+# The process's latest recorder: display state for the final line only (Ctrl-C's step, whether rank
+# 0's bar may hold the terminal line). No run reads it: each run's own recorder travels in its Runtime.
+_last: "FlightRecorder | None" = None
+
+
+def last() -> "FlightRecorder | None":
+    return _last
 
 
 class FlightRecorder:
@@ -54,6 +63,9 @@ class FlightRecorder:
         self.check_collectives = False  # --check-collectives
         self.desync_at: int | None = None  # --inject desync: skip the first collective of this step
         self.running = True  # the watchdog watches while this holds (stop() ends it)
+        self.in_io = False  # inside a checkpoint write (io_section): waits get IO_GRACE_S
+        self.firing = False  # the watchdog has decided to end the job
+        self.fire_lock = threading.Lock()  # the watchdog firing vs. the run ending: one or the other
         self._lock = threading.Lock()
 
     def record(
@@ -111,9 +123,11 @@ class FlightRecorder:
         return path
 
 
-def start(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_DIR) -> FlightRecorder:
-    """A run's recorder (the run's Runtime carries it), and its watchdog thread until `stop`."""
-    recorder = FlightRecorder(rank, world_size, dump_dir)
+def start(rank: int, world_size: int, watchdog_s: float, dump_dir: str | None = None) -> FlightRecorder:
+    """A run's recorder (the run's Runtime carries it), and its watchdog thread until `stop`. Dumps go
+    to a folder of this job's own (simpar-flight/RUNID), so the next job keeps them."""
+    global _last
+    recorder = _last = FlightRecorder(rank, world_size, dump_dir or os.path.join(DUMP_DIR, job.run_id()))
     if watchdog_s > 0:
         threading.Thread(
             target=_watch, args=(recorder, watchdog_s), daemon=True, name="simpar-watchdog"
@@ -122,8 +136,7 @@ def start(rank: int, world_size: int, watchdog_s: float, dump_dir: str = DUMP_DI
 
 
 def show_progress_bar(recorder: FlightRecorder, on: bool) -> None:
-    global _bar_showing
-    recorder.progress_bar = _bar_showing = on
+    recorder.progress_bar = on
 
 
 def take_desync(recorder: FlightRecorder | None) -> bool:
@@ -136,12 +149,31 @@ def take_desync(recorder: FlightRecorder | None) -> bool:
 
 
 def stop(recorder: FlightRecorder | None) -> None:
-    """The run is over: its watchdog stops watching."""
-    global _bar_showing
-    if recorder is not None:
+    """The run is over: its watchdog stops watching. If the watchdog already decided to end the job
+    (its line may be printed), wait for it to do so: returning would let this rank exit 0 after an
+    error line."""
+    if recorder is None:
+        return
+    with recorder.fire_lock:
         recorder.running = False
-        if recorder.progress_bar:
-            _bar_showing = False
+    if recorder.firing:
+        threading.Event().wait()  # the watchdog thread ends the process
+
+
+class io_section:
+    """`with flight.io_section(recorder):` around a checkpoint write: rank 0 writes while the others
+    wait for it, and neither is a hang until IO_GRACE_S (a slow disk is not a stalled rank)."""
+
+    def __init__(self, recorder: FlightRecorder | None):
+        self.recorder = recorder
+
+    def __enter__(self):
+        if self.recorder is not None:
+            self.recorder.in_io = True
+
+    def __exit__(self, *exc):
+        if self.recorder is not None:
+            self.recorder.in_io = False
 
 
 def describe(event: dict) -> str:
@@ -158,70 +190,84 @@ def _watch(recorder: FlightRecorder, limit: float) -> None:
     while recorder.running:
         time.sleep(poll)
         waiting, now, since = recorder.waiting, time.monotonic(), recorder.step_since
-        if waiting is not None and now - waiting["since"] >= limit:
-            what = f"waited more than {limit:g} s at step {waiting['step'] + 1} in {describe(waiting)}"
-        elif waiting is None and since is not None and now - since >= limit:
-            what = f"spent more than {limit:g} s in step {recorder.step + 1} without communicating (stalled?)"
+        allowed = max(limit, IO_GRACE_S) if recorder.in_io else limit
+        if waiting is not None and now - waiting["since"] >= allowed:
+            what = f"rank {recorder.rank} waited more than {allowed:g} s at step {waiting['step'] + 1} in "
+            what += describe(waiting)
+        elif waiting is None and since is not None and now - since >= allowed:
+            what = f"rank {recorder.rank} spent more than {allowed:g} s in step {recorder.step + 1} "
+            what += "without communicating (stalled?)"
         else:
             continue
+        with recorder.fire_lock:  # the run may have ended meanwhile: then it is not a hang
+            if not recorder.running:
+                return
+            recorder.firing = True
         try:
             folder = os.path.dirname(recorder.dump()) or "."
         except OSError as exc:
             folder = f"(not written: {exc.strerror})"
-        if _claim_report(recorder.dump_dir):  # the first rank here says why; the others keep quiet
-            print_error(
-                f"watchdog: rank {recorder.rank} {what}; flight recorders in {folder}/ "
-                f"(`python -m simpar debug {folder}` says who is behind)"
-            )
         # The other ranks' watchdogs fire within a poll or two: let them dump before anyone aborts.
+        reporter = job.claim_report()  # the first rank here says why; the others keep quiet
         time.sleep(2 * poll + 0.5)
+        if reporter:
+            print_error(
+                f"watchdog: {_behind(recorder)}{what}; flight recorders in {folder}/ "
+                f"(`python -m simpar debug {folder}` says more)"
+            )
         fatal(None)
 
 
-def _claim_report(folder: str) -> bool:
+def _behind(recorder: FlightRecorder) -> str:
+    """'rank(s) K behind (the flight recorders agree); ' from every rank's dump, as `simpar debug`
+    reads them: a waiting rank knows only its own peer, which may itself be waiting."""
     try:
-        os.close(os.open(os.path.join(folder, ".reported"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-    except OSError:
-        return True
+        from .dumps import behind
+
+        ranks = behind(recorder.dump_dir)
+    except Exception:  # noqa: BLE001  a dump being rewritten: the rank's own view still helps
+        return ""
+    if not ranks or ranks == [recorder.rank]:  # the reporter is the one behind: its own words say so
+        return ""
+    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    return f"{who} behind (the flight recorders agree); "
 
 
-def clear_dumps(folder: str = DUMP_DIR) -> None:
-    """Rank 0, before training: old dumps would mislead `simpar debug`."""
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+def prune_dumps(folder: str = DUMP_DIR, keep: int = KEEP_RUNS) -> None:
+    """Rank 0, before training: keep the newest `keep` jobs' dump folders (this job's is new), and
+    drop dumps of the old one-folder layout, which would mislead `simpar debug`."""
+    if not os.path.isdir(folder):
+        return
+    runs = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
         if name.startswith("rank-") or name == ".reported":
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
+            _unlink(path)
+        elif os.path.isdir(path) and name != job.run_id():
+            runs.append((os.path.getmtime(path), path))
+    for _, path in sorted(runs)[: max(0, len(runs) - (keep - 1))]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def first_to_report() -> bool:
-    """Whether this rank prints an error that every rank may have hit at once: under mpiexec, the
-    first rank of this machine to create a marker named after the launcher's proxy (the ranks' common
-    parent) says it; a marker over a minute old is a previous job's, with a recycled process id."""
+    """Whether this rank prints an error that every rank may have hit at once: the first of this
+    job to claim the report (job.claim_report)."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return True
-    path = os.path.join(tempfile.gettempdir(), f"simpar-error-{os.getppid()}")
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        if time.time() - os.path.getmtime(path) > 60:
-            os.utime(path)
-            return True
-        return False
-    except OSError:
-        return True
+    return job.claim_report()
 
 
 def print_error(message: str) -> None:
     """The one line, starting on a line of its own even after rank 0's progress bar."""
-    start = "\n" if _bar_showing else ""
-    print(f"{start}simpar: error: {message}", file=sys.stderr, flush=True)
+    console.say(f"simpar: error: {message}", bar_elsewhere=_last is not None and _last.progress_bar)
 
 
 def fatal(message: str | None) -> None:
@@ -231,14 +277,8 @@ def fatal(message: str | None) -> None:
     with exit status 2 -- provided nothing of ours is left to print: the abort's own message to
     stdout/stderr is silenced by pointing both at /dev/null first."""
     if message is not None:
+        job.claim_report()  # so that no guardian (job.py) adds a line when the others are killed
         print_error(message)
     else:
         time.sleep(0.3)  # let a reporter's line out first
-    sys.stdout.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(2)
-    os._exit(2)
+    job.leave(2)
