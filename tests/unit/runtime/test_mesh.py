@@ -34,7 +34,7 @@ def test_every_factorisation_of_8_is_enumerated():
     # 10 ordered (pp, dp, tp) with product 8; dp = 1, 2, 4, 8 has 1, 2, 3, 4 choices of ep
     assert len({(p, d, t) for p, d, t, _ in LAYOUTS_8}) == 10
     assert len(LAYOUTS_8) == 1 * 4 + 2 * 3 + 3 * 2 + 4 * 1  # pp*tp = 8/dp ways for each dp
-    assert AXES == ("pp", "edp", "ep", "cp", "tp")  # cp: tests/test_cp.py numbers it
+    assert AXES == ("pp", "edp", "ep", "cp", "tp")  # cp: tests/mpi/parallel/test_context.py numbers it
 
 
 @pytest.mark.parametrize("pp,dp,tp,ep", LAYOUTS_8)
