@@ -14,11 +14,8 @@ Activations kept: the serial block's 16 s h + a s^2 + 2 s elements per sequence 
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from simpar.runtime.mesh import axis_sizes, coords, group_of, rank_at
 from tests.conftest import assert_same_model, split_sizes, train_json
 from tests.mpiutil import run_mpi
 
@@ -48,30 +45,6 @@ def activations_kept(b: int, C: int, algo: str) -> int:
     n = S // C
     block = 16 * n * H + (A * n if algo == "ring" else A * S * n) + 2 * n
     return b * (8 * n + L * block * BPE + (2 * n * H + n) * BPE)
-
-
-def factorisations(n: int):
-    for pp, dp, cp in itertools.product(range(1, n + 1), repeat=3):
-        if n % (pp * dp * cp) == 0:
-            yield pp, dp, cp, n // (pp * dp * cp)
-
-
-@pytest.mark.parametrize("pp,dp,C,tp", list(factorisations(8)))
-def test_the_mesh_numbers_cp_between_dp_and_tp(pp, dp, C, tp):
-    """rank = ((pp_i dp + dp_i) C + cp_i) tp + tp_i; the cp group varies cp_i alone, dpcp (the gradient
-    all-reduce's) varies dp_i and cp_i, dp varies dp_i alone; each rank's place in a group is its
-    coordinate (dpcp: dp_i C + cp_i)."""
-    sizes = axis_sizes(dp, tp, pp, 1, C)
-    for p, d, c, t in itertools.product(range(pp), range(dp), range(C), range(tp)):
-        rank = ((p * dp + d) * C + c) * tp + t
-        assert coords(rank, sizes) == {"pp": p, "edp": d, "ep": 0, "cp": c, "tp": t}
-        assert rank_at(coords(rank, sizes), sizes) == rank
-        cp_group = [((p * dp + d) * C + i) * tp + t for i in range(C)]
-        dpcp = [((p * dp + j) * C + i) * tp + t for j in range(dp) for i in range(C)]
-        assert group_of(rank, "cp", sizes) == cp_group and cp_group.index(rank) == c
-        assert group_of(rank, "dpcp", sizes) == dpcp and dpcp.index(rank) == d * C + c
-        assert group_of(rank, "dp", sizes) == [((p * dp + j) * C + c) * tp + t for j in range(dp)]
-        assert group_of(rank, "tp", sizes) == [((p * dp + d) * C + c) * tp + i for i in range(tp)]
 
 
 LAYOUTS = [  # (ranks, dp, C, algo)
