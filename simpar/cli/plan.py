@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("dp", "tp", "pp"):
         g.add_argument(f"--{name}", type=int, default=1)
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (with --dp)")
+    g.add_argument(
+        "--cp", type=int, default=1, help="with --arch gpt: context-parallel ranks (the sequence split)"
+    )
+    g.add_argument("--cp-algo", default="ring", help="with --cp: ring | ulysses")
     g.add_argument("--schedule", default="1f1b", help="naive | gpipe | 1f1b | interleaved | zb-h1 | zb-v")
     g.add_argument("--microbatches", type=int, default=4)
     g.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
@@ -204,6 +208,8 @@ def plan_main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     if a.show_schedule:
         return show_schedule(a)
+    if a.cp != 1 and a.arch != "gpt":
+        raise SimparError("plan --cp splits a token sequence over ranks: use it with --arch gpt")
     if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt.py), one layout
         from ..report.plan_gpt import plan_gpt_main
 

@@ -121,6 +121,7 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     pipeline_rules(cfg)
     moe_rules(cfg, RunConfig())
     rules.layout_zero(cfg)
+    rules.layout_cp(cfg)
     return cfg
 
 
@@ -161,6 +162,12 @@ def layout_name(layout) -> str:
     parts = [f"dp{layout.dp}"] if layout.dp and layout.dp > 1 else []
     parts += [f"zero{layout.zero}"] if layout.zero else []
     parts += [f"ep{layout.ep}"] if getattr(layout, "ep", 1) > 1 else []
+    cp = getattr(layout, "cp", 1)
+    parts += (
+        [f"cp{cp}" + ("-ulysses" if getattr(layout, "cp_algo", "ring") == "ulysses" else "")]
+        if cp > 1
+        else []
+    )
     parts += [f"tp{layout.tp}" + ("-sp" if getattr(layout, "sp", False) else "")] if layout.tp > 1 else []
     parts += [f"pp{layout.pp}-{layout.schedule}"] if layout.pp > 1 else []
     return "x".join(parts) or "serial"

@@ -19,6 +19,7 @@ from .sections import (
     CLOCKS,
     COLLECTIVES,
     COMPUTE_MODELS,
+    CP_ALGOS,
     DATA_SOURCES,
     DATASETS,
     DTYPES,
@@ -191,6 +192,7 @@ def layout_names(cfg) -> None:
         f"--alltoall {cfg.alltoall} picks expert parallelism's all-to-all: add --experts E --ep P (P >= 2)",
     )
     one_of(cfg.kernels, KERNELS, "kernels")
+    one_of(cfg.cp_algo, CP_ALGOS, "cp-algo")
 
 
 def layout_values(cfg) -> None:
@@ -198,21 +200,25 @@ def layout_values(cfg) -> None:
     require(cfg.microbatches >= 1, "--microbatches must be at least 1")
     require(cfg.bucket_mb > 0, "--bucket-mb must be positive")
     require(cfg.tp >= 1 and cfg.pp >= 1, "--tp and --pp must be at least 1")
+    require(cfg.cp >= 1, f"--cp must be at least 1, got {cfg.cp}")
 
 
 def layout_fit(cfg, world_size: int) -> None:
     """dp from the world size (when not given), then what dp, tp and --sp need of the batch and widths."""
-    model_ranks = cfg.tp * cfg.pp
+    model_ranks = cfg.cp * cfg.tp * cfg.pp
+    cp_ = "cp*" if cfg.cp > 1 else ""  # name cp in the messages only when it is used
+    cpv = f"{cfg.cp}*" if cfg.cp > 1 else ""
     if cfg.dp is None:
         require(
             world_size % model_ranks == 0,
-            f"world size {world_size} is not divisible by tp*pp = {cfg.tp}*{cfg.pp} = {model_ranks}",
+            f"world size {world_size} is not divisible by {cp_}tp*pp = {cpv}{cfg.tp}*{cfg.pp} = "
+            f"{model_ranks}",
         )
         cfg.dp = world_size // model_ranks
     require(cfg.dp >= 1, "--dp must be at least 1")
     require(
         cfg.dp * model_ranks == world_size,
-        f"world size {world_size} does not factor into dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = "
+        f"world size {world_size} does not factor into dp*{cp_}tp*pp = {cfg.dp}*{cpv}{cfg.tp}*{cfg.pp} = "
         f"{cfg.dp * model_ranks}; launch with mpiexec -n {cfg.dp * model_ranks} or change the layout",
     )
     require(
@@ -251,6 +257,33 @@ def layout_fit(cfg, world_size: int) -> None:
             f"--sp with --pp splits every micro-batch's rows evenly over --tp {cfg.tp}: --batch {cfg.batch} "
             f"must be a multiple of dp*grad-accum*microbatches*tp = {rows}",
         )
+
+
+def layout_cp(cfg) -> None:
+    """--cp C: --arch gpt, 2C equal sequence chunks, the dp x cp gradient all-reduce (parallel/context.py)."""
+    if cfg.cp == 1:
+        require(
+            cfg.cp_algo == "ring",
+            f"--cp-algo {cfg.cp_algo} picks context parallelism's attention: add --cp C",
+        )
+        return
+    require(cfg.arch == "gpt", "--cp splits a token sequence over ranks: use it with --arch gpt")
+    require(
+        cfg.seq_len % (2 * cfg.cp) == 0,
+        f"--cp {cfg.cp} cuts every sequence into 2*cp = {2 * cfg.cp} equal chunks: --seq-len {cfg.seq_len} "
+        f"must be a multiple of {2 * cfg.cp}",
+    )
+    require(
+        cfg.cp_algo != "ulysses" or cfg.heads % cfg.cp == 0,
+        f"--cp-algo ulysses gives each of the --cp {cfg.cp} ranks whole heads: --heads {cfg.heads} must be "
+        f"divisible by {cfg.cp}",
+    )
+    require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
+    require(cfg.tp == 1, "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp")
+    require(
+        cfg.collectives == "ring",
+        f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
+    )
 
 
 def layout_zero(cfg) -> None:

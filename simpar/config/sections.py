@@ -29,6 +29,7 @@ ACTIVATIONS = ("relu", "tanh", "gelu")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 RECOMPUTE = ("none", "full", "selective")
 COLLECTIVES = ("ring", "rabenseifner", "tree", "ps", "mpi", "auto")  # auto: the ring, priced as NCCL picks
+CP_ALGOS = ("ring", "ulysses")  # context parallelism's attention (parallel/context.py)
 ALLTOALLS = ("pairwise", "bruck")  # expert parallelism's all-to-all (collectives/alltoall.py, bruck.py)
 KERNELS = ("auto", "numpy", "numba", "cuda")
 DATA_SOURCES = ("local", "root")
@@ -128,8 +129,8 @@ class Layout:
     they talk (buckets, overlap, the collective algorithms) and compute (the kernels)."""
 
     dp: int | None = option(
-        None, help="data-parallel ranks (default: world / (tp*pp))", train_only=True
-    )  # None: whatever is left of the world after tp*pp (validate fills it in)
+        None, help="data-parallel ranks (default: world / (cp*tp*pp))", train_only=True
+    )  # None: whatever is left of the world after cp*tp*pp (validate fills it in)
     tp: int = option(1, help="tensor-parallel ranks", train_only=True)
     sp: bool = option(
         False,
@@ -138,6 +139,17 @@ class Layout:
         train_only=True,
     )
     pp: int = option(1, help="pipeline stages", train_only=True)
+    cp: int = option(
+        1,
+        help="context-parallel ranks (--arch gpt): the sequence split over them, 2 chunks each",
+        train_only=True,
+    )
+    cp_algo: str = option(
+        "ring",
+        choices=CP_ALGOS,
+        help="context parallelism's attention: ring (K/V blocks around the cp ring, online softmax) or "
+        "ulysses (all-to-all from sequence shards to head shards and back)",
+    )
     zero: int = option(0, help="ZeRO stage 0-3 (with data parallelism)", train_only=True)
     ep: int = option(1, help="expert-parallel ranks (inside --dp; with --experts)", train_only=True)
     stage_layers: list[int] | None = option(

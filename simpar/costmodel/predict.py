@@ -232,6 +232,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     steps = steps if steps is not None else (cfg.steps or 1)
+    if getattr(cfg, "cp", 1) > 1:  # context parallelism's bytes and activations (costmodel/cp.py)
+        from .cp import predict_cp_run
+
+        return predict_cp_run(cfg, world_size, steps, hw or hardware.load("local"))
     if getattr(cfg, "arch", "mlp") == "gpt":  # a transformer's units and activations (costmodel/gpt.py)
         from .gpt import predict_run
         from .gpt_tp import predict_tp_run  # --tp (and --sp)

@@ -165,12 +165,20 @@ class BlockUnit:
         W2[...] = rng.standard_normal(W2.shape) * INIT_STD * out_scale
         return flat.astype(dtype)
 
+    # The attention's forward and backward: whole sequences here; context parallelism (parallel/
+    # context.py) swaps in its own for a rank that holds only some of every sequence's tokens.
+    def attend(self, x, attn, batch):
+        return self_attention_forward(x, attn, batch, self.s, self.a, self.rt.kernels)
+
+    def attend_backward(self, dy, actx, attn, dattn):
+        return self_attention_backward(dy, actx, attn, dattn, self.rt.kernels)
+
     def forward(self, flat, x):
         g1, b1, attn, g2, b2, W1, c1, W2, c2 = self.views(flat)
         rows = x.shape[0]
         batch = rows // self.s
         h1, (xh1, r1) = layernorm_forward(x, g1, b1)
-        y, actx = self_attention_forward(h1, attn, batch, self.s, self.a, self.rt.kernels)
+        y, actx = self.attend(h1, attn, batch)
         x2 = x + y
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         k = self.rt.kernels
@@ -189,7 +197,7 @@ class BlockUnit:
         dh2, gW1, gc1 = k.linear_act_backward(du, ctx.h2, W1, ctx.z, ctx.u, "gelu", True)
         dx2, gg2, gb2 = layernorm_backward(dh2, (ctx.xh2, ctx.r2), g2)
         dx2 = dy + dx2  # the residual path around the MLP
-        dh1 = self_attention_backward(dx2, ctx.attn, attn, dattn, self.rt.kernels)
+        dh1 = self.attend_backward(dx2, ctx.attn, attn, dattn)
         dx, gg1, gb1 = layernorm_backward(dh1, (ctx.xh1, ctx.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2), (dW1, gW1), (dc1, gc1)):
             acc += new

@@ -6,6 +6,8 @@
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
                columns, the embedding, LM head and cross-entropy split over the vocabulary
+  context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
+               attention (model/ring_attention.py)
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
@@ -17,6 +19,10 @@ from __future__ import annotations
 
 
 def build_strategy(cfg, mesh):
+    if cfg.cp > 1:
+        from .context import ContextParallel
+
+        return ContextParallel(cfg, mesh)
     if cfg.experts:
         from .expert import ExpertParallel
 

@@ -24,14 +24,15 @@ def build_metrics(
     eval_s: float = 0.0,
 ) -> dict:
     gathered = sorted(gathered, key=lambda g: g["rank"])
+    with_cp = any(g["coords"][3] for g in gathered)  # the cp coordinate, named when --cp is used
     ranks, mem = [], []
     for g in gathered:
         led = g["ledger"]
-        pp_i, dp_i, tp_i = g["coords"]
+        pp_i, dp_i, tp_i, cp_i = g["coords"]
         ranks.append(
             {
                 "rank": g["rank"],
-                "coords": {"pp": pp_i, "dp": dp_i, "tp": tp_i},
+                "coords": {"pp": pp_i, "dp": dp_i, "tp": tp_i, **({"cp": cp_i} if with_cp else {})},
                 "sent": {c: led["sent"][c] for c in CATS},
                 "received": {c: led["received"][c] for c in CATS},
                 "messages": {c: led["messages"][c] for c in CATS},

@@ -73,26 +73,37 @@ def plan_gpt_main(a) -> int:
     a.precision = names.get(a.precision, a.precision)
     check_layout(shape, a)
     hw = hardware.load(a.hardware)
-    p = cg.plan(
-        shape,
-        a.batch,
-        hw,
-        a.dp,
-        a.tp,
-        a.pp,
-        a.sp,
-        a.zero,
-        a.microbatches,
-        a.recompute,
-        a.precision,
-        a.optimizer,
-        a.grad_accum,
-    )
+    args = (a.tp, a.pp, a.sp, a.zero, a.microbatches, a.recompute, a.precision, a.optimizer, a.grad_accum)
+    p = without = cg.plan(shape, a.batch, hw, a.dp, *args)
+    if a.cp > 1:  # context parallelism: costmodel/cp.py, worded by plan_cp.py
+        from ..costmodel.cp import plan_cp
+        from .plan_cp import check_cp
+
+        check_cp(shape, a.cp, a.cp_algo)
+        p = plan_cp(shape, a.batch, hw, a.cp, a.cp_algo, **dict(zip(PLAN_ARGS, (a.dp, *args))))
     if a.json:
         print(json.dumps({**p, "model": shape.__dict__}, indent=2, default=str))
         return 0
     print("\n".join(format_gpt_plan(p, shape, a.batch, hw)))
+    if a.cp > 1:
+        from .plan_cp import cp_lines
+
+        print("\n".join(cp_lines(p, without)))
     return 0
+
+
+PLAN_ARGS = (
+    "dp",
+    "tp",
+    "pp",
+    "sp",
+    "zero",
+    "microbatches",
+    "recompute",
+    "precision",
+    "optimizer",
+    "grad_accum",
+)
 
 
 def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:

@@ -245,7 +245,7 @@ def _finish(run: Run, log: Measured) -> RunResult | None:
     gathered = world.gather_object(
         {
             "rank": world.rank,
-            "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index],
+            "coords": [mesh.pp_index, mesh.dp_index, mesh.tp_index, mesh.coords.get("cp", 0)],
             "ledger": ledger,
             "memory": strategy.memory(),
             "trace": run.tracer.events if run.tracer else None,

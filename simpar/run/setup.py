@@ -224,6 +224,7 @@ def build_mesh(cfg: RunConfig, world: Communicator, clock) -> Mesh:
         wrap=lambda comm: wire(comm, cfg),
         devices_per_node=nodes,
         experts=cfg.experts > 0,
+        cp=cfg.cp,
     )
 
 

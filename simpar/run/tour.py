@@ -56,6 +56,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
             candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
             if n == 4:
                 candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
+        candidates += context_layouts(n)
     if cfg.alltoall != "pairwise":  # --alltoall picks the ep layouts' algorithm; the others have none
         candidates = [
             (name, over if over.get("ep", 1) > 1 else dict(over, alltoall="pairwise"))
@@ -63,6 +64,16 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
         ]
     # serial always runs: it is the reference, and a problem with the options shows there as one line
     return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
+
+
+def context_layouts(n: int) -> list[tuple[str, dict]]:
+    """--arch gpt's context-parallel layouts (validate refuses them elsewhere): cp2 (on 2 of the
+    ranks), cp n, dp2 x cp2 on 4, and cp n with the all-to-all attention."""
+    sizes = sorted({2, n}) if n % 2 == 0 else [n]
+    out = [(f"cp{c}", dict(dp=1, cp=c, cp_algo="ring")) for c in sizes]
+    if n == 4:
+        out.append(("dp2xcp2", dict(dp=2, cp=2, cp_algo="ring")))
+    return out + [(f"cp{n}-ulysses", dict(dp=1, cp=n, cp_algo="ulysses"))]
 
 
 def with_sp(name: str, overrides: dict, cfg: RunConfig) -> list[tuple[str, dict]]:
@@ -78,7 +89,7 @@ def trains(base: RunConfig, overrides: dict) -> bool:
     for key, value in overrides.items():
         setattr(cfg, key, value)
     try:
-        validate(cfg, cfg.dp * cfg.tp * cfg.pp)
+        validate(cfg, cfg.dp * cfg.cp * cfg.tp * cfg.pp)
     except SimparError:
         return False
     return True
@@ -112,7 +123,7 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         cfg.metrics_out = cfg.weights_out = None
         # One pipeline run is traced, for the timeline picture (report/plots.py draws trace.json).
         cfg.trace = os.path.join(out_dir, "trace.json") if name.endswith("1f1b") and cfg.pp > 1 else None
-        need = (cfg.dp or 1) * cfg.tp * cfg.pp
+        need = (cfg.dp or 1) * cfg.cp * cfg.tp * cfg.pp
         sub = world.Split(0 if rank < need else MPI.UNDEFINED, rank)
         result, problem = None, None
         if sub != MPI.COMM_NULL:

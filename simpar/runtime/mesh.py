@@ -1,19 +1,23 @@
 """The device mesh: ONE ordered list of named axes, from which everything about a rank's place derives.
 
-    AXES = pp, edp, ep, tp        (slowest first; dp = edp x ep; context parallelism would go
-                                   between dp and tp)
+    AXES = pp, edp, ep, cp, tp    (slowest first; dp = edp x ep; cp: context parallelism, the
+                                   sequence split over ranks, between dp and tp)
 
 A world rank is a mixed-radix number over AXES, the last axis fastest:
 
-    rank = ((pp_i * edp + edp_i) * ep + ep_i) * tp + tp_i  =  (pp_i * dp + dp_i) * tp + tp_i
+    rank = (((pp_i * edp + edp_i) * ep + ep_i) * cp + cp_i) * tp + tp_i
+         = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
 
 so the ranks of one tensor-parallel group are neighbours (on a real cluster: the same node, the
-fastest links), and a pipeline stage is a contiguous block of dp*tp ranks. A group is the set of
+fastest links), and a pipeline stage is a contiguous block of dp*cp*tp ranks. A group is the set of
 ranks that differ only along some axes:
 
   tp:    varies tp        -- exchange activations inside a layer
   dp:    varies edp, ep   -- all-reduce gradients of the same shard
   ep:    varies ep        -- experts' all-to-all (expert parallelism, carved out of dp)
+  cp:    varies cp        -- pass K/V blocks around the sequence's ring (parallel/context.py)
+  dpcp:  varies edp, ep, cp -- all-reduce gradients of the same shard when cp > 1 (every cp rank
+                           saw other tokens of the same model: one combined all-reduce, as Megatron)
   edp:   varies edp       -- all-reduce an expert's gradients over its replicas
   pp:    varies pp        -- pass activations from stage to stage
   world: varies all
@@ -32,21 +36,23 @@ from typing import Callable
 
 from .comm import Communicator
 
-AXES = ("pp", "edp", "ep", "tp")  # slowest first; the mesh's one list of axes
+AXES = ("pp", "edp", "ep", "cp", "tp")  # slowest first; the mesh's one list of axes
 GROUPS = {  # group name -> the axes its ranks differ along
     "tp": ("tp",),
     "dp": ("edp", "ep"),
     "ep": ("ep",),
+    "cp": ("cp",),
+    "dpcp": ("edp", "ep", "cp"),
     "edp": ("edp",),
     "pp": ("pp",),
     "world": AXES,
 }
 
 
-def axis_sizes(dp: int, tp: int, pp: int, ep: int = 1) -> dict:
+def axis_sizes(dp: int, tp: int, pp: int, ep: int = 1, cp: int = 1) -> dict:
     if dp % ep:
         raise ValueError(f"ep = {ep} must divide dp = {dp}")
-    return {"pp": pp, "edp": dp // ep, "ep": ep, "tp": tp}
+    return {"pp": pp, "edp": dp // ep, "ep": ep, "cp": cp, "tp": tp}
 
 
 def coords(rank: int, sizes: dict) -> dict:
@@ -96,6 +102,7 @@ class Mesh:
     tp_comm: Communicator
     pp_comm: Communicator
     ep: int = 1
+    cp: int = 1
     sizes: dict = field(default_factory=dict)  # axis -> size
     coords: dict = field(default_factory=dict)  # axis -> this rank's coordinate
     groups: dict = field(default_factory=dict)  # group name -> its communicator, wrapped
@@ -112,14 +119,18 @@ class Mesh:
         wrap: Callable = lambda comm: comm,
         devices_per_node: int | None = None,
         experts: bool = False,
+        cp: int = 1,
     ) -> "Mesh":
         """Split `world` into every group (tp, dp, pp; with `experts` also ep and edp) and wrap each
-        once with `wrap` (run/setup.py: precision.wire, bfloat16 as uint16 on the wire)."""
-        if dp * tp * pp != world.size:
-            raise ValueError(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but there are {world.size} ranks")
-        sizes = axis_sizes(dp, tp, pp, ep)
+        once with `wrap` (run/setup.py: precision.wire, bfloat16 as uint16 on the wire); with cp > 1
+        also cp and dpcp."""
+        if dp * cp * tp * pp != world.size:
+            raise ValueError(
+                f"dp*cp*tp*pp = {dp}*{cp}*{tp}*{pp} = {dp * cp * tp * pp} but there are {world.size} ranks"
+            )
+        sizes = axis_sizes(dp, tp, pp, ep, cp)
         mine = coords(world.rank, sizes)
-        names = ["tp", "dp", "pp"] + (["ep", "edp"] if experts else [])
+        names = ["tp", "dp", "pp"] + (["ep", "edp"] if experts else []) + (["cp", "dpcp"] if cp > 1 else [])
         groups = {"world": wrap(world)}
         for name in names:  # every rank splits in this same order (MPI_Comm_split is collective)
             members = group_of(world.rank, name, sizes)
@@ -128,7 +139,7 @@ class Mesh:
             groups[name] = wrap(world.split(color=color, key=key, name=name))
         d = mine["edp"] * ep + mine["ep"]
         mesh = cls(world, dp, tp, pp, mine["pp"], d, mine["tp"], groups["dp"], groups["tp"], groups["pp"])
-        mesh.ep, mesh.sizes, mesh.coords, mesh.groups = ep, sizes, mine, groups
+        mesh.ep, mesh.cp, mesh.sizes, mesh.coords, mesh.groups = ep, cp, sizes, mine, groups
         mesh.devices_per_node = devices_per_node
         return mesh
 
@@ -142,4 +153,4 @@ class Mesh:
         return rank // self.devices_per_node if self.devices_per_node else 0
 
     def describe(self) -> dict:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, **({"cp": self.cp} if self.cp > 1 else {})}

@@ -38,8 +38,8 @@ def _initial(args: tuple[str, ...]) -> tuple:
     from simpar.cli.train import add_run_arguments, config_from_args
     from simpar.config import validate
     from simpar.parallel import build_strategy
-    from simpar.runtime.comm import Communicator, Ledger
     from simpar.run.setup import build_mesh
+    from simpar.runtime.comm import Communicator, Ledger
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)

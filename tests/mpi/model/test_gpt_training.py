@@ -142,7 +142,7 @@ def test_checkpoint_from_dp_resumes_under_zero3_bit_for_bit(tmp_path):
 
 
 def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
-    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3 on 2 ranks), each
+    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3, cp on 2 ranks), each
     equal to serial, bytes = prediction exactly; pp is left out, not failed, and so is tp here: V = 17
     does not split over 2 ranks (test_gpt_tp.py tours a vocabulary that does)."""
     res = run_mpi(2, ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)], timeout=300)
@@ -150,4 +150,12 @@ def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
     rows = [
         line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[-1] == "exact"
     ]
-    assert [r[0] for r in rows] == ["serial", "dp2", "dp2-zero1", "dp2-zero2", "dp2-zero3"]
+    assert [r[0] for r in rows] == [
+        "serial",
+        "dp2",
+        "dp2-zero1",
+        "dp2-zero2",
+        "dp2-zero3",
+        "cp2",
+        "cp2-ulysses",
+    ]

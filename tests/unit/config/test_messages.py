@@ -123,6 +123,37 @@ CASES = [
     (dict(microbatches=0), 1, "--microbatches must be at least 1"),
     (dict(bucket_mb=0.0), 1, "--bucket-mb must be positive"),
     (dict(tp=0), 1, "--tp and --pp must be at least 1"),
+    # layout: context parallelism (--cp, --cp-algo; parallel/context.py)
+    (dict(cp_algo="zigzag"), 1, "unknown cp-algo 'zigzag' (choose from ring, ulysses)"),
+    (dict(cp=0), 1, "--cp must be at least 1, got 0"),
+    (dict(cp_algo="ulysses"), 1, "--cp-algo ulysses picks context parallelism's attention: add --cp C"),
+    (dict(cp=2), 2, "--cp splits a token sequence over ranks: use it with --arch gpt"),
+    (
+        dict(arch="gpt", dataset="text", cp=2, seq_len=6),
+        2,
+        "--cp 2 cuts every sequence into 2*cp = 4 equal chunks: --seq-len 6 must be a multiple of 4",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, cp_algo="ulysses", heads=3, hidden=18),
+        2,
+        "--cp-algo ulysses gives each of the --cp 2 ranks whole heads: --heads 3 must be divisible by 2",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, zero=1),
+        2,
+        "--cp with --zero is not built yet: use --cp with --dp",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, tp=2),
+        4,
+        "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
+        2,
+        "--cp all-reduces gradients over dp x cp with the ring; --collectives tree not yet",
+    ),
+    (dict(arch="gpt", dataset="text", cp=3), 2, "world size 2 is not divisible by cp*tp*pp = 3*1*1 = 3"),
     # layout: what the world size, the batch and the widths must allow
     (dict(pp=2), 1, "world size 1 is not divisible by tp*pp = 1*2 = 2"),
     (dict(dp=0), 1, "--dp must be at least 1"),

@@ -34,7 +34,7 @@ def test_every_factorisation_of_8_is_enumerated():
     # 10 ordered (pp, dp, tp) with product 8; dp = 1, 2, 4, 8 has 1, 2, 3, 4 choices of ep
     assert len({(p, d, t) for p, d, t, _ in LAYOUTS_8}) == 10
     assert len(LAYOUTS_8) == 1 * 4 + 2 * 3 + 3 * 2 + 4 * 1  # pp*tp = 8/dp ways for each dp
-    assert AXES == ("pp", "edp", "ep", "tp")
+    assert AXES == ("pp", "edp", "ep", "cp", "tp")  # cp: test_the_mesh_numbers_cp_between_dp_and_tp
 
 
 @pytest.mark.parametrize("pp,dp,tp,ep", LAYOUTS_8)
@@ -45,7 +45,7 @@ def test_numbering_and_groups_follow_the_formula(pp, dp, tp, ep):
         rank = (p * dp + d) * tp + t
         e, q = divmod(d, ep)  # edp index, ep index
         c = coords(rank, sizes)
-        assert c == {"pp": p, "edp": e, "ep": q, "tp": t}
+        assert c == {"pp": p, "edp": e, "ep": q, "cp": 0, "tp": t}
         assert rank_at(c, sizes) == rank
         if ep == 1:
             assert coords_of(rank, dp, tp, pp) == (p, d, t)
@@ -145,3 +145,27 @@ def test_group_links_from_placement_agree_with_the_cost_models_closed_form(prese
 
 
 # -- the groups a real job gets ------------------------------------------------------------------------
+
+
+def factorisations(n: int):
+    for pp, dp, cp in itertools.product(range(1, n + 1), repeat=3):
+        if n % (pp * dp * cp) == 0:
+            yield pp, dp, cp, n // (pp * dp * cp)
+
+
+@pytest.mark.parametrize("pp,dp,C,tp", list(factorisations(8)))
+def test_the_mesh_numbers_cp_between_dp_and_tp(pp, dp, C, tp):
+    """rank = ((pp_i dp + dp_i) C + cp_i) tp + tp_i; the cp group varies cp_i alone, dpcp (the gradient
+    all-reduce's) varies dp_i and cp_i, dp varies dp_i alone; each rank's place in a group is its
+    coordinate (dpcp: dp_i C + cp_i)."""
+    sizes = axis_sizes(dp, tp, pp, 1, C)
+    for p, d, c, t in itertools.product(range(pp), range(dp), range(C), range(tp)):
+        rank = ((p * dp + d) * C + c) * tp + t
+        assert coords(rank, sizes) == {"pp": p, "edp": d, "ep": 0, "cp": c, "tp": t}
+        assert rank_at(coords(rank, sizes), sizes) == rank
+        cp_group = [((p * dp + d) * C + i) * tp + t for i in range(C)]
+        dpcp = [((p * dp + j) * C + i) * tp + t for j in range(dp) for i in range(C)]
+        assert group_of(rank, "cp", sizes) == cp_group and cp_group.index(rank) == c
+        assert group_of(rank, "dpcp", sizes) == dpcp and dpcp.index(rank) == d * C + c
+        assert group_of(rank, "dp", sizes) == [((p * dp + j) * C + c) * tp + t for j in range(dp)]
+        assert group_of(rank, "tp", sizes) == [((p * dp + d) * C + c) * tp + i for i in range(tp)]

@@ -1,0 +1,196 @@
+"""Context parallelism (--cp C) in closed form: its bytes, its activation memory, its plan.
+
+Notation as gpt.py: L blocks, hidden h, a heads, sequence s, bpe bytes per element; C cp ranks, each
+holding n = s/C tokens (chunks r and 2C-1-r of 2C) of b sequences. parallel/context_attention.py's
+rules written down again (nothing here calls it):
+
+  ring (Liu et al. 2023; Megatron-LM's context parallelism), op cp-kv, per block per step per rank:
+      forward   C-1 hops of K and V                         2 (C-1) b n h elements
+      backward  C-1 hops of K and V, C-1 of dK and dV        4 (C-1) b n h elements
+  Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses", sec. 3), op cp-alltoall: 4 all-to-alls forward
+      (q, k, v to head shards, o back) and 4 backward, each (C-1)/C b n h elements
+                                                            8 (C-1)/C b n h elements
+  (the ring's dK, dV partial sums in the wide type: 4 bytes under mixed precision, as its log-sum-exp)
+  gradients: one ring all-reduce over dp x C ranks (Megatron's dp group with CP): 2(dp C-1)/(dp C) P.
+
+Activations kept per block per sequence (elements): simpar's serial block keeps 16 s h + a s^2 + 2 s
+(gpt.py). A cp rank keeps the same per-token arrays for its n tokens, and of the scores:
+      ring     nothing: only the log-sum-exp, a n (P is rebuilt from it in backward, FlashAttention's
+               trick): 16 n h + a n + 2 n
+      Ulysses  P of its a/C heads over the whole sequence, a s^2 / C = a s n: 16 n h + a s n + 2 n,
+               exactly 1/C of the serial block
+The plan divides Korthikanti et al.'s (2022, Table 2) per-layer activations by C, as the sequence is
+(Megatron-LM's CP documentation: "activation memory per GPU is reduced by CP times").
+"""
+
+from __future__ import annotations
+
+from ..config import layout_name
+from .collectives import ALLREDUCE, Cost, to_bytes
+from .gpt import flops_per_step, unit_sizes
+from .gpt import plan as gpt_plan
+from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
+
+CP_ALGOS_PLANNED = ("ring", "ulysses")
+
+
+def cp_kv_elems(b: int, n: int, h: int, C: int, algo: str) -> dict:
+    """Elements one rank sends per block per step: {"forward", "backward"} (module docstring)."""
+    if C == 1:
+        return {"forward": 0, "backward": 0}
+    if algo == "ring":
+        return {"forward": 2 * (C - 1) * b * n * h, "backward": 4 * (C - 1) * b * n * h}
+    piece = b * n * h // C  # one rank's piece of one all-to-all
+    return {"forward": 4 * (C - 1) * piece, "backward": 4 * (C - 1) * piece}
+
+
+def ring_block_map(C: int) -> list[list[tuple[int, int] | None]]:
+    """For each query chunk q and key chunk k of 2C: (the rank that computes the block, the hop it
+    does so at), or None above the causal diagonal. Rank r owns chunks r and 2C-1-r; it computes the
+    blocks of its query chunks, and meets rank j's keys at hop (r - j) mod C. Every rank computes
+    2C+1 of the C(2C+1) blocks: 3 at hop 0 (two diagonal, one whole), 2 at every other hop."""
+    owner = [min(c, 2 * C - 1 - c) for c in range(2 * C)]
+    return [
+        [(owner[q], (owner[q] - owner[k]) % C) if k <= q else None for k in range(2 * C)]
+        for q in range(2 * C)
+    ]
+
+
+def cp_messages(C: int, algo: str) -> int:
+    """Messages one rank sends per block per step: ring 2(C-1) K/V + (C-1) dK/dV; Ulysses 8 x (C-1)."""
+    return 3 * (C - 1) if algo == "ring" else 8 * (C - 1)
+
+
+def wide_bytes(bpe: int) -> int:
+    """Bytes of the type the attention's sums are kept in: float32 for 16-bit inputs (attention.py)."""
+    return 4 if bpe == 2 else bpe
+
+
+def cp_kv_bytes(b: int, n: int, h: int, C: int, algo: str, bpe: int) -> int:
+    """Bytes one rank sends per block per step, forward and backward. The ring's dK, dV partial sums
+    travel in the wide type (float32 under mixed precision: summed on C-1 ranks, they are not rounded
+    to 16 bits on the way), its K and V in the activations' type."""
+    e = cp_kv_elems(b, n, h, C, algo)
+    if algo != "ring" or C == 1:
+        return (e["forward"] + e["backward"]) * bpe
+    grads = 2 * (C - 1) * b * n * h
+    return (e["forward"] + e["backward"] - grads) * bpe + grads * wide_bytes(bpe)
+
+
+def cp_block_elems(s: int, b: int, h: int, a: int, C: int, algo: str) -> int:
+    n = s // C
+    scores = a * n if algo == "ring" else a * s * n
+    return b * (16 * n * h + scores + 2 * n)
+
+
+def cp_activation_bytes(b: int, s: int, L: int, h: int, a: int, C: int, algo: str, bpe: int) -> int:
+    """A cp rank's kept arrays for b sequences: its int64 tokens, L blocks, the head's 2 n h + n. The
+    ring's log-sum-exp (a n per sequence) is kept in the wide type."""
+    n = s // C
+    lse = L * a * n * b * (wide_bytes(bpe) - bpe) if algo == "ring" else 0
+    return 8 * n * b + L * cp_block_elems(s, b, h, a, C, algo) * bpe + (2 * n * b * h + n * b) * bpe + lse
+
+
+def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt --cp C
+    [--dp D]`, keyed like its metrics (world rank = d C + c: mesh.py's numbering with pp = tp = 1).
+    Time, as gpt.predict_run's: the rank's FLOPs (1/C of its dp rows', the causal work balanced) at
+    the profile's rate, plus its gradient all-reduce (dp x C ranks) and cp traffic, not overlapped."""
+    L, h, a, s, V, C = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab, cfg.cp
+    dp = cfg.dp if cfg.dp is not None else world_size // C
+    prec = PRECISIONS[precision_of(cfg)]
+    sizes = unit_sizes(L, h, s, V)
+    P = sum(sizes)
+    op = "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall"
+    from .hardware import group_link
+
+    grad_link, cp_link = group_link(hw, "dp", dp * C, 1, 1), group_link(hw, "dp", C, 1, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    for r in range(dp * C):
+        d, c = divmod(r, C)
+        model, grad_s = Cost(), 0.0
+        for n_elems in dp_buckets(sizes, prec.grad, cfg.bucket_mb):
+            bucket = to_bytes(ALLREDUCE[cfg.collectives](n_elems, dp * C, r), prec.grad, steps)
+            model = model + bucket
+            grad_s += bucket.rounds * grad_link.alpha + bucket.round_elems * grad_link.beta
+        rows = [chunk(k_rows, dp, d) for k_rows in split(cfg.batch, cfg.grad_accum)]
+        kv = sum(cp_kv_bytes(b, s // C, h, C, cfg.cp_algo, prec.act) for b in rows) * L
+        act_sent, act_msgs = kv * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
+        # not overlapped: an upper bound (the ring overlaps each hop with its block)
+        comm_s = max(comm_s, grad_s + act_sent * cp_link.beta + act_msgs * cp_link.alpha)
+        ranks.append(
+            {
+                "rank": r,
+                "coords": {"pp": 0, "dp": d, "cp": c, "tp": 0},
+                "sent": {"data": 0, "model": model.sent, "activation": act_sent},
+                "messages": {"data": 0, "model": model.messages, "activation": act_msgs},
+                "by_op": {
+                    "model/grad-allreduce": {"sent": model.sent, "messages": model.messages},
+                    f"activation/{op}": {"sent": act_sent, "messages": act_msgs},
+                },
+            }
+        )
+        opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+        mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+        mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)
+        memory.append(mem)
+    per_step = {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")}
+    b = max(chunk(cfg.batch, dp, d) for d in range(dp))  # each rank: 1/C of its dp rows' FLOPs (balanced)
+    compute_s = flops_per_step(b, s, L, h, V) / C / hw.flop_rate(precision_of(cfg))
+    step_s = compute_s + comm_s / max(steps, 1)
+    return {
+        "steps": steps,
+        "layout": layout_name(cfg),
+        "hardware": getattr(hw, "name", None),
+        "comm": {
+            "ranks": ranks,
+            "per_step": per_step,
+            "per_rank_per_step_max": {
+                k: max(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")
+            },
+        },
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
+        "bubble": 0.0,
+        "params": P,
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": comm_s / max(steps, 1),
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
+    }
+
+
+def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **kw) -> dict:
+    """gpt.plan for dp x cp x tp x pp GPUs, plus the cp traffic.
+
+    gpt.plan run with dp x C ranks sharing the batch is already right for everything but the cp
+    traffic: a cp rank holds b = B/(dp M K) sequences of s/C tokens, and Korthikanti's per-layer bytes
+    for s tokens of b/C sequences (every term linear in b) equal those for s/C tokens of b sequences
+    with the s^2 term divided by C -- the activations of the layout without cp, / C. Compute is 1/C
+    of it (the causal work is balanced), the gradient all-reduce runs over the dp x C ranks (stride
+    tp, as the mesh numbers them), ZeRO shards over them too (Megatron's distributed optimizer).
+    cp traffic per GPU per step: cp_kv_elems for b sequences of s/C tokens, K/V h/t wide under tp, per
+    layer of the stage and micro-batch; its time on the cp group's link (stride tp, C ranks) is added
+    whole -- an upper bound: the ring overlaps each hop with the block it computes."""
+    from .hardware import group_link
+
+    C = cp
+    base = gpt_plan(shape, batch, hw, dp=dp * C, **kw)
+    tp, pp = base["layout"]["tp"], base["layout"]["pp"]
+    M, K = base["layout"]["microbatches"], base["layout"]["grad_accum"]
+    b = batch / (dp * M * K)
+    layers = -(-shape.layers // pp)
+    bpe = PRECISIONS[kw.get("precision", "mixed")].act
+    per_layer = cp_kv_bytes(1, shape.seq // C, shape.hidden // tp, C, algo, bpe) * b
+    cp_bytes = per_layer * layers * M * K
+    link = group_link(hw, "dp", C, tp, 1)
+    cp_s = cp_bytes * link.beta + cp_messages(C, algo) * layers * M * K * link.alpha if C > 1 else 0.0
+    step_s = base["time"]["step_s"] + cp_s
+    return {
+        **base,
+        "layout": dict(base["layout"], dp=dp, cp=C, cp_algo=algo),
+        "cp_bytes_per_gpu": cp_bytes,
+        "time": dict(base["time"], step_s=step_s, cp_s=cp_s),
+        "mfu": base["mfu"] * base["time"]["step_s"] / step_s,
+    }

@@ -1,0 +1,116 @@
+"""Context parallelism (--cp C, --arch gpt): every sequence split over the C ranks of a cp group.
+
+Rank r of the group holds, of each of its sequences, chunks r and 2C-1-r of 2C equal chunks
+(model/ring_attention.chunk_positions): an early chunk and a late one, so that under the causal mask
+every rank has the same attention work (Megatron's CP, Llama 3's long-context stage). Everything but
+attention is per token, so the embedding, the LayerNorms, the MLP, the head and the loss run on the
+rank's own n = s/C tokens, with their GLOBAL positions (the embedding looks up Pos[positions]). The
+attention of those tokens needs every earlier token's keys and values: context_attention.py brings
+them, around a ring (--cp-algo ring) or by all-to-all into head shards (--cp-algo ulysses).
+
+The loss: each rank's cross-entropy over its tokens divided by the global batch's token count B s
+(the loss is given B x C "rows" of n tokens: B C n = B s), so the shares of all dp x cp ranks add up
+to the serial mean, and so do their gradients. Gradients: every cp rank holds the whole model and
+saw other tokens of the same sequences, exactly as a dp rank saw other sequences; so ONE all-reduce
+(SUM) over the combined dp x cp group (the mesh's `dpcp` group, as Megatron's data-parallel group
+with CP) gives every rank the serial gradient -- data.py's buckets and overlap, just over dp*C ranks:
+2(dp C - 1)/(dp C) x P x bpe model bytes per rank per step.
+
+Checkpoints: every rank holds the full parameters (as under dp), so data.py's full-shape gather and
+slice are right as they are: a cp run's checkpoint resumes serially and the other way round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.gpt import BlockUnit, EmbeddingUnit, HeadUnit, Kept
+from ..model.precision import loss_grad
+from ..model.ring_attention import chunk_positions
+from .context_attention import cp_attention_backward, cp_attention_forward
+from .data import DataParallel, GradientBuckets
+from .resmlp_stack import UnitStack, unit_store
+
+
+class PositionedEmbedding(EmbeddingUnit):
+    """The embedding of this rank's tokens: x = E[tokens] + Pos[positions] (global positions)."""
+
+    def __init__(self, vocab: int, seq: int, hidden: int, positions: np.ndarray):
+        super().__init__(vocab, seq, hidden)
+        self.positions = positions
+
+    def forward(self, flat, tokens):
+        E, pos = self.views(flat)
+        b, n = tokens.shape
+        x = (E[tokens] + pos[self.positions]).reshape(b * n, self.h)
+        return x, Kept(tokens=tokens)
+
+    def backward(self, flat, gflat, ctx, dy, need_dx: bool = False):
+        dE, dpos = self.views(gflat)
+        b, n = ctx.tokens.shape
+        np.add.at(dE, ctx.tokens.reshape(-1), dy)
+        dpos[self.positions] += dy.reshape(b, n, self.h).sum(axis=0)  # positions are distinct
+        return None
+
+
+class ContextBlock(BlockUnit):
+    """A block on n = s/C tokens of each sequence; its attention reaches the rest over the cp group."""
+
+    def __init__(self, index, hidden, heads, seq, n_blocks, comm, algo):
+        super().__init__(index, hidden, heads, seq // comm.size, n_blocks)  # self.s: MY tokens, n
+        self.comm, self.algo, self.full_seq = comm, algo, seq
+
+    def attend(self, x, attn, batch):
+        return cp_attention_forward(
+            self.comm, self.algo, x, attn, batch, self.s, self.a, self.full_seq, self.rt.kernels
+        )
+
+    def attend_backward(self, dy, actx, attn, dattn):
+        return cp_attention_backward(
+            self.comm, self.algo, dy, actx, attn, dattn, self.a, self.full_seq, self.rt.kernels
+        )
+
+
+def context_units(cfg, comm, rt) -> list:
+    """[embedding, L blocks, head] on this cp rank's tokens: the serial model's units and shapes."""
+    L, C = cfg.blocks, comm.size
+    positions = chunk_positions(comm.rank, C, cfg.seq_len)
+    units = (
+        [PositionedEmbedding(cfg.vocab, cfg.seq_len, cfg.hidden, positions)]
+        + [ContextBlock(i, cfg.hidden, cfg.heads, cfg.seq_len, L, comm, cfg.cp_algo) for i in range(1, L + 1)]
+        + [HeadUnit(L + 1, cfg.hidden, cfg.vocab, cfg.seq_len // C)]  # logits shaped (b, n, V)
+    )
+    for unit in units:
+        unit.rt = rt
+    return units
+
+
+class ContextStack(UnitStack):
+    """UnitStack over context_units: the same flat store, buckets and checkpoints as serial's."""
+
+    def __init__(self, cfg, comm, rt):
+        self.rt = rt
+        self.units = context_units(cfg, comm, rt)
+        dtype = cfg.compute_dtype()
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
+
+
+class ContextParallel(DataParallel):
+    """dp x cp: the whole model on every rank, each rank's tokens chunks (r, 2C-1-r) of its dp rows;
+    gradients summed over the dp x cp group (module docstring)."""
+
+    def __init__(self, cfg, mesh):
+        self.cp_comm = mesh.groups["cp"]
+        super().__init__(cfg, mesh, stack=ContextStack(cfg, self.cp_comm, mesh.world.runtime))
+        self.positions = chunk_positions(self.cp_comm.rank, self.cp_comm.size, cfg.seq_len)
+        self.buckets = GradientBuckets(
+            self.store, mesh.groups["dpcp"], cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+        )
+
+    def _forward_backward(self, x, y, global_batch, communicate) -> float:
+        x, y = x[:, self.positions], y[:, self.positions]  # my tokens of my dp rows
+        logits, contexts = self.stack.forward(x, self.meter, self.watch)
+        # B x C rows of n = s/C tokens: the loss divides by B s, the global batch's tokens
+        loss, grad = loss_grad(self.optimizer, logits, y, global_batch * self.cp_comm.size)
+        self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
+        return loss
