@@ -52,7 +52,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --pp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -74,10 +74,9 @@ def model_gpt(cfg) -> None:
         name
         for name, used in (
             ("--tp", cfg.tp > 1),
-            ("--pp", cfg.pp > 1),
+            ("--schedule zb-h1/zb-v", cfg.pp > 1 and cfg.schedule in ("zb-h1", "zb-v")),
             ("--sp", cfg.sp),
             ("--experts", cfg.experts > 0),
-            ("--recompute", cfg.recompute != "none"),
             ("--clock sim", cfg.clock == "sim"),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
@@ -86,7 +85,7 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp and with --zero 1-3 so far; {', '.join(later)} "
+        f"--arch gpt runs serially, with --dp, --zero 1-3 and --pp so far; {', '.join(later)} "
         "not yet (issue 23)",
     )
 

@@ -234,7 +234,12 @@ def plan(
 
 def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
-    --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again."""
+    --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again.
+    --pp: gpt_pipeline.py."""
+    if cfg.pp > 1:
+        from .gpt_pipeline import predict_pipeline_run
+
+        return predict_pipeline_run(cfg, world_size, steps, hw)
     L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
     p = cfg.dp if cfg.dp is not None else world_size
     prec = PRECISIONS[precision_of(cfg)]
