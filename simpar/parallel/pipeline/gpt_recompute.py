@@ -6,7 +6,8 @@ layer -- 5 a s / h of the 34 + 5 a s / h bytes per s b h of Table 2 -- yet cheap
 from Q and K. So: keep every unit's context as it is, except each block's P = softmax(q k^T / sqrt(d)),
 and in the backward compute P again from the kept q and k with the forward's own function
 (softmax_probs, written as attention.attention_core_forward computes it: float32 inside under mixed
-precision, rounded as the forward rounded it), so the numbers are those of the forward and every layout still equals the serial run.
+precision, rounded as the forward rounded it), so the numbers are those of the forward and every
+layout still equals the serial run.
 What this costs: one q k^T per block, 2 s^2 h FLOPs a sequence (causal, counted in full as
 Narayanan et al. 2021 count it); attention over V is not redone (o is kept).
 The embedding and the head keep everything (their contexts hold no s^2 term).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...model.gpt import Kept
 from ...model.mlp import ACTIVATIONS, Context
 from ...model.resmlp import BlockContext
 from .. import resmlp_stack as resstack
@@ -38,15 +39,15 @@ class Saved:
     x: object  # the chunk's input
     zs: list | None  # selective: each layer's z (full: None); resmlp units: resstack.save_selective's
     held: int
-    units: bool = False  # zs came from resstack.save_selective
+    units: bool | str = False  # zs came from resstack.save_selective (True) or gpt_recompute's ("gpt")
 
 
 def save(mode: str, x, contexts: list) -> Saved:
     """Keep the chunk input (full), or the input and the z's (selective), and drop the rest."""
     if mode == "full":
         return Saved(x, None, x.nbytes)
-    if any(hasattr(ctx, "attn") for ctx in contexts):  # --arch gpt's blocks (gpt_recompute.py)
-        return Saved(x, *gpt_recompute.save_selective(contexts), units=True)
+    if any(isinstance(ctx, Kept) for ctx in contexts):  # --arch gpt's units (gpt_recompute.py)
+        return Saved(x, *gpt_recompute.save_selective(contexts), units="gpt")
     if any(isinstance(ctx, BlockContext) for ctx in contexts):
         return Saved(x, *resstack.save_selective(x, contexts), units=True)
     zs = [ctx.z for ctx in contexts]
@@ -59,7 +60,7 @@ def restore(mode: str, saved: Saved, stack) -> list:
     selective applies each layer's activation to its kept z."""
     if mode == "full":
         return stack.forward(saved.x, HeldBytes(), NonFiniteWatch())[1]
-    if saved.units and stack.units and hasattr(stack.units[0], "s"):  # --arch gpt's units
+    if saved.units == "gpt":
         return gpt_recompute.restore_selective(saved.zs, stack)
     if saved.units:
         return resstack.restore_selective(saved.x, saved.zs, stack)
