@@ -24,18 +24,27 @@ F64 = [*ARGS, "--dtype", "float64", "--kernels", "numpy"]
 UNITS = [(V + S) * H] + [12 * H * H + 13 * H] * L + [2 * H + H * V]
 
 
-def boundaries_sent(stage: int, n_stages: int, chunks: int) -> tuple[int, int]:
+def boundaries_sent(stage: int, n_stages: int, chunks: int, zb_v: bool = False) -> tuple[int, int]:
     """(activation sends, gradient sends) of one rank per micro-batch: chunk c on stage c mod S sends
-    its output on unless it is the last chunk, and its input gradient back unless it is the first."""
+    its output on unless it is the last chunk, and its input gradient back unless it is the first.
+    zb-v: 2S chunks, rank s holds s and 2S-1-s; chunks S-1 and S share the last rank (no message)."""
+    if zb_v:
+        where = lambda c: min(c, 2 * n_stages - 1 - c)  # noqa: E731
+        mine = (stage, 2 * n_stages - 1 - stage)
+        C = 2 * n_stages
+        acts = sum(c < C - 1 and where(c + 1) != stage for c in mine)
+        return acts, sum(c > 0 and where(c - 1) != stage for c in mine)
     mine = range(stage, chunks, n_stages)
     return sum(c < chunks - 1 for c in mine), sum(c > 0 for c in mine)
 
 
-def check_pipeline_bytes(run: dict, pp: int, dp: int = 1, chunks: int | None = None, bpe: int = 8) -> None:
+def check_pipeline_bytes(
+    run: dict, pp: int, dp: int = 1, chunks=None, bpe: int = 8, zb_v: bool = False
+) -> None:
     chunks = chunks or pp
     rows = B // dp  # sequences per step on each dp rank, all its micro-batches together
     for r in run["comm"]["ranks"]:
-        acts, grads = boundaries_sent(r["coords"]["pp"], pp, chunks)
+        acts, grads = boundaries_sent(r["coords"]["pp"], pp, chunks, zb_v)
         per_boundary = STEPS * rows * S * H * bpe  # b s h per micro-batch, summed over micro-batches
         assert r["by_op"].get("activation/pp-send-act", {}).get("sent", 0) == acts * per_boundary
         assert r["by_op"].get("activation/pp-send-grad", {}).get("sent", 0) == grads * per_boundary
@@ -53,6 +62,8 @@ LAYOUTS = {
         2,
         ["--pp", "2", "--microbatches", "2", "--schedule", "interleaved", "--virtual-stages", "2"],
     ),
+    "pp2-zb-h1": (2, ["--pp", "2", "--microbatches", "4", "--schedule", "zb-h1"]),
+    "pp2-zb-v": (2, ["--pp", "2", "--microbatches", "2", "--schedule", "zb-v"]),
     "pp4-1f1b": (4, ["--pp", "4", "--microbatches", "4", "--schedule", "1f1b"]),
     "dp2xpp2": (4, ["--dp", "2", "--pp", "2", "--microbatches", "2"]),
 }
@@ -66,7 +77,8 @@ def test_each_schedule_equals_serial_with_exact_pipeline_bytes(name, serial, tmp
     assert_same_model(run, ref, rtol=1e-12)
     opt = dict(zip(layout[::2], layout[1::2]))
     pp, dp = int(opt["--pp"]), int(opt.get("--dp", 1))
-    check_pipeline_bytes(run, pp, dp, pp * int(opt.get("--virtual-stages", 1)))
+    zb_v = opt.get("--schedule") == "zb-v"  # 2S chunks in a V: rank s holds s and 2S-1-s
+    check_pipeline_bytes(run, pp, dp, pp * int(opt.get("--virtual-stages", 1)), zb_v=zb_v)
     if dp > 1:  # each stage all-reduces its own units' gradients over its dp pair (one bucket)
         for r in run["comm"]["ranks"]:
             n_stage = sum(UNITS[:2]) if r["coords"]["pp"] == 0 else sum(UNITS[2:])
@@ -88,9 +100,11 @@ def test_gpipe_holds_every_micro_batch_of_its_units(serial, tmp_path):
 @pytest.mark.parametrize("precision,tol", [("mixed-bf16", 16 * 2.0**-8), ("mixed-fp16", 16 * 2.0**-11)])
 def test_half_precision_pipeline_equals_serial_at_that_precision(precision, tol, serial, tmp_path):
     """2-byte messages between the stages (b s h x 2 bytes each way), the softmax in float32
-    (attention.py), the overflow vote over the stages; the same model as serial at that precision."""
+    (attention.py), the overflow vote over the stages; the same model as serial at that precision.
+    The 2 micro-batches add their half gradients (+=) as serial --grad-accum 2 does over the same
+    4-sequence parts (one float32 matmul rounded once would differ by half's rounding)."""
     half = [*ARGS, "--precision", precision, "--kernels", "numpy"]
-    ref = serial(half)
+    ref = serial([*half, "--grad-accum", "2"])
     run = train_json(2, [*half, "--pp", "2", "--microbatches", "2"], tmp_path, timeout=240)
     assert run["precision"]["skipped_at"] == ref["precision"]["skipped_at"]
     assert_same_model(run, ref, rtol=tol)

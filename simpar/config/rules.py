@@ -74,7 +74,6 @@ def model_gpt(cfg) -> None:
         name
         for name, used in (
             ("--tp", cfg.tp > 1),
-            ("--schedule zb-h1/zb-v", cfg.pp > 1 and cfg.schedule in ("zb-h1", "zb-v")),
             ("--sp", cfg.sp),
             ("--experts", cfg.experts > 0),
             ("--clock sim", cfg.clock == "sim"),
