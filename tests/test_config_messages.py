@@ -71,7 +71,7 @@ CASES = [
     (
         dict(arch="gpt", dataset="text", tp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp and with --zero 1-3 so far; --tp, --inject nan not yet "
+        "--arch gpt runs serially, with --dp, --zero 1-3 and --pp so far; --tp, --inject nan not yet "
         "(issue 23)",
     ),
     # data

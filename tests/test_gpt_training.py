@@ -142,11 +142,19 @@ def test_checkpoint_from_dp_resumes_under_zero3_bit_for_bit(tmp_path):
 
 
 def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
-    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3 on 2 ranks), each
-    equal to serial, bytes = prediction exactly; tp and pp are left out, not failed."""
+    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3, pp2 with gpipe and
+    1f1b on 2 ranks), each equal to serial, bytes = prediction exactly; tp is left out, not failed."""
     res = run_mpi(2, ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)], timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [
         line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[-1] == "exact"
     ]
-    assert [r[0] for r in rows] == ["serial", "dp2", "dp2-zero1", "dp2-zero2", "dp2-zero3"]
+    assert [r[0] for r in rows] == [
+        "serial",
+        "dp2",
+        "dp2-zero1",
+        "dp2-zero2",
+        "dp2-zero3",
+        "pp2-gpipe",
+        "pp2-1f1b",
+    ]

@@ -99,7 +99,7 @@ def check_memory(cfg: RunConfig, world_size: int) -> None:
     loaders = here if cfg.data_source == "local" else 1
     need_model, need_data = model_bytes(cfg), data_bytes(cfg)
     model, advice = f"--layers {','.join(map(str, cfg.layers))}", "smaller widths or more --tp/--pp ranks"
-    if cfg.arch == "gpt":  # no --tp/--pp for it yet
+    if cfg.arch == "gpt":  # no --tp for it yet (the estimate is the whole model, --pp or not)
         model = f"--arch gpt --n-layers {cfg.blocks} --hidden {cfg.hidden} --seq-len {cfg.seq_len}"
         advice = "a smaller model, batch or --seq-len"
     if need_model * here > free:
