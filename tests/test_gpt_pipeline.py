@@ -141,3 +141,16 @@ def test_checkpoints_move_between_pp_dp_and_zero(serial, tmp_path):
         "e",
     )
     np.testing.assert_allclose(back["losses"], dp_full["losses"][4:], rtol=1e-12)
+
+
+def test_stages_are_balanced_by_parameters_not_by_unit_count(serial, tmp_path):
+    """With V = 300 the embedding ((V + s) h = 4928) and the head (2h + hV = 4832) outweigh a block
+    (3280): three stages by parameters are [embedding] [block 1, block 2] [head] (largest 6560),
+    not [embedding] [block 1] [block 2, head] (8112) as counting units would cut them."""
+    args = [*F64, "--vocab", "300"]
+    ref = serial(args)
+    run = train_json(3, [*args, "--pp", "3", "--microbatches", "2"], tmp_path, timeout=240)
+    assert_same_model(run, ref, rtol=1e-12)
+    emb, block, head = (300 + S) * H, 12 * H * H + 13 * H, 2 * H + H * 300
+    assert [m["params"] for m in run["memory"]["ranks"]] == [8 * emb, 8 * 2 * block, 8 * head]
+    check_pipeline_bytes(run, 3)
