@@ -5,7 +5,7 @@
 
 1. Correctness: the CudaKernels backend (host arrays in and out) against kernels.NumpyKernels for
    forward and backward, float32 and float64, on odd shapes and at 1024. Each error is measured
-   against the dot-product error bound (|x| @ |W|), as tests/test_kernels.py does.
+   against the dot-product error bound (|x| @ |W|), as tests/unit/kernels/test_kernels.py does.
 2. Speed, float32, on arrays already on the device (no host<->device copies in the timings), at
    n = 1024, 2048, 4096 (n x n times n x n): the tiled matmul; the fused forward (matmul + bias + gelu
    in one kernel); the unfused version (matmul, then a second kernel that reads z back for bias +

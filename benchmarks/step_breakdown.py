@@ -6,7 +6,7 @@ Runs the serial step of benchmarks/predict_vs_measure.py (MLP 784-1024-1024-10, 
 momentum or Adam, lazy zero_grad, as parallel/data.py does it) through simpar's own functions, with the
 simulated clock installed on a profile measured in this process just before (bench/calibrate.py's
 GEMM rate, numpy.add speed, per-layer call overhead). The simulated clock charges each call exactly
-what the cost model predicts for it (tests/test_simclock.py holds the two together), so each row
+what the cost model predicts for it (tests/mpi/runtime/test_simclock.py holds the two together), so each row
 sets a call's wall time beside the model's charge for it: where a row's gap is large, the model
 misses work there. `data` is the batch gather (x[rows]) and `rest` the step's wall time outside the
 timed calls (Python between them); the model charges neither. Medians over `--steps` after 5 warm-up

@@ -5,7 +5,7 @@ On a model of a few million parameters those sweeps are memory-bound millisecond
 loops read each of w, g and the state once and write w and the state once (PyTorch's "fused" and
 apex's FusedAdam do the same on GPUs). The arithmetic is NumPy's, operation for operation in the same
 order and type (the constants arrive as numbers of w's dtype; no fastmath, so no fused multiply-add),
-so the results are bit for bit the reference's: tests/test_kernels.py checks it.
+so the results are bit for bit the reference's: tests/unit/kernels/test_kernels.py checks it.
 (benchmarks/hot_path.py measures what the fused SGD sweep saves per step.)
 """
 

@@ -6,7 +6,7 @@ printed numbers without running anything (GitHub and JupyterLab show stored outp
 
 Outputs are kept small: figures at 72 dpi, and the temporary folders the lessons create are written as
 <tmp> (they would otherwise name a path on this machine). Each notebook's metadata records a hash of its
-code cells (`simpar.code_sha256`); tests/test_notebooks_meta.py fails when a code cell has changed since
+code cells (`simpar.code_sha256`); tests/unit/test_notebooks_meta.py fails when a code cell has changed since
 the outputs were stored, so stale outputs cannot ship. The numbers are one run on the machine that ran
 this script: measured times differ from machine to machine, bytes and losses do not.
 """

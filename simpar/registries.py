@@ -10,7 +10,7 @@ cost model may import neither), so this module, which may import all three, hold
 
 A name missing on one side used to train a whole run and then fail in the post-run prediction
 (KeyError); run/setup.py calls `check()` when it is imported, so such a mismatch stops every run
-before its first step, and tests/test_runtime_registries.py fails on it.
+before its first step, and tests/unit/test_registries.py fails on it.
 """
 
 from __future__ import annotations

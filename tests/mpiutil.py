@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from simpar.run.launch import _env as env
 from simpar.run.launch import mpiexec_path as mpiexec
 from simpar.run.launch import run as _run
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT  # noqa: F401  (kept for callers of tests.mpiutil.ROOT)
 
 
 def run_mpi(n: int, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@
 Each function checks one section's fields (reading others only where a rule spans two sections, e.g.
 --precision mixed-bf16 with --collectives mpi) and raises SimparError with a one-line message. The
 order in which validate calls them decides which problem is reported when several are present, so
-it is written out there, in one place; the messages are a contract (tests/test_errors.py, the lessons).
+it is written out there, in one place; the messages are a contract (tests/mpi/test_errors.py, the lessons).
 The pipeline's and the experts' rules are pipeline.py and moe.py, the last of the layout's rules.
 """
 
@@ -52,7 +52,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --pp)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --tp, --sp, --pp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -73,10 +73,12 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--tp", cfg.tp > 1),
-            ("--sp", cfg.sp),
+            ("--tp with --pp", cfg.tp > 1 and cfg.pp > 1),
             ("--experts", cfg.experts > 0),
-            ("--clock sim", cfg.clock == "sim"),
+            (
+                "--clock sim with --zero, --pp or --precision mixed-*",
+                cfg.clock == "sim" and (cfg.zero or cfg.pp > 1 or cfg.mixed),
+            ),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
@@ -84,8 +86,17 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3 and --pp so far; {', '.join(later)} "
-        "not yet (issue 23)",
+        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; {', '.join(later)} not "
+        "yet (issue 23)",
+    )
+    # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
+    require(
+        cfg.heads % cfg.tp == 0,
+        f"--heads {cfg.heads} is not divisible by --tp {cfg.tp}: each tp rank holds whole heads",
+    )
+    require(
+        cfg.vocab % cfg.tp == 0,
+        f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp}: each tp rank holds V/tp of the vocabulary",
     )
 
 
@@ -214,10 +225,17 @@ def layout_fit(cfg, world_size: int) -> None:
         require(not bad, f"hidden widths {bad} are not divisible by --tp {cfg.tp}")
     if cfg.sp:
         require(
-            cfg.arch == "resmlp" and cfg.tp > 1,
-            "--sp splits the rows of resmlp's residual stream over the tp group: use it with "
-            "--arch resmlp and --tp > 1",
+            cfg.arch in ("resmlp", "gpt") and cfg.tp > 1,
+            "--sp splits the rows of the residual stream over the tp group: use it with "
+            "--arch resmlp or gpt and --tp > 1",
         )
+        if cfg.arch == "gpt":  # the tokens of every micro-step: b s rows, cut in tp contiguous shards
+            require(
+                cfg.seq_len % cfg.tp == 0,
+                f"--sp splits every micro-step's tokens evenly over --tp {cfg.tp}: --seq-len {cfg.seq_len} "
+                "must be a multiple of it",
+            )
+            return
         rows = cfg.dp * cfg.grad_accum * cfg.tp
         require(
             cfg.batch % rows == 0,

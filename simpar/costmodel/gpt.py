@@ -235,7 +235,7 @@ def plan(
 def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
     --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again.
-    --pp: gpt_pipeline.py."""
+    --tp (and --sp): gpt_tp.py (predict.py picks); --pp: gpt_pipeline.py."""
     if cfg.pp > 1:
         from .gpt_pipeline import predict_pipeline_run
 
@@ -295,9 +295,16 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "by_op": by_op,
             }
         )
-    rows = max(chunk(cfg.batch, p, d) for d in range(p))
-    compute_s = flops_per_step(rows, s, L, h, V) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    step_s = compute_s + comm_s / max(steps, 1)
+    if hw is not None and cfg.zero == 0 and prec.act != 2:  # as the simulated clock charges a step
+        from .gpt_time import step_seconds
+
+        timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
+    else:
+        rows = max(chunk(cfg.batch, p, d) for d in range(p))
+        rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+        compute_s = flops_per_step(rows, s, L, h, V) / rate if rate else 0.0
+        step_s = compute_s + comm_s / max(steps, 1)
     per_step = {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
     return {
         "steps": steps,

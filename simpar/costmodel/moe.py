@@ -34,7 +34,8 @@ probabilities in float32 (Switch's selective precision, Fedus et al. 2021, sec. 
 Time: compute (step_compute_s: balanced routing) plus every collective on the dp group's link, alpha
 per round and beta per byte on its critical path (an all-to-all: every round's message, one after the
 other), blocking (parallel/expert.py overlaps nothing);
-under --clock sim the simulated step agrees within a few per cent (tests/test_moe.py holds it to 10%).
+under --clock sim the simulated step agrees within a few per cent (tests/mpi/model/test_moe.py holds it
+to 10%).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The order in which a pipeline rank does its work, and the activations that order keeps alive.
 
 Written down again, in the cost model's own terms, from the schedules' definitions in docs/strategies.md
-(the cost model never imports parallel/pipeline/schedules.py; tests/test_costmodel.py holds the two to
-each other).
+(the cost model never imports parallel/pipeline/schedules.py;
+tests/unit/parallel/pipeline/test_interleaved_and_zero_bubble.py holds the two to each other).
 
 A rank's work is a list of (kind, micro-batch, model chunk): kind "F" forward, "B" backward (for
 zb-h1 and zb-v: only its dL/dx half), "W" the weight-gradient half. Chunk c lives on rank c mod S,

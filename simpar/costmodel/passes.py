@@ -4,8 +4,8 @@ write besides their GEMMs -- written down again here, as a table, from each back
 
 The simulated clock reads the same counts from the backend object that ran (kernels/__init__.py:
 forward_passes, backward_passes, optimizer_passes); the cost model may not import kernels/
-(tests/test_layers.py), so it keeps its own copy, and tests/test_passes.py holds the two equal for
-every backend, optimizer and momentum. Why the counts differ:
+(tests/unit/test_layers.py), so it keeps its own copy, and tests/unit/costmodel/test_passes.py holds
+the two equal for every backend, optimizer and momentum. Why the counts differ:
 
   numpy  one ufunc per operation, each a pass: z += b (read z, write z: 2), y = act(z) (2); in
          backward act' (read dy, z; write dz: 3) and db = dz.sum(0) (1). SGD with momentum 10, without

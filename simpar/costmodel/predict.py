@@ -234,8 +234,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     steps = steps if steps is not None else (cfg.steps or 1)
     if getattr(cfg, "arch", "mlp") == "gpt":  # a transformer's units and activations (costmodel/gpt.py)
         from .gpt import predict_run
+        from .gpt_tp import predict_tp_run  # --tp (and --sp)
 
-        return predict_run(cfg, world_size, steps, hw or hardware.load("local"))
+        run = predict_tp_run if cfg.tp > 1 else predict_run
+        return run(cfg, world_size, steps, hw or hardware.load("local"))
     spec = Spec.from_config(cfg, world_size)
     if spec.experts:
         from .moe import predict_moe

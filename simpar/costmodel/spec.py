@@ -7,7 +7,8 @@ gradient buckets, micro-batch rows, a rank's (pp, dp, tp) coordinates; the pipel
 stages.py -- so that the
 per-rank formulas (rank.py) can be held to what runs. It imports none of the code that moves bytes or
 schedules work: if that code changes its rules, the prediction and the ledger disagree and
-`prediction_mismatches` says so (tests/test_costmodel.py mutates the execution code to prove it).
+`prediction_mismatches` says so (tests/mpi/costmodel/test_costmodel.py mutates the execution code to
+prove it).
 Shape bundles the facts all ranks share.
 
 Precisions (bytes per parameter): fp64 and fp32 store everything in that type; `mixed` is the ZeRO

@@ -1,7 +1,7 @@
 """Which layers each pipeline stage (or model chunk) gets: the cost model's own statement of the rule
 (stage_bounds), found by bisection, not by the executor's dynamic programme (parallel/partition.py).
-If the two ever disagree, `prediction_mismatches` says so (tests/test_costmodel.py gives the executor
-an unbalanced split to prove it). `spec` is a Spec (spec.py, whose Shape is built from stage_bounds).
+If the two ever disagree, `prediction_mismatches` says so (tests/mpi/costmodel/test_costmodel.py gives the
+executor an unbalanced split to prove it). `spec` is a Spec (spec.py, whose Shape is built from stage_bounds).
 """
 
 from __future__ import annotations

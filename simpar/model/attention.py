@@ -20,13 +20,13 @@ Why Q, K and V are three matrices and not one (h, 3h): tensor parallelism (Megat
 al. 2019, sec. 3) gives each of t ranks a/t WHOLE heads -- columns j*d .. (j+a/t)*d of Wq, Wk and Wv,
 and the same rows of Wo -- and attention needs no communication inside a head. With the three kept
 apart a rank's share is one column slice of each; `attention_core_*` works on however many heads it
-is handed. (tp for --arch gpt is later work; the layout is ready for it.)
+is handed (parallel/tensor_gpt.py).
 
 Precision (--precision mixed-*): the projections run through the kernel backend like every linear
 layer (half in, float32 inside, half out); the scores, the softmax and its backward are computed in
 float32 from the half q, k, v (exp of half numbers overflows at 11.1 and loses the small
 probabilities), and P is kept for backward rounded to half, as Megatron keeps it in its compute type.
-tests/test_gpt_ops.py checks each function against finite differences in float64.
+tests/unit/model/test_gpt_ops.py checks each function against finite differences in float64.
 """
 
 from __future__ import annotations

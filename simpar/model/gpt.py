@@ -44,6 +44,35 @@ from .resmlp import layernorm_backward, layernorm_forward
 
 INIT_STD = 0.02  # GPT-2's initializer range
 
+# What a unit charges the simulated clock (--clock sim), besides its matmuls: memory-bound elements per
+# token row, forward and backward, in the activations' type (costmodel/gpt_time.py writes them again).
+#   embedding  forward 3h (gather E's rows, read Pos, write x); backward 4h (add.at's read and write, dPos)
+#   block      forward 50h + 6as: LayerNorm 8h twice, q k v o biases 2h each, merging the heads 2h, the
+#              MLP's bias + GELU 16h and bias 2h, two residual adds 3h each; the causal softmax ~6
+#              sweeps over a s scores; backward 51h + 4as: LayerNorm' 10h twice, bias sums 9h, GELU' 12h,
+#              merging dq dk dv 6h, residuals 4h; softmax' ~4 sweeps; + accumulating 3 per parameter
+#   head       forward 8h (LayerNorm); backward 10h (LayerNorm') + accumulating 3 per parameter
+BLOCK_FWD_ELEMS, BLOCK_FWD_SCORES, BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES = 50, 6, 51, 4
+EMBED_FWD_ELEMS, EMBED_BWD_ELEMS, HEAD_FWD_ELEMS, HEAD_BWD_ELEMS, ACCUMULATE = 3, 4, 8, 10, 3
+
+
+def charge_block(clock, rows: int, h: int, a: int, s: int, bpe: int, size: int, backward: bool) -> None:
+    """A block's matmuls (q, k, v, o: h x h; scores q k^T and P v: 2 rows s h FLOPs each, over every
+    head; the MLP h x 4h, 4h x h -- each twice in backward, dx and dW) and its memory passes."""
+    times = 2 if backward else 1
+    for _ in range(times):
+        for _ in range(4):
+            clock.matmul(rows, h, h)
+        clock.matmul(rows, h, s)
+        clock.matmul(rows, s, h)
+        clock.matmul(rows, h, 4 * h)
+        clock.matmul(rows, 4 * h, h)
+    if backward:
+        clock.stream((BLOCK_BWD_ELEMS * rows * h + BLOCK_BWD_SCORES * rows * a * s + ACCUMULATE * size) * bpe)
+    else:
+        clock.stream((BLOCK_FWD_ELEMS * rows * h + BLOCK_FWD_SCORES * rows * a * s) * bpe)
+        clock.layer_call()
+
 
 def _cut(flat, shapes):
     """Views of `flat` in the given shapes, one after the other."""
@@ -68,7 +97,7 @@ class Kept:
 
 class EmbeddingUnit:
     """x = E[tokens] + Pos, out (batch*s, h). Keeps the token ids (int64) for backward.
-    A vocabulary-parallel rank would hold rows v0..v1 of E, look up only its ids and all-reduce."""
+    Under --tp, parallel/vocab_parallel.py holds rows v0..v1 of E per rank, looks up its ids, all-reduces."""
 
     rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
@@ -87,6 +116,10 @@ class EmbeddingUnit:
         E, pos = self.views(flat)
         b, s = tokens.shape
         x = (E[tokens] + pos[:s]).reshape(b * s, self.h)
+        clock = self.rt.clock
+        if clock is not None:
+            clock.stream(EMBED_FWD_ELEMS * x.size * x.itemsize)
+            clock.layer_call()
         return x, Kept(tokens=tokens)
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = False):
@@ -99,6 +132,8 @@ class EmbeddingUnit:
         b, s = ctx.tokens.shape
         np.add.at(dE, ctx.tokens.reshape(-1), dy)
         dpos[:s] += dy.reshape(b, s, self.h).sum(axis=0)
+        if self.rt.clock is not None:
+            self.rt.clock.stream(EMBED_BWD_ELEMS * dy.size * dy.itemsize)
         return None
 
     def weights(self, flat):
@@ -146,6 +181,8 @@ class BlockUnit:
         z, u = k.linear_act_forward(h2, W1, c1, "gelu")
         m, _ = k.linear_act_forward(u, W2, c2, "none")
         ctx = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2, h2=h2, z=z, u=u)
+        if self.rt.clock is not None:
+            charge_block(self.rt.clock, rows, self.h, self.a, self.s, x.itemsize, self.size, False)
         return x2 + m, ctx
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
@@ -165,6 +202,8 @@ class BlockUnit:
             acc += new
         dW2 += gW2
         dc2 += gc2
+        if self.rt.clock is not None:
+            charge_block(self.rt.clock, dy.shape[0], self.h, self.a, self.s, dy.itemsize, self.size, True)
         return dx2 + dx  # the residual path around attention
 
     def weights(self, flat):
@@ -172,8 +211,8 @@ class BlockUnit:
 
 
 class HeadUnit:
-    """logits = LN_f(x) Wout, shaped (batch, s, V) for the loss. A vocabulary-parallel rank would hold
-    columns v0..v1 of Wout and compute the softmax's max and sum with two all-reduces."""
+    """logits = LN_f(x) Wout, shaped (batch, s, V) for the loss. Under --tp a rank holds columns
+    v0..v1 of Wout and the loss never gathers the logits (parallel/vocab_parallel.py)."""
 
     rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
 
@@ -195,6 +234,11 @@ class HeadUnit:
         g, b, W = self.views(flat)
         hf, (xh, r) = layernorm_forward(x, g, b)
         logits, _ = self.rt.kernels.linear_act_forward(hf, W, None, "none")
+        clock = self.rt.clock
+        if clock is not None:
+            clock.matmul(x.shape[0], self.h, self.V)
+            clock.stream(HEAD_FWD_ELEMS * x.size * x.itemsize)
+            clock.layer_call()
         return logits.reshape(-1, self.s, self.V), Kept(xh=xh, r=r, hf=hf)
 
     def backward(self, flat, gflat, ctx, dlogits, need_dx: bool = True):
@@ -209,6 +253,11 @@ class HeadUnit:
         dW += gW
         dg += gg
         db += gb
+        clock = self.rt.clock
+        if clock is not None:
+            clock.matmul(dx.shape[0], self.h, self.V)
+            clock.matmul(dx.shape[0], self.h, self.V)
+            clock.stream((HEAD_BWD_ELEMS * dx.size + ACCUMULATE * self.size) * dx.itemsize)
         return dx
 
     def weights(self, flat):

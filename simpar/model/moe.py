@@ -28,7 +28,7 @@ Backward, for dL/dy given (every quantity per row x):
               and 0 for experts outside T(x) (top-k is piecewise constant: no gradient through the choice)
     aux       f_e does not depend on the parameters (a count); dL_aux/dp_e(x) = alpha * E * f_e / N
     softmax   dL/dlogit = p * (dL/dp - sum_e p_e dL/dp_e);  dWr = x^T dlogit;  dx += dlogit Wr^T
-tests/test_moe.py checks all of it, capacity drops included, against finite differences in float64.
+tests/unit/model/test_moe.py checks all of it, capacity drops included, against finite differences in float64.
 
 Evaluation (validation accuracy) routes every row to its K experts with no capacity limit.
 """

@@ -24,7 +24,7 @@ LayerNorm (Ba et al. 2016) over the d features of each row, and its backward:
   xh depends on x through x itself, mu and s: dxh_j/dx_k = (delta_jk - 1/d - xh_j xh_k / d) / s
   (using dmu/dx_k = 1/d and ds/dx_k = xh_k / (d s)). Contracting with g:
     dx = (g - mean(g) - xh * mean(g * xh)) / s                 (means over the d features)
-tests/test_resmlp.py checks it, and the whole block, against finite differences.
+tests/unit/model/test_resmlp.py checks it, and the whole block, against finite differences.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
   zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
+  tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
+               columns, the embedding, LM head and cross-entropy split over the vocabulary
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
@@ -30,6 +32,10 @@ def build_strategy(cfg, mesh):
     if cfg.tp > 1:
         from .tensor import TensorParallel
 
+        if cfg.arch == "gpt":  # heads, vocabulary-parallel embedding, head and loss; --sp
+            from .tensor_gpt import GptTensorParallel
+
+            return GptTensorParallel(cfg, mesh)
         if cfg.arch == "resmlp":  # residual blocks, and --sp
             from .tensor_resmlp import ResTensorStack
 

@@ -69,6 +69,9 @@ def comm_by_layout(ax, results) -> None:
         ax, [["Traffic per step by category:", "measured by the ledger (bars),", "cost model (ticks)"]], 12
     )
     _bytes_axis(ax)
+    top = max(bottom + ys, default=0)
+    if top > 0:  # headroom above the tallest bar and its tick (the binary ticks would end at it)
+        ax.set_ylim(0, 1.12 * top)
     ax.tick_params(axis="x", rotation=35)
     ax.legend()
 
@@ -168,7 +171,7 @@ def tour_plots(results, out_dir: str) -> list[str]:
             results,
             comm_by_layout,
             os.path.join(out_dir, "comm_by_layout.png"),
-            "same model and data; bars = ledger (measured), ticks = cost model"
+            "the same model and data on every layout"
             + ("; (modeled): MPI's own collectives, bytes booked from the formula" if modeled else ""),
         ),
         _bar_figure(

@@ -1,8 +1,8 @@
 """How the bytes grow: per-rank traffic per step as the world size, the hidden width and the batch vary.
 
-    comm_scaling(path, results)      comm_scaling.png of the tour (and `simpar plot --scaling`): one panel
-                                     per axis, lines = the cost model for each layout family, dots = the
-                                     runs measured
+    comm_scaling(path, results)      comm_scaling.png of the tour (and `simpar plot --scaling`): small
+                                     multiples, one column per layout family and one row per axis; lines =
+                                     the cost model, dots = the runs measured
 
 The lines are closed forms (costmodel.predict on the `local` profile), so they extend past the runs that
 fit this machine; the dots sit on them because the ledger and the cost model agree exactly. A mixture
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from ..config import SimparError
 from .draw import CATS, _bytes_axis, _plt, _save, _traffic_label
+
+FACTORS = (1, 2, 4, 8, 16, 32, 64)  # the width and batch panels: the run's size times f/8
 
 
 def _per_rank(pred: dict) -> float:
@@ -54,28 +56,21 @@ def _family_curve(config: dict, key: str, values: list[int]):
 
 
 def comm_scaling(path: str, results) -> str:
-    """Per-rank bytes per step vs world size, hidden width and batch: lines = cost model, dots = measured."""
+    """Per-rank bytes per step vs world size, hidden width and batch: lines = cost model, dots = measured.
+
+    Small multiples: one column per layout family (layouts whose predictions coincide share one), one row
+    per axis, the same log scale along a row, so no line hides another."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     measured = [(n, m) for n, m in results if m["world_size"] > 1]
-    colours = plt.get_cmap("tab10")
     base = results[0][1]["config"]
     width0 = base["layers"][1] if len(base["layers"]) > 2 else base["layers"][0]
     panels = (
-        ("world", "ranks in the layout's parallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
-        (
-            "width",
-            "hidden width (elements)",
-            sorted({width0 * f // 8 for f in (1, 2, 4, 8, 16, 32, 64)} - {0}),
-        ),
-        (
-            "batch",
-            "global batch (samples)",
-            sorted({max(1, base["batch"] * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)}),
-        ),
+        ("world", "ranks in the layout's\nparallel dimension", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+        ("width", "hidden width\n(elements)", sorted({width0 * f // 8 for f in FACTORS} - {0})),
+        ("batch", "global batch\n(samples)", sorted({max(1, base["batch"] * f // 8) for f in FACTORS})),
     )
-    # Layouts whose predicted curves coincide in all three panels (ZeRO-1/2 and plain dp; GPipe and 1F1B)
-    # share one line, labelled with all their names: fewer lines, nothing hidden.
+    # Layouts whose predicted curves coincide in all three rows (ZeRO-1/2 and plain dp; GPipe and 1F1B)
+    # share one column, titled with all their names.
     curves = {}
     for name, m in measured:
         cfg = m["config"]
@@ -87,22 +82,19 @@ def comm_scaling(path: str, results) -> str:
                 xs, ys = _family_curve(cfg, key, values)
                 key_curves.append((tuple(xs), tuple(float(f"{y:.3g}") for y in ys)))  # equal to 3 digits
         curves.setdefault(tuple(key_curves), []).append((name, m))
-    groups = list(curves.items())
-    for ax, (p_i, (key, label, values)) in zip(axes, enumerate(panels)):
-        for i, (key_curves, members) in enumerate(groups):
-            colour = colours(i % 10)
-            xs, ys = key_curves[p_i]
-            if xs:
+    groups = list(curves.items()) or [(((), (), ()), [])]
+    ncol = len(groups)
+    fig, axes = plt.subplots(3, ncol, figsize=(2.3 * ncol + 1.2, 7.6), sharey="row", squeeze=False)
+    for col, (key_curves, members) in enumerate(groups):
+        colour = plt.get_cmap("tab10")(col % 10)
+        for row, (key, label, values) in enumerate(panels):
+            ax = axes[row][col]
+            if key_curves[row][0]:
                 xs, ys = _family_curve(members[0][1]["config"], key, values)
-                ax.plot(
-                    xs,
-                    ys,
-                    color=colour,
-                    alpha=0.8,
-                    label=" = ".join(_traffic_label(n, m) for n, m in members),
-                    linestyle=("-", "--", ":", "-.")[i % 4],
-                )
-            for name, m in members:
+                ax.plot(xs, ys, color=colour, label="cost model")
+            else:
+                ax.text(0.5, 0.8, "no single\nworld axis", transform=ax.transAxes, ha="center", fontsize=8)
+            for _, m in members:
                 cfg = m["config"]
                 here = {
                     "world": m["world_size"],
@@ -110,39 +102,26 @@ def comm_scaling(path: str, results) -> str:
                     "batch": cfg["batch"],
                 }[key]
                 busiest = max(sum(r["sent"][c] for c in CATS) for r in m["comm"]["ranks"])
-                per_rank = busiest / max(1, m["steps"])
-                if here is not None and per_rank > 0:
-                    ax.plot([here], [per_rank], "o", color=colour, markersize=7, markeredgecolor="black")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(values, [str(v) for v in values])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("bytes sent per step by the busiest rank")
-        _bytes_axis(ax)
-        ax.grid(True, which="major", alpha=0.3)
-    world = "dp/ZeRO: model bytes approach 2P or 3P; tp: activations"
-    if base.get("experts"):  # the world panel varies dp; a layout's --ep stays (sizes it divides)
-        world = "dp grows, --ep fixed: gradients up, all-to-all down"
-    axes[0].set_title(f"vs world size\n({world})", fontsize=10)
-    axes[1].set_title("vs hidden width\n(model bytes ~ width^2, activations ~ width)", fontsize=10)
-    axes[2].set_title("vs global batch\n(activations ~ batch, model bytes flat)", fontsize=10)
-    handles, labels = [], []
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
+                if here is not None and busiest > 0:
+                    dot = busiest / max(1, m["steps"])
+                    ax.plot([here], [dot], "o", color=colour, markeredgecolor="black")
+            ax.set_xscale("log", base=2)
+            shown = values[:: max(1, len(values) // 4)]
+            ax.set_xticks(shown, [str(v) for v in shown], fontsize=7)
+            ax.minorticks_off()
+            ax.set_yscale("log")
+            ax.grid(True, which="major", alpha=0.3)
+            if col == 0:
+                ax.set_ylabel(f"vs {label}", fontsize=8)
+        names = [_traffic_label(n, m) for n, m in members]
+        axes[0][col].set_title("\n".join(names), fontsize=8)
+    for row in axes:  # after every column's set_yscale: a shared axis keeps the last locator set on it
+        _bytes_axis(row[0])
     fig.suptitle(
-        "Bytes per step of the busiest rank: lines = predicted by the cost model, "
-        "dots = measured by the ledger at the size that ran (layouts with equal predictions share a line)"
-        + (
-            "\nmixture of experts: lines for balanced routing without drops, dots as routed"
-            if base.get("experts")
-            else ""
-        ),
-        fontsize=10,
+        "Bytes per step of the busiest rank, one column per layout (equal predictions share one):\n"
+        "lines = cost model, dots = measured by the ledger at the size that ran; rows: world, width, batch"
+        + ("; experts: lines for balanced routing, dots as routed" if base.get("experts") else ""),
+        fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0.14, 1, 0.95))
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _save(fig, path)

@@ -67,9 +67,9 @@ def model_bytes(cfg: RunConfig) -> int:
     item = 4 if cfg.dtype == "float32" else 8
     if cfg.arch == "gpt":  # parameters as gpt.py builds them; activations ~ (34 + 5 a s / h) s b h bytes
         h, s, V = cfg.hidden, cfg.seq_len, cfg.vocab
-        params = cfg.blocks * (12 * h * h + 13 * h) + (2 * V + s + 2) * h
+        params = (cfg.blocks * (12 * h * h + 13 * h) + (2 * V + s + 2) * h) / cfg.tp  # --tp: shards
         rows = cfg.batch / ((cfg.dp or 1) * cfg.grad_accum)
-        acts = cfg.blocks * rows * s * h * (17 + cfg.heads * s / h) + rows * s * V
+        acts = cfg.blocks * rows * s * h * (17 + cfg.heads * s / h) + rows * s * V / cfg.tp
         return int(params * item * (2 + (2 if cfg.optimizer == "adam" else 1)) + acts * item)
     widths = cfg.layers
     params = sum((a + 1) * b for a, b in zip(widths[:-1], widths[1:]))
@@ -99,9 +99,9 @@ def check_memory(cfg: RunConfig, world_size: int) -> None:
     loaders = here if cfg.data_source == "local" else 1
     need_model, need_data = model_bytes(cfg), data_bytes(cfg)
     model, advice = f"--layers {','.join(map(str, cfg.layers))}", "smaller widths or more --tp/--pp ranks"
-    if cfg.arch == "gpt":  # no --tp for it yet (the estimate is the whole model, --pp or not)
+    if cfg.arch == "gpt":  # the estimate is the whole model, --tp or --pp or not
         model = f"--arch gpt --n-layers {cfg.blocks} --hidden {cfg.hidden} --seq-len {cfg.seq_len}"
-        advice = "a smaller model, batch or --seq-len"
+        advice = "a smaller model, batch or --seq-len, or more --tp or --pp ranks"
     if need_model * here > free:
         raise SimparError(
             f"{model} needs about {fmt_bytes(need_model)} per rank ({cfg.dtype} parameters, "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import job
 from ..config import RunConfig, SimparError, parse_inject
 from ..costmodel import hardware
 from ..files import write_json, write_trace, write_weights
@@ -75,6 +76,7 @@ def run_training(cfg: RunConfig, world: Communicator) -> RunResult | None:
     """Train one layout on all ranks of `world`; returns a RunResult on rank 0 (None elsewhere)."""
     # Overflow is detected where it matters (a non-finite loss, blamed on a layer): NumPy's own
     # warnings would only print the same news once per rank, in the middle of the progress bar.
+    job.start_guardian(world.rank, world.size)  # names this rank if it is killed outright (job.py)
     with np.errstate(all="ignore"):
         try:
             return _run_training(cfg, world)

@@ -37,7 +37,7 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "mixed-fp16": 32 * 2.0**-11, "mi
 def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     """(name, overrides) of every layout to show on this many ranks, the serial reference first.
 
-    The candidates are the layouts of the README's tour (and, for --arch resmlp, each tensor-parallel
+    The candidates are the layouts of the README's tour (and, for --arch resmlp and gpt, each tensor-parallel
     one again with --sp; for --experts, dp n x ep m for every m > 1 dividing n); a candidate stays
     when config.validate accepts it on its ranks, so the tour offers exactly the layouts `train` would
     run with the same options (--arch, --precision, --layers, --experts, --batch, ...), and one rule
@@ -66,10 +66,10 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
 
 
 def with_sp(name: str, overrides: dict, cfg: RunConfig) -> list[tuple[str, dict]]:
-    """A tensor-parallel layout, and for --arch resmlp the same with its rows split too (--sp: the
-    residual stream's rows sharded over the tp group, Korthikanti et al. 2022 sec. 4.2.2)."""
+    """A tensor-parallel layout, and for --arch resmlp and gpt the same with its rows split too (--sp:
+    the residual stream's rows sharded over the tp group, Korthikanti et al. 2022 sec. 4.2.2)."""
     plain = [(name, overrides)]
-    return plain + [(f"{name}-sp", dict(overrides, sp=True))] if cfg.arch == "resmlp" else plain
+    return plain + [(f"{name}-sp", dict(overrides, sp=True))] if cfg.arch in ("resmlp", "gpt") else plain
 
 
 def trains(base: RunConfig, overrides: dict) -> bool:

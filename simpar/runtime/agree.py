@@ -125,8 +125,7 @@ def same_command(argv: list[str]) -> None:
 
     world = _mpi_world()
     if world is None:
-        job.set_run_id(job.new_run_id())
-        job.start_guardian(0)
+        job.set_run_id(job.new_run_id())  # a lone process's guardian starts when it trains (run/loop.py)
         return
     everyone = world.gather(list(argv), root=0)
     verdict = None

@@ -17,8 +17,8 @@ Which pair of nodes decides: with `per_hop` each message's own two ranks (a ring
 a group that spans nodes takes the inter-node link, the group's slowest hop -- the rule the cost
 model's closed form uses ("a ring waits for its slowest link", costmodel/hardware.group_link), so
 that predict == simulate holds. Either way the nodes come from the placement, not from the cost
-model's table: tests/test_runtime_mesh.py checks the two derivations agree on every layout. Measured
-(4 ranks, dp 4, 4 experts over ep 2, nodes of 2 devices, tests/test_simclock.py's TWO_PER_NODE
+model's table: tests/unit/runtime/test_mesh.py checks the two derivations agree on every layout. Measured
+(4 ranks, dp 4, 4 experts over ep 2, nodes of 2 devices, tests/mpi/runtime/test_simclock.py's TWO_PER_NODE
 numbers): a step of 205.5 us with the group's link, 133.7 us per hop; the cost model predicts 204.1.
 
 The numbers are plain data copied from the hardware profile when the run is set up (run/setup.py):

@@ -1,0 +1,132 @@
+"""The step time of `simpar train --arch gpt` (serial and --dp) in closed form, as the simulated clock
+(--clock sim) charges it: what gpt.py's units, the loss and the optimizer charge, written again here
+(nothing here imports the model or the runtime), and data parallelism's gradient buckets overlapping
+the last backward (steptime.py's rule for the MLP: Li et al. 2020, sec. 3.2).
+
+Per micro-step of R token rows (b sequences of s), width h, a heads, vocabulary V, bpe bytes per
+activation; matmuls at the FLOP rate, memory-bound bytes at gamma/3 seconds per byte (hardware.py):
+  embedding  forward 3Rh elements + a call; backward 4Rh
+  block      forward 2R(4h^2 + 2sh + 8h^2) FLOPs, 50Rh + 6Ras elements + a call; backward twice the
+             FLOPs, 51Rh + 4Ras elements + 3 per parameter (accumulating the gradients)
+  head       forward 2RhV FLOPs, 8Rh elements + a call; backward 4RhV FLOPs, 10Rh + 3 per parameter
+  loss       6RV elements (model/mlp.softmax_cross_entropy)
+  optimizer  the backend's sweeps per parameter x its bytes (passes.py), once a step
+A step: every micro-step's forward, loss and backward; in the last one each unit's gradients are
+ready when its backward ends, and the buckets (in backward order) are all-reduced one after another
+on the dp stream as soon as their units are ready (on a CPU profile, host_progress: when backward
+ends); the rank waits for the last one, then runs the optimizer. The step ends with the slowest rank.
+"""
+
+from __future__ import annotations
+
+from . import passes
+from .chunktime import collective_gamma, seconds
+from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .spec import dp_bucket_layers, split
+
+BLOCK_FWD_ELEMS, BLOCK_FWD_SCORES, BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES = 50, 6, 51, 4
+EMBED_FWD_ELEMS, EMBED_BWD_ELEMS, HEAD_FWD_ELEMS, HEAD_BWD_ELEMS, ACCUMULATE, LOSS_ELEMS = 3, 4, 8, 10, 3, 6
+
+
+def unit_seconds(cfg, R: int, sizes: list[int], bpe: int, rate: float, stream: float, overhead: float):
+    """([forward seconds per unit], [backward seconds per unit], loss seconds) of R token rows on one
+    rank of a tp group of t = cfg.tp (1: serial; every sharded dimension / t, as tensor_gpt.py charges
+    it; Rl = R / t rows outside the tensor-parallel regions under --sp)."""
+    h, a, s, V, t = cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab, cfg.tp
+    hl, Rl = h // t, (R // t if cfg.sp else R)
+    block_flops = 2 * R * (4 * h * hl + 2 * s * hl + 8 * h * hl)
+    fwd = [(R * h + 2 * Rl * h) * bpe * stream + overhead]
+    bwd = [EMBED_BWD_ELEMS * R * h * bpe * stream]
+    for size in sizes[1:-1]:
+        elems = 26 * Rl * h + 24 * R * hl + BLOCK_FWD_SCORES * R * (a // t) * s
+        fwd.append(block_flops / rate + elems * bpe * stream + overhead)
+        elems = (
+            24 * Rl * h + 2 * R * h + 25 * R * hl + BLOCK_BWD_SCORES * R * (a // t) * s + ACCUMULATE * size
+        )
+        bwd.append(2 * block_flops / rate + elems * bpe * stream)
+    fwd.append(2 * R * h * (V // t) / rate + HEAD_FWD_ELEMS * Rl * h * bpe * stream + overhead)
+    bwd.append(
+        4 * R * h * (V // t) / rate + (HEAD_BWD_ELEMS * Rl * h + ACCUMULATE * sizes[-1]) * bpe * stream
+    )
+    return fwd, bwd, LOSS_ELEMS * R * (V // t) * bpe * stream
+
+
+def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, float]:
+    """Seconds of the blocking tp collectives of tp rank j per unit ([forward], [backward]) and of the
+    loss, `secs(cost, bpe, ring)` pricing one (gpt_tp.py lists them)."""
+    t, N, L, ring = cfg.tp, R * cfg.hidden, cfg.blocks, cfg.collectives in ("ring", "auto")
+    if t == 1:
+        return [0.0] * (L + 2), [0.0] * (L + 2), 0.0
+    ar = ALLREDUCE[cfg.collectives](N, t, j)
+    ag, rs = ring_allgather(N, t, j), ring_reduce_scatter(N, t, j)
+    if cfg.sp:
+        pair = secs(ag, bpe, True) + secs(rs, bpe, True)
+        fwd = [secs(rs, bpe, True)] + [2 * pair] * L + [secs(ag, bpe, True)]
+        bwd = [secs(ag, bpe, True)] + [2 * pair] * L + [secs(rs, bpe, True)]
+    else:
+        one = secs(ar, bpe, ring)
+        fwd = [one] + [2 * one] * L + [0.0]
+        bwd = [0.0] + [2 * one] * L + [one]
+    lbpe = 4 if bpe == 2 else bpe
+    loss = secs(ring_allgather(t * R, t, j), lbpe, True) + secs(
+        ALLREDUCE[cfg.collectives](2 * R, t, j), lbpe, ring
+    )
+    return fwd, bwd, loss
+
+
+def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
+    """{step_s, compute_s, comm_s} of a serial, --dp p and/or --tp [--sp] step (no --zero, no mixed
+    precision); `sizes`: one rank's units (its shards under --tp)."""
+    from .hardware import group_link
+
+    t = cfg.tp
+    on_node = min(p * t, hw.devices_per_node)
+    rate = hw.flop_rate(precision) * hw.compute_share(on_node)
+    stream = hw.gamma / 3 / hw.stream_share(on_node)
+    overhead = hw.layer_overhead / hw.compute_share(on_node)
+    links = {g: group_link(hw, g, p, t, 1) for g in ("dp", "tp")}
+    ring, nvls, gamma = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto", collective_gamma(hw)
+
+    def secs(cost, elem_bytes, as_ring, group="tp"):
+        return (
+            seconds(to_bytes(cost, elem_bytes), links[group], gamma, as_ring, nvls) if cost.messages else 0.0
+        )
+
+    optimizer_s = (
+        passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum)) * sum(sizes) * bpe
+    ) * stream
+    ends, computes, comms = [], [], []
+    for rank in range(p * t):
+        d, j = divmod(rank, t)
+        # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
+        sync = [0.0] * len(sizes)
+        if cfg.sp:
+            sync = [0.0] + [secs(ALLREDUCE[cfg.collectives](4 * cfg.hidden, t, j), bpe, ring)] * cfg.blocks
+            sync.append(secs(ALLREDUCE[cfg.collectives](2 * cfg.hidden, t, j), bpe, ring))
+        clock = compute = comm = 0.0
+        micro = split(cfg.batch, cfg.grad_accum)
+        for k, k_rows in enumerate(micro):
+            R = chunk(k_rows, p, d) * cfg.seq_len
+            fwd, bwd, loss = unit_seconds(cfg, R, sizes, bpe, rate, stream, overhead)
+            fwd_c, bwd_c, loss_c = tp_collectives(cfg, R, j, bpe, secs)
+            clock += sum(fwd) + sum(fwd_c) + loss + loss_c
+            backward_start, ready = clock, {}
+            last = k == len(micro) - 1
+            for i in reversed(range(len(sizes))):
+                clock += bwd[i] + bwd_c[i] + (sync[i] if last else 0.0)
+                ready[i] = clock
+            compute += sum(fwd) + loss + sum(bwd)
+            comm += sum(fwd_c) + loss_c + sum(bwd_c)
+        comm += sum(sync)
+        end = backward_start
+        if p > 1:  # the last micro-step's buckets, one after another on the dp stream
+            for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):
+                cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, d)
+                dp_s = secs(cost, bpe, ring, "dp")
+                start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
+                end = max(end, start) + dp_s
+                comm += dp_s
+        ends.append(max(clock, end) + optimizer_s)
+        computes.append(compute + optimizer_s)
+        comms.append(comm)
+    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}

@@ -1,0 +1,383 @@
+"""Every message of `validate`, word for word, for an input that triggers it -- and every rule of the
+config package is triggered by one of these inputs (a rule added without a case here fails the test).
+
+The messages are a contract (the README, the lessons, tests/mpi/test_errors.py end to end on real ranks);
+here they are checked in-process, on RunConfig directly, so that the names the parser would already
+refuse (an unknown --dataset, ...) are checked too: code builds RunConfigs without the parser.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from simpar.cli import build_parser
+from simpar.cli.options import config_from_args
+from simpar.config import RunConfig, SimparError, validate
+from tests.paths import ROOT
+
+CONFIG = ROOT / "simpar" / "config"
+USAGE = (
+    "--inject KIND@rank=R,step=S with KIND kill, stall (add ,seconds=T), nan or desync, "
+    "e.g. stall@rank=1,step=3,seconds=20; got {!r}"
+)
+ROUTER = "options of a mixture of experts' router; add --experts E"
+UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp; not with "
+
+# (RunConfig fields, world size, the message)
+CASES = [
+    # model
+    (dict(layers=[64]), 1, "--layers needs at least an input and an output width, e.g. 64,128,10"),
+    (dict(layers=[64, 0, 10]), 1, "--layers widths must be positive, got [64, 0, 10]"),
+    (dict(dtype="float16"), 1, "unknown dtype 'float16' (choose from float32, float64)"),
+    (dict(precision="fp8"), 1, "unknown precision 'fp8' (choose from fp32, mixed-fp16, mixed-bf16)"),
+    (dict(arch="gpt2"), 1, "unknown arch 'gpt2' (choose from mlp, resmlp, gpt)"),
+    (
+        dict(arch="resmlp", layers=[64, 10]),
+        1,
+        "--arch resmlp needs equal hidden widths (the residual stream), e.g. 64,128,128,128,10; got [64, 10]",
+    ),
+    (
+        dict(precision="mixed-fp16", dtype="float64"),
+        1,
+        "--precision mixed-fp16 keeps float32 master weights; drop --dtype",
+    ),
+    (
+        dict(precision="mixed-bf16", collectives="mpi"),
+        1,
+        "--collectives mpi cannot sum bfloat16 (MPI has no such type); use ring, tree, ...",
+    ),
+    (dict(precision="mixed-fp16", loss_scale=-3.0), 1, "--loss-scale must be a positive number, got -3.0"),
+    (dict(precision="mixed-bf16", loss_scale=math.inf), 1, "--loss-scale must be a positive number, got inf"),
+    (
+        dict(loss_scale=1.0),
+        1,
+        "--loss-scale sets mixed precision's loss scaler: add --precision mixed-fp16 or mixed-bf16",
+    ),
+    (dict(activation="sigmoid"), 1, "unknown activation 'sigmoid'"),
+    (dict(seed=-1), 1, "--seed must be a non-negative integer, got -1"),
+    # model: --arch gpt (its shape, its data, the layouts built for it so far)
+    (dict(dataset="text"), 1, "--dataset text is token sequences: add --arch gpt"),
+    (dict(arch="gpt", dataset="text", blocks=0), 1, "--n-layers must be at least 1, got 0"),
+    (dict(arch="gpt", dataset="text", hidden=10, heads=4), 1, "--hidden 10 is not divisible by --heads 4"),
+    (dict(arch="gpt"), 1, "--arch gpt trains on token sequences: --dataset text or copy, not digits"),
+    (
+        dict(arch="gpt", dataset="copy", seq_len=5),
+        1,
+        "--dataset copy needs an even --seq-len >= 2 (symbols, separator, copy) and --vocab >= 2",
+    ),
+    (
+        dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
+        2,
+        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; --inject nan not "
+        "yet (issue 23)",
+    ),
+    (
+        dict(arch="gpt", dataset="text", heads=2, tp=4),
+        4,
+        "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
+    ),
+    (
+        dict(arch="gpt", dataset="text", vocab=250, tp=4),
+        4,
+        "--vocab 250 is not divisible by --tp 4: each tp rank holds V/tp of the vocabulary",
+    ),
+    (
+        dict(arch="gpt", dataset="text", seq_len=30, tp=4, sp=True),
+        4,
+        "--sp splits every micro-step's tokens evenly over --tp 4: --seq-len 30 must be a multiple of it",
+    ),
+    # data
+    (dict(dataset="cifar"), 1, "unknown dataset 'cifar' (choose from digits, synthetic, mnist, text, copy)"),
+    (dict(data_source="nfs"), 1, "unknown data source 'nfs'"),
+    (dict(samples=1), 1, "--samples must be at least 2"),
+    (dict(dataset="mnist"), 1, "--dataset mnist needs --data-dir DIR with the four IDX files"),
+    # optimisation
+    (dict(optimizer="lamb"), 1, "unknown optimizer 'lamb' (choose from sgd, adam)"),
+    (dict(batch=0), 1, "--batch must be at least 1, got 0"),
+    (dict(lr=-1.0), 1, "--lr must be a positive number, got -1.0"),
+    (dict(lr=math.nan), 1, "--lr must be a positive number, got nan"),
+    (dict(momentum=1.0), 1, "--momentum must be in [0, 1), got 1.0"),
+    (dict(grad_accum=0), 1, "--grad-accum must be at least 1"),
+    (dict(steps=0), 1, "--steps must be at least 1"),
+    (dict(epochs=0), 1, "--epochs must be at least 1"),
+    # layout: names and values
+    (
+        dict(schedule="foo"),
+        1,
+        "unknown schedule 'foo' (choose from naive, gpipe, 1f1b, interleaved, zb-h1, zb-v)",
+    ),
+    (dict(recompute="some"), 1, "unknown recompute 'some' (choose from none, full, selective)"),
+    (dict(collectives="hd"), 1, "unknown collectives 'hd'"),
+    (dict(alltoall="ring"), 1, "unknown alltoall 'ring' (choose from pairwise, bruck)"),
+    (
+        dict(alltoall="bruck"),
+        1,
+        "--alltoall bruck picks expert parallelism's all-to-all: add --experts E --ep P (P >= 2)",
+    ),
+    (dict(kernels="tpu"), 1, "unknown kernels 'tpu' (choose from auto, numpy, numba, cuda)"),
+    (dict(zero=4), 1, "--zero must be 0, 1, 2 or 3, got 4"),
+    (dict(microbatches=0), 1, "--microbatches must be at least 1"),
+    (dict(bucket_mb=0.0), 1, "--bucket-mb must be positive"),
+    (dict(tp=0), 1, "--tp and --pp must be at least 1"),
+    # layout: what the world size, the batch and the widths must allow
+    (dict(pp=2), 1, "world size 1 is not divisible by tp*pp = 1*2 = 2"),
+    (dict(dp=0), 1, "--dp must be at least 1"),
+    (
+        dict(dp=4),
+        2,
+        "world size 2 does not factor into dp*tp*pp = 4*1*1 = 4; launch with mpiexec -n 4 or change the "
+        "layout",
+    ),
+    (dict(batch=1), 2, "--batch 1 is smaller than dp*grad-accum = 2: some rank would get no rows"),
+    (dict(tp=2, layers=[64, 128, 31, 10]), 2, "hidden widths [31] are not divisible by --tp 2"),
+    (
+        dict(sp=True),
+        1,
+        "--sp splits the rows of the residual stream over the tp group: use it with --arch resmlp or gpt "
+        "and --tp > 1",
+    ),
+    (
+        dict(sp=True, arch="resmlp", tp=2, batch=63),
+        2,
+        "--sp splits every micro-step's rows evenly over --tp 2: --batch 63 must be a multiple of "
+        "dp*grad-accum*tp = 2",
+    ),
+    (
+        dict(sp=True, arch="resmlp", tp=2, pp=2, batch=66),
+        4,
+        "--sp with --pp splits every micro-batch's rows evenly over --tp 2: --batch 66 must be a multiple of "
+        "dp*grad-accum*microbatches*tp = 8",
+    ),
+    # layout: the pipeline (config/pipeline.py)
+    (dict(pp=5), 5, "--pp 5 asks for more pipeline stages than the model has layers (4)"),
+    (
+        dict(pp=2, batch=7),
+        4,
+        "--batch 7 is too small for 4 micro-batches on 2 data-parallel rank(s) x 1 accumulation step(s): "
+        "every micro-batch needs a row (>= 8)",
+    ),
+    (
+        dict(recompute="full"),
+        1,
+        "--recompute full recomputes pipeline stages' activations: use it with --pp > 1",
+    ),
+    (dict(virtual_stages=0), 1, "--virtual-stages must be at least 1, got 0"),
+    (
+        dict(virtual_stages=2),
+        1,
+        "--virtual-stages 2 needs --schedule interleaved (the other schedules hold one chunk per rank)",
+    ),
+    (
+        dict(pp=2, schedule="interleaved"),
+        2,
+        "--schedule interleaved needs --virtual-stages V >= 2 model chunks per rank",
+    ),
+    (
+        dict(pp=2, schedule="interleaved", virtual_stages=2, microbatches=3),
+        2,
+        "--schedule interleaved needs --microbatches divisible by --pp: 3 micro-batches go round 2 stages "
+        "in groups of 2 (try 4)",
+    ),
+    (
+        dict(pp=4, schedule="interleaved", virtual_stages=2),
+        4,
+        "--pp 4 x --virtual-stages 2 = 8 model chunks, but the model has 4 layers",
+    ),
+    (
+        dict(pp=4, schedule="zb-v"),
+        4,
+        "--schedule zb-v cuts the model into 2 x --pp 4 = 8 chunks (two per rank, in a V), but the model "
+        "has 4 layers",
+    ),
+    (
+        dict(pp=2, stage_layers=[0, 4]),
+        2,
+        "--stage-layers [0, 4] must give 2 positive counts summing to 4",
+    ),
+    # layout: the experts (config/moe.py)
+    (dict(ep=2), 2, "--ep 2 shards experts: add --experts E (E >= 2)"),
+    (dict(experts=1), 1, "--experts must be at least 2, got 1"),
+    (dict(experts=2, top_k=5), 1, "--top-k must be between 1 and --experts 2, got 5"),
+    (dict(experts=2, capacity_factor=-1.0), 1, "--capacity-factor must be a positive number, got -1.0"),
+    (dict(experts=2, aux_loss_coef=math.nan), 1, "--aux-loss-coef must be a number >= 0, got nan"),
+    (
+        dict(experts=2, layers=[64, 128, 10]),
+        1,
+        "--experts replaces the hidden-to-hidden layers; --layers 64,128,10 has none (give at least two "
+        "hidden widths, e.g. 64,128,128,10)",
+    ),
+    (dict(experts=4, ep=3), 2, "--ep 3 must divide --dp 2 (EP inside DP)"),
+    (dict(experts=3, ep=2), 2, "--experts 3 must be divisible by --ep 2"),
+    (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
+    (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
+    (
+        dict(experts=2, arch="resmlp", precision="mixed-fp16"),
+        1,
+        UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
+    ),
+    (dict(top_k=1), 1, "--top-k: " + ROUTER),
+    (
+        dict(top_k=1, capacity_factor=2.0, aux_loss_coef=0.0),
+        1,
+        "--top-k, --capacity-factor, --aux-loss-coef: " + ROUTER,
+    ),
+    # layout: ZeRO
+    (dict(zero=1, tp=2), 2, "--zero shards data parallelism; combine it with --dp only"),
+    (
+        dict(zero=1, collectives="tree"),
+        2,
+        "--zero uses ring reduce-scatter and all-gather; --collectives tree applies to all-reduce layouts "
+        "only",
+    ),
+    # time, reliability, checkpoints
+    (dict(clock="fake"), 1, "unknown clock 'fake' (choose from wall, sim)"),
+    (dict(compute="guess"), 1, "unknown compute model 'guess' (choose model or measured)"),
+    (dict(watchdog=-1.0), 1, "--watchdog must be a number of seconds >= 0"),
+    (dict(watchdog=math.inf), 1, "--watchdog must be a number of seconds >= 0"),
+    (dict(inject="kill@rank=1,step=2"), 1, "--inject kill@rank=1,step=2: no such rank"),
+    (dict(inject="bogus"), 1, USAGE.format("bogus")),
+    (dict(inject="kill@rank=0"), 1, USAGE.format("kill@rank=0")),
+    (dict(inject="kill@rank=0,step=1,seconds=3"), 1, USAGE.format("kill@rank=0,step=1,seconds=3")),
+    (dict(inject="nan@rank=0,step=x"), 1, USAGE.format("nan@rank=0,step=x")),
+    (dict(inject="kill@rank=0,step=0"), 1, USAGE.format("kill@rank=0,step=0")),
+    (dict(watchdog=0.5), 1, "--watchdog 0.5: give at least 1 s, or 0 to turn it off"),
+    (
+        dict(inject="stall@rank=0,step=2,seconds=-5"),
+        1,
+        "--inject stall@rank=0,step=2,seconds=-5: seconds must be a number >= 0",
+    ),
+    (
+        dict(inject="stall@rank=0,step=2,seconds=nan"),
+        1,
+        "--inject stall@rank=0,step=2,seconds=nan: seconds must be a number >= 0",
+    ),
+    (dict(inject="kill@rank=0,step=9", steps=5), 1, "--inject kill@rank=0,step=9: step 9 is past --steps 5"),
+    (dict(checkpoint_every=0), 1, "--checkpoint-every must be at least 1"),
+    (dict(checkpoint_every=3), 1, "--checkpoint-every needs --checkpoint-dir DIR (where to write them)"),
+    (dict(resume="auto"), 1, "--resume auto needs --checkpoint-dir DIR (where to look)"),
+]
+
+# Several problems at once: the first rule in validate's order is the one reported.
+PRECEDENCE = [
+    (dict(layers=[64], dataset="cifar"), 1, "--layers needs at least"),
+    (dict(dataset="cifar", optimizer="lamb"), 1, "unknown dataset"),
+    (dict(optimizer="lamb", dtype="float16"), 1, "unknown optimizer"),
+    (dict(activation="sigmoid", schedule="foo"), 1, "unknown activation"),
+    (dict(kernels="tpu", data_source="nfs"), 1, "unknown kernels"),
+    (dict(data_source="nfs", clock="fake"), 1, "unknown data source"),
+    (dict(compute="guess", watchdog=-1.0), 1, "unknown compute model"),
+    (dict(inject="bogus", batch=0), 1, "--inject KIND@"),
+    (dict(momentum=1.0, seed=-1), 1, "--momentum"),
+    (dict(seed=-1, grad_accum=0), 1, "--seed"),
+    (dict(epochs=0, samples=1), 1, "--epochs"),
+    (dict(samples=1, zero=4), 1, "--samples"),
+    (dict(tp=0, checkpoint_every=0), 1, "--tp and --pp"),
+    (dict(resume="auto", dataset="mnist"), 1, "--resume auto"),
+    (dict(dataset="mnist", pp=2), 1, "--dataset mnist"),
+    (dict(sp=True, pp=5), 5, "--sp splits the rows"),
+    (dict(pp=2, recompute="full", virtual_stages=0, experts=1), 2, "--virtual-stages must"),
+    (dict(stage_layers=[9], experts=1), 1, "--stage-layers"),
+    (dict(experts=2, zero=1, collectives="tree"), 2, UNSUPPORTED),
+]
+
+
+def message(fields: dict, world: int) -> str:
+    with pytest.raises(SimparError) as caught:
+        validate(RunConfig(**fields), world)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("fields, world, expected", CASES)
+def test_every_message_word_for_word(fields, world, expected):
+    assert message(fields, world) == expected
+
+
+@pytest.mark.parametrize("fields, world, start", PRECEDENCE)
+def test_the_first_rule_in_validates_order_wins(fields, world, start):
+    assert message(fields, world).startswith(start)
+
+
+def rule_sites() -> set[tuple[str, int, int]]:
+    """Every place in simpar/config that can refuse a configuration: require(...), one_of(...) and
+    raise SimparError(...), as (file, first line, last line); one_of's own require is its callers'."""
+    sites = set()
+    for path in CONFIG.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        inside_one_of = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name == "one_of"
+            for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            call = isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+                "require",
+                "_require",
+                "one_of",
+            )
+            if (call or isinstance(node, ast.Raise)) and id(node) not in inside_one_of:
+                sites.add((path.name, node.lineno, node.end_lineno))
+    return sites
+
+
+def site_of(error: SimparError) -> tuple[str, int]:
+    """The line of simpar/config that refused: the innermost frame there, one_of's caller for one_of."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if Path(frame.f_code.co_filename).parent == CONFIG and frame.f_code.co_name != "one_of":
+            frames.append((Path(frame.f_code.co_filename).name, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames[-1]
+
+
+def uncovered(cases) -> list[tuple[str, int, int]]:
+    """The rule sites that none of `cases` triggers."""
+    hit = set()
+    for fields, world, _ in cases:
+        try:
+            validate(RunConfig(**fields), world)
+        except SimparError as exc:
+            hit.add(site_of(exc))
+    sites = rule_sites()
+    return sorted(s for s in sites if not any(f == s[0] and s[1] <= line <= s[2] for f, line in hit))
+
+
+def test_every_rule_of_the_config_has_a_case():
+    # schedule_problem's messages are returned to pipeline_rules' one require; they have cases above.
+    missing = uncovered(CASES)
+    assert missing == [], f"rules without a case in CASES (file, first line, last line): {missing}"
+
+
+def test_the_checker_sees_a_rule_without_a_case():
+    """The completeness check itself can fail: leave out the --zero 4 case and it names that rule."""
+    missing = uncovered([case for case in CASES if case[0] != dict(zero=4)])
+    assert len(missing) == 1
+    name, first, _ = missing[0]
+    assert "--zero must be 0, 1, 2 or 3" in (CONFIG / name).read_text().splitlines()[first - 1]
+
+
+def test_the_parser_messages_of_train():
+    """What the command line refuses before validate: argparse's own words, and --layers for synthetic."""
+    cases = {
+        (
+            "--dataset",
+            "synthetic",
+        ): "--dataset synthetic needs --layers (input width first, number of classes last)",
+        ("--layers", "64,,10"): "argument --layers: expected comma-separated integers, got '64,,10'",
+        (
+            "--dtype",
+            "float16",
+        ): "argument --dtype: invalid choice: 'float16' (choose from 'float32', 'float64')",
+        ("--batch", "x"): "argument --batch: invalid int value: 'x'",
+        ("--lr", "fast"): "argument --lr: invalid float value: 'fast'",
+    }
+    for argv, expected in cases.items():
+        with pytest.raises(SimparError) as caught:
+            config_from_args(build_parser().parse_args(["train", *argv]))
+        assert str(caught.value) == expected

@@ -1,0 +1,130 @@
+"""`simpar validate` and the data behind it (validation/): published measurements vs the cost model.
+
+* The data files parse, every point names its source, and there are enough of them (>= 40 points from
+  >= 5 sources, H100 and A100, collectives on one node and several, GEMMs of several precisions).
+* `simpar validate` passes on the shipped data, and fails (exit 1, a summary line) once a point is
+  moved out of its tolerance; bad input is one line and exit 2.
+* nccl-tests' output, as its tools print it (new and old column sets, mpirun's rank tags), becomes
+  points; `bench --fit-profile` recovers a link's latency and bandwidth from a log made from known
+  numbers, and the profile it writes loads with --hardware.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.costmodel import hardware
+from simpar.report import nccltests, validation
+from tests.paths import ROOT
+
+
+def shipped():
+    return [p for f in validation.default_files() for p in validation.read_points(f)]
+
+
+def test_the_data_parse_carry_sources_and_cover_what_the_issue_asks():
+    points = shipped()
+    assert len(points) >= 40
+    assert len({p["source_url"].split("#")[0] for p in points}) >= 5
+    assert all(p["source_url"].startswith("https://") and p["how"] for p in points)
+    ops = {p["op"] for p in points}
+    assert {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "gemm"} <= ops
+    assert {"elementwise", "launch"} <= ops
+    assert {p["profile"] for p in points} >= {"dgx-h100", "h200", "dgx-a100", "ib-cluster"}
+    assert any(p["nodes"] > 1 for p in points) and any(p["nodes"] == 1 for p in points)
+    assert {p["dtype"] for p in points if p["op"] == "gemm"} >= {"fp32", "tf32", "fp16", "bf16"}
+    sizes = [p["size_bytes"] for p in points if p["op"] == "all-reduce"]
+    assert min(sizes) <= 8 << 20 and max(sizes) >= 8 << 30
+    # the known gaps are data too, each with its reason
+    gaps = validation.read_points(str(ROOT / "validation" / "known-gaps" / "collectives.csv"))
+    assert gaps and all("GAP:" in p["how"] for p in gaps)
+
+
+NEW_FORMAT = """\
+# nccl-tests version 2.19.7 nccl-headers=23004 nccl-library=23004
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 64 maxBytes 1073741824 step: 2(factor) warmup iters: 10 iters: 100 agg iters: 1
+#
+# Using devices
+#  Rank  0 Group  0 Pid 672730 on     qjh001 device  0 [0000:65:02] NVIDIA H20
+#  Rank  1 Group  0 Pid 672731 on     qjh001 device  1 [0000:65:03] NVIDIA H20
+#  Rank  2 Group  0 Pid 672732 on     qjh002 device  0 [0000:65:02] NVIDIA H20
+#  Rank  3 Group  0 Pid 672737 on     qjh002 device  1 [0000:65:03] NVIDIA H20
+#
+#                                                    out-of-place                  in-place
+#       size     count   type  redop  root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B) (elements)                        (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+       32768      8192  float    sum    -1    18.66    1.76    3.07       0    17.95    1.83    3.20       0
+       65536     16384  float    sum    -1    18.95    3.46    6.05       0    18.25    3.59    6.28       0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 4.65
+"""
+# Older nccl-tests (no root column), and mpirun --tag-output's "[0]" prefixes.
+OLD_FORMAT = """\
+#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error
+           4             1     float     sum    47.54    0.00    0.00  0e+00    49.35    0.00    0.00  4e-07
+"""
+TAGGED = (
+    "[0]      4194304       1048576     float     sum      -1[0]     622.6    6.74   12.91      0[0]"
+    "     625.8    6.70   12.85      0\n"
+)
+
+
+def test_nccl_tests_logs_become_points():
+    pts = nccltests.parse(NEW_FORMAT, "h20.log")
+    assert [(p["size_bytes"], p["value"]) for p in pts] == [
+        (32768, 18.66),
+        (32768, 17.95),
+        (65536, 18.95),
+        (65536, 18.25),
+    ]
+    assert {(p["op"], p["gpus"], p["nodes"], p["unit"], p["quantity"]) for p in pts} == {
+        ("all-reduce", 4, 2, "us", "time")
+    }
+    old = nccltests.parse(OLD_FORMAT, "h20.log", op="all-reduce", gpus=16, nodes=2)
+    assert [(p["size_bytes"], p["value"]) for p in old] == [(4, 47.54), (4, 49.35)]
+    tagged = nccltests.parse(TAGGED, "tagged.log", op="all-reduce", gpus=2, nodes=2)
+    assert [p["value"] for p in tagged] == [622.6, 625.8]
+    with pytest.raises(validation.SimparError, match="which collective"):
+        nccltests.parse(OLD_FORMAT, "x.log")
+
+
+def synthetic_log(op: str, gpus: int, hosts: int, hop: float, bw: float, sizes) -> str:
+    """An nccl-tests log of a ring taking `hop` s per step and moving S/p bytes per step at `bw`,
+    written from the formula in this test (not from simpar's model)."""
+    steps = 2 * (gpus - 1) if op == "all_reduce" else gpus - 1
+    lines = [f"# Collective test starting: {op}_perf"]
+    lines += [
+        f"#  Rank {r:2d} Group  0 Pid {100 + r} on host{r * hosts // gpus} device {r}" for r in range(gpus)
+    ]
+    lines.append(
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time"
+    )
+    for s in sizes:
+        t = steps * (hop + s / gpus / bw) * 1e6
+        lines.append(
+            f"  {s:10d}  {s // 4:10d}  float  sum  -1  {t:.4f}  0.00  0.00  0  {t:.4f}  0.00  0.00  0"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_gpu_collectives_reduce_inside_the_copy_and_pick_protocols_by_size():
+    """On a GPU profile a ring all-reduce's reduction costs nothing apart (it is in the protocol's
+    bandwidth); on `local` it costs gamma per byte. Small all-reduces take LL, large ones Simple, and
+    the closed form's per-call latency is the chosen protocol's (tuning.cc: LL 6.6 us + 0.6 us a step)."""
+    from simpar.costmodel import chunktime, collectives
+
+    h100, local = hardware.load("dgx-h100"), hardware.load("local")
+    link = hardware.group_link(h100, "dp", 8, 1, 1)
+    small = collectives.to_bytes(collectives.ring_allreduce(1024, 8, 0), 4)  # 4 KiB
+    big = collectives.to_bytes(collectives.ring_allreduce(1 << 28, 8, 0), 4)  # 1 GiB
+    assert chunktime.collective_gamma(h100) == 0 and chunktime.collective_gamma(local) == local.gamma
+    t_small = chunktime.op_time(small, link, chunktime.collective_gamma(h100), ring=True)
+    assert t_small["reduction"] == 0
+    assert t_small["latency"] == pytest.approx(6.6e-6 + 14 * 0.6e-6)  # LL: one call, 14 steps
+    t_big = chunktime.op_time(big, link, 0.0, ring=True)
+    assert t_big["bandwidth"] == pytest.approx(big.round_elems / 370e9)  # Simple: the whole NVLink ring
+    assert t_big["latency"] == pytest.approx(8.4e-6 + 14 * 3.4e-6)
+    # and NVLink SHARP only when asked (--collectives auto) and worth it on 8 GPUs of one node
+    t_nvls = chunktime.op_time(big, link, 0.0, ring=True, nvls=True)
+    assert sum(t_nvls.values()) == pytest.approx(150e-6 + (1 << 30) / 276e9, rel=1e-3)

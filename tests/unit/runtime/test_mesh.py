@@ -1,0 +1,147 @@
+"""The mesh's one list of axes (runtime/mesh.py): rank numbering, coordinates, every group, placement.
+
+Checked for every factorisation of 8 ranks into pp x dp x tp, with every ep that divides dp, against
+the numbering written out here: rank = (pp_i * dp + dp_i) * tp + tp_i, dp_i = edp_i * ep + ep_i.
+Then placement (node = rank // devices_per_node) and the links it gives the simulated clock
+(runtime/network.py), against the cost model's own closed form for a group's link (an independent
+implementation: the two must agree on every regular layout). Then the groups a real 4-rank job gets.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from simpar.costmodel import hardware
+from simpar.runtime.mesh import AXES, axis_sizes, coords, coords_of, group_of, rank_at
+from simpar.runtime.network import Network
+
+
+def layouts(n: int):
+    for pp, dp in itertools.product(range(1, n + 1), repeat=2):
+        if n % (pp * dp) == 0:
+            tp = n // (pp * dp)
+            for ep in range(1, dp + 1):
+                if dp % ep == 0:
+                    yield pp, dp, tp, ep
+
+
+LAYOUTS_8 = list(layouts(8))
+
+
+def test_every_factorisation_of_8_is_enumerated():
+    # 10 ordered (pp, dp, tp) with product 8; dp = 1, 2, 4, 8 has 1, 2, 3, 4 choices of ep
+    assert len({(p, d, t) for p, d, t, _ in LAYOUTS_8}) == 10
+    assert len(LAYOUTS_8) == 1 * 4 + 2 * 3 + 3 * 2 + 4 * 1  # pp*tp = 8/dp ways for each dp
+    assert AXES == ("pp", "edp", "ep", "tp")
+
+
+@pytest.mark.parametrize("pp,dp,tp,ep", LAYOUTS_8)
+def test_numbering_and_groups_follow_the_formula(pp, dp, tp, ep):
+    sizes = axis_sizes(dp, tp, pp, ep)
+    seen = set()
+    for p, d, t in itertools.product(range(pp), range(dp), range(tp)):
+        rank = (p * dp + d) * tp + t
+        e, q = divmod(d, ep)  # edp index, ep index
+        c = coords(rank, sizes)
+        assert c == {"pp": p, "edp": e, "ep": q, "tp": t}
+        assert rank_at(c, sizes) == rank
+        if ep == 1:
+            assert coords_of(rank, dp, tp, pp) == (p, d, t)
+        seen.add(rank)
+        expected = {
+            "tp": [(p * dp + d) * tp + i for i in range(tp)],
+            "dp": [(p * dp + i) * tp + t for i in range(dp)],
+            "ep": [(p * dp + e * ep + i) * tp + t for i in range(ep)],
+            "edp": [(p * dp + i * ep + q) * tp + t for i in range(dp // ep)],
+            "pp": [(i * dp + d) * tp + t for i in range(pp)],
+            "world": list(range(8)),
+        }
+        for group, members in expected.items():
+            assert group_of(rank, group, sizes) == members, (group, rank)
+        # a rank's place in each group is its coordinate along that group's axes
+        assert expected["tp"].index(rank) == t and expected["dp"].index(rank) == d
+        assert expected["ep"].index(rank) == q and expected["edp"].index(rank) == e
+        assert expected["pp"].index(rank) == p
+    assert seen == set(range(8))
+
+
+@pytest.mark.parametrize("pp,dp,tp,ep", LAYOUTS_8)
+def test_groups_of_one_kind_partition_the_world(pp, dp, tp, ep):
+    sizes = axis_sizes(dp, tp, pp, ep)
+    for group in ("tp", "dp", "ep", "edp", "pp", "world"):
+        groups = {tuple(group_of(r, group, sizes)) for r in range(8)}
+        assert sorted(r for g in groups for r in g) == list(range(8)), group
+
+
+def test_ep_must_divide_dp():
+    with pytest.raises(ValueError):
+        axis_sizes(dp=4, tp=1, pp=2, ep=3)
+
+
+# -- placement and links ------------------------------------------------------------------------------
+
+
+def test_a_message_takes_the_link_between_the_nodes_its_ranks_sit_on():
+    net = Network(
+        devices_per_node=2,
+        intra_alpha=2e-6,
+        intra_bw=100e9,
+        inter_alpha=10e-6,
+        nic_bw=5e9,
+        nics_per_node=1,
+        per_hop=True,
+    )
+    assert [net.node_of(r) for r in range(6)] == [0, 0, 1, 1, 2, 2]
+    world = list(range(4))
+    assert net.link(0, 1, world).alpha == 2e-6 and net.link(0, 1, world).bandwidth == 100e9
+    assert net.link(1, 2, world).alpha == 10e-6
+    # 2 of the group's members on the node: 2 // 2 = 1 flow through the one NIC
+    assert net.link(1, 2, world).bandwidth == 5e9
+    # a group with one member per node (stride 2): 2 flows share the NIC
+    assert net.link(0, 2, [0, 2]).bandwidth == 2.5e9
+    # the default: a group that spans nodes takes its slowest hop for every message (the cost
+    # model's rule), a group inside one node the intra-node link
+    group = Network(2, 2e-6, 100e9, 10e-6, 5e9, 1)
+    assert group.link(0, 1, world).alpha == 10e-6 and group.link(0, 1, [0, 1]).alpha == 2e-6
+    # no network cards: one node, whatever the rank
+    local = Network(devices_per_node=2, intra_alpha=1e-6, intra_bw=1e9)
+    assert local.link(0, 3, world).alpha == 1e-6
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "ib-cluster", "ethernet-100g", "two-per-node"])
+@pytest.mark.parametrize("n", [8, 16, 32])
+def test_group_links_from_placement_agree_with_the_cost_models_closed_form(preset, n):
+    if preset == "two-per-node":
+        hw = hardware.Hardware(
+            "two", "", {"fp64": 1e12}, 1e-12, 2e-6, 100e9, 2, inter_alpha=10e-6, nic_bw=5e9, nics_per_node=1
+        )
+    else:
+        hw = hardware.load(preset)
+    net = Network(
+        hw.devices_per_node,
+        hw.intra_alpha,
+        hw.intra_bw,
+        hw.inter_alpha,
+        hw.nic_bw,
+        hw.nics_per_node,
+        rails=bool(hw.ring_proto),  # GPU profiles: NCCL's rails, as run/setup.py builds it
+    )
+    for pp, dp, tp, _ in layouts(n):
+        sizes = axis_sizes(dp, tp, pp)
+        for group in ("tp", "dp", "pp", "world"):
+            if len(group_of(0, group, sizes)) == 1:
+                continue  # a group of one sends nothing (the closed form gives it a link all the same)
+            closed = hardware.group_link(hw, group, dp, tp, pp)
+            for rank in range(n):
+                link = net.group_link(rank, group_of(rank, group, sizes))
+                assert (link.alpha, link.bandwidth) == pytest.approx((closed.alpha, closed.bw)), (
+                    preset,
+                    (pp, dp, tp),
+                    group,
+                    rank,
+                )
+
+
+# -- the groups a real job gets ------------------------------------------------------------------------
