@@ -52,7 +52,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --tp, --sp, --pp)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, ZeRO 1-3, tp, sp, pp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -86,8 +86,8 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; {', '.join(later)} not "
-        "yet (issue 23)",
+        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
+        f"{', '.join(later)} not yet (issue 23)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
