@@ -50,7 +50,8 @@ class _RunConfigMethods:
 
     @property
     def n_layers(self) -> int:
-        return len(self.layers) - 1
+        """The model's layers (units): --layers' count, or for --arch gpt its L blocks + embedding + head."""
+        return self.blocks + 2 if self.arch == "gpt" else len(self.layers) - 1
 
     @property
     def mixed(self) -> bool:

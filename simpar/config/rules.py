@@ -53,7 +53,7 @@ def model_layers(cfg) -> None:
 
 
 def model_gpt(cfg) -> None:
-    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, --zero 1-3, --tp, --sp)."""
+    """--arch gpt: its shape, its data, and the layouts built for it so far (dp, ZeRO 1-3, tp, sp, pp)."""
     for name, value in (
         ("--n-layers", cfg.blocks),
         ("--hidden", cfg.hidden),
@@ -74,13 +74,13 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--pp", cfg.pp > 1),
+            ("--tp with --pp", cfg.tp > 1 and cfg.pp > 1),
             ("--experts", cfg.experts > 0),
-            ("--recompute", cfg.recompute != "none"),
             (
                 "--clock sim with --zero or --precision mixed-*",
                 cfg.clock == "sim" and (cfg.zero or cfg.mixed),
             ),
+            ("--clock sim with --pp", cfg.clock == "sim" and cfg.pp > 1),  # gpt_pipeline.py: an estimate
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
@@ -88,8 +88,8 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; {', '.join(later)} not "
-        "yet (issue 23)",
+        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
+        f"{', '.join(later)} not yet (issue 23)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(

@@ -235,7 +235,7 @@ def plan(
 def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
     --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again.
-    --tp (and --sp): gpt_tp.py (predict.py picks)."""
+    --tp (and --sp): gpt_tp.py (predict.py picks); --pp: gpt_pipeline.py."""
     L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
     p = cfg.dp if cfg.dp is not None else world_size
     prec = PRECISIONS[precision_of(cfg)]

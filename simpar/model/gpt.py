@@ -38,7 +38,8 @@ import numpy as np
 
 from ..runtime.context import PLAIN
 from .attention import self_attention_backward, self_attention_forward
-from .mlp import wide
+from .gpt_split import split_backward
+from .mlp import pending_weight_passes, wide
 from .resmlp import layernorm_backward, layernorm_forward
 
 INIT_STD = 0.02  # GPT-2's initializer range
@@ -124,6 +125,9 @@ class EmbeddingUnit:
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = False):
         """dE[v] += the rows of dy whose token is v (np.add.at: repeated tokens add up), dPos += the
         sum over the batch. No dx: tokens are integers."""
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (gpt_split.py)
+            return split_backward(self, flat, gflat, ctx, dy, pending)
         dE, dpos = self.views(gflat)
         b, s = ctx.tokens.shape
         np.add.at(dE, ctx.tokens.reshape(-1), dy)
@@ -190,6 +194,9 @@ class BlockUnit:
         return x2 + m, ctx
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (gpt_split.py)
+            return split_backward(self, flat, gflat, ctx, dy, pending)
         g1, _, attn, g2, _, W1, _, W2, _ = self.views(flat)
         dg1, db1, dattn, dg2, db2, dW1, dc1, dW2, dc2 = self.views(gflat)
         k = self.rt.kernels
@@ -243,6 +250,9 @@ class HeadUnit:
         return logits.reshape(-1, self.s, self.V), Kept(xh=xh, r=r, hf=hf)
 
     def backward(self, flat, gflat, ctx, dlogits, need_dx: bool = True):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (gpt_split.py)
+            return split_backward(self, flat, gflat, ctx, dlogits, pending)
         g, _, W = self.views(flat)
         dg, db, dW = self.views(gflat)
         d2 = dlogits.reshape(-1, self.V)

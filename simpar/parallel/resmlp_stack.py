@@ -130,5 +130,5 @@ def make_stack(cfg, lo: int = 0, hi: int | None = None, rt=PLAIN):
     `rt`: the run's runtime, which their layers get."""
     indices = list(range(lo, cfg.n_layers if hi is None else hi))
     if cfg.arch in ("resmlp", "gpt"):
-        return UnitStack(cfg, indices if cfg.arch == "resmlp" else None, rt)  # gpt: every unit (no --pp yet)
+        return UnitStack(cfg, indices, rt)
     return SerialStack(cfg, indices, rt)

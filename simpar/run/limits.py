@@ -99,9 +99,9 @@ def check_memory(cfg: RunConfig, world_size: int) -> None:
     loaders = here if cfg.data_source == "local" else 1
     need_model, need_data = model_bytes(cfg), data_bytes(cfg)
     model, advice = f"--layers {','.join(map(str, cfg.layers))}", "smaller widths or more --tp/--pp ranks"
-    if cfg.arch == "gpt":  # no --pp for it yet
+    if cfg.arch == "gpt":  # the estimate is the whole model, --tp or --pp or not
         model = f"--arch gpt --n-layers {cfg.blocks} --hidden {cfg.hidden} --seq-len {cfg.seq_len}"
-        advice = "a smaller model, batch or --seq-len, or more --tp ranks"
+        advice = "a smaller model, batch or --seq-len, or more --tp or --pp ranks"
     if need_model * here > free:
         raise SimparError(
             f"{model} needs about {fmt_bytes(need_model)} per rank ({cfg.dtype} parameters, "

@@ -61,7 +61,7 @@ class StageMessages:
 
     def _recv_act(self, step: RecvAct, flight) -> None:
         mb, c = step.mb, step.chunk
-        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][0]])
+        shape = self._boundary_shape(flight.rows[mb], self.bounds[c][0])
         source = self.kind.rank_of(c - 1, self.S)
         tag = message_tag(mb, c, self.C, ACT)
         flight.inputs[(mb, c)] = self._recv(shape, source, "pp-send-act", tag, "recv act")
@@ -74,10 +74,17 @@ class StageMessages:
 
     def _recv_grad(self, step: RecvGrad, flight) -> None:
         mb, c = step.mb, step.chunk
-        shape = (flight.rows[mb], self.cfg.layers[self.bounds[c][1]])
+        shape = self._boundary_shape(flight.rows[mb], self.bounds[c][1])
         source = self.kind.rank_of(c + 1, self.S)
         tag = message_tag(mb, c, self.C, GRAD)
         flight.grads[(mb, c)] = self._recv(shape, source, "pp-send-grad", tag, "recv grad")
+
+    def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
+        """The array that crosses the boundary before `layer`: (rows, its input width), or for --arch gpt
+        the residual stream of `rows` sequences, (rows * s, h) (model/gpt.py)."""
+        if self.cfg.arch == "gpt":
+            return (rows * self.cfg.seq_len, self.cfg.hidden)
+        return (rows, self.cfg.layers[layer])
 
     def _row_shard(self, rows_or_array):
         """--sp (Korthikanti et al. 2022, sec. 4.2.2): the residual stream between stages is sequence-

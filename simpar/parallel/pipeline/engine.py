@@ -50,9 +50,10 @@ from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
 from ..base import HeldBytes, Strategy
 from ..data import GradientBuckets
-from ..resmlp_stack import make_stack
+from ..resmlp_stack import make_stack, model_units
 from . import recompute
 from .comms import StageMessages
+from .partition import partition_units
 from .schedules import (
     SCHEDULES,
     AllReduceGrads,
@@ -99,7 +100,11 @@ class PipelineParallel(StageMessages, Strategy):
         self.kind = SCHEDULES[cfg.schedule]
         self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
         self.C = self.kind.chunks(self.S, self.V)  # model chunks; chunk c runs on rank kind.rank_of(c)
-        self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers, arch=cfg.arch)
+        if cfg.arch == "gpt":  # units: embedding, blocks, head (model/gpt.py), by their parameters
+            sizes = [u.size for u in model_units(cfg)]
+            self.bounds = partition_units(sizes, self.C, cfg.stage_layers)
+        else:
+            self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers, arch=cfg.arch)
         self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
         self.chunks = chunks_of(self.steps)
         self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}

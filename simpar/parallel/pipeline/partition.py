@@ -35,6 +35,18 @@ def partition_layers(
     return bounds
 
 
+def partition_units(sizes: list[int], S: int, stage_layers: list[int] | None = None) -> list[tuple[int, int]]:
+    """partition_layers for a model given as unit sizes (--arch gpt: embedding, L blocks, head): the
+    same rule, contiguous runs of units balanced by their parameter counts."""
+    n = len(sizes)
+    if not 1 <= S <= n:
+        raise ValueError(f"cannot cut {n} units into {S} stages")
+    counts = stage_layers or _balanced_counts(sizes, S)
+    if len(counts) != S or sum(counts) != n or min(counts) < 1:
+        raise ValueError(f"stage unit counts {counts} must be {S} positive numbers summing to {n}")
+    return [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(S)]
+
+
 def parameter_counts(widths: list[int], arch: str = "mlp") -> list[int]:
     """Parameters of each layer (fan_in * fan_out + fan_out), or of each unit for resmlp: its blocks
     are BlockUnit's 2d^2 + 4d instead."""

@@ -11,7 +11,8 @@ backward. With recomputation the forward keeps less and the backward first rebui
              elementwise part, y = act(z) (= the next layer's x), 2 bytes moved per element
              (Korthikanti et al. 2022, "Reducing activation recomputation", sec. 4.2 keeps the
              expensive parts and recomputes the cheap ones; in an MLP that is the activation;
-             in a chunk of resmlp units LayerNorm and the activation: resstack.save_selective)
+             in a chunk of resmlp units LayerNorm and the activation: resstack.save_selective;
+             in gpt's blocks the attention's softmax output P, the s^2 part: gpt_recompute.py)
 
 What the rank's meter holds (the metrics' activations_peak, predicted by costmodel/rank.py): `held`
 bytes from the forward to the backward; during the backward the rebuilt Contexts in full, `held`
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...model.gpt import Kept
 from ...model.mlp import ACTIVATIONS, Context
 from ...model.resmlp import BlockContext
 from .. import resmlp_stack as resstack
 from ..base import HeldBytes, NonFiniteWatch
+from . import gpt_recompute
 
 
 @dataclass
@@ -36,13 +39,15 @@ class Saved:
     x: object  # the chunk's input
     zs: list | None  # selective: each layer's z (full: None); resmlp units: resstack.save_selective's
     held: int
-    units: bool = False  # zs came from resstack.save_selective
+    units: bool | str = False  # zs came from resstack.save_selective (True) or gpt_recompute's ("gpt")
 
 
 def save(mode: str, x, contexts: list) -> Saved:
     """Keep the chunk input (full), or the input and the z's (selective), and drop the rest."""
     if mode == "full":
         return Saved(x, None, x.nbytes)
+    if any(isinstance(ctx, Kept) for ctx in contexts):  # --arch gpt's units (gpt_recompute.py)
+        return Saved(x, *gpt_recompute.save_selective(contexts), units="gpt")
     if any(isinstance(ctx, BlockContext) for ctx in contexts):
         return Saved(x, *resstack.save_selective(x, contexts), units=True)
     zs = [ctx.z for ctx in contexts]
@@ -55,6 +60,8 @@ def restore(mode: str, saved: Saved, stack) -> list:
     selective applies each layer's activation to its kept z."""
     if mode == "full":
         return stack.forward(saved.x, HeldBytes(), NonFiniteWatch())[1]
+    if saved.units == "gpt":
+        return gpt_recompute.restore_selective(saved.zs, stack)
     if saved.units:
         return resstack.restore_selective(saved.x, saved.zs, stack)
     contexts, x = [], saved.x

@@ -120,7 +120,7 @@ def test_text_loss_falls(serial):
     assert max(m["losses"][-5:]) < 3.5
 
 
-@pytest.mark.parametrize("extra", [["--pp", "2"], ["--experts", "4"]])
+@pytest.mark.parametrize("extra", [["--pp", "2", "--clock", "sim"], ["--experts", "4"]])
 def test_layouts_not_built_yet_are_refused_in_one_line(extra):
     res = run_mpi(2, ["train", "--arch", "gpt", "--steps", "1", "--quiet", *extra], timeout=60)
     assert res.returncode == 2
@@ -142,8 +142,8 @@ def test_checkpoint_from_dp_resumes_under_zero3_bit_for_bit(tmp_path):
 
 
 def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
-    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3, cp on 2 ranks), each
-    equal to serial, bytes = prediction exactly; pp is left out, not failed, and so is tp here: V = 17
+    """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3, pp2 with gpipe and
+    1f1b, cp on 2 ranks), each equal to serial, bytes = prediction exactly; tp is left out, not failed: V = 17
     does not split over 2 ranks (test_gpt_tp.py tours a vocabulary that does)."""
     res = run_mpi(2, ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)], timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -156,6 +156,8 @@ def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
         "dp2-zero1",
         "dp2-zero2",
         "dp2-zero3",
+        "pp2-gpipe",
+        "pp2-1f1b",
         "cp2",
         "cp2-ulysses",
     ]

@@ -72,7 +72,7 @@ CASES = [
     (
         dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp, --zero 1-3 and --tp [--sp] so far; --pp, --inject nan not "
+        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; --inject nan not "
         "yet (issue 23)",
     ),
     (
