@@ -157,9 +157,19 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
         line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[-1] == "exact"
     ]
     names = [r[0] for r in rows]
-    assert names[5:] == ["tp4", "tp4-sp", "pp4-gpipe", "pp4-1f1b", "dp2xtp2", "dp2xtp2-sp", "dp2xpp2"], (
-        res.stdout
-    )
+    assert names[5:] == [
+        "tp4",
+        "tp4-sp",
+        "pp4-gpipe",
+        "pp4-1f1b",
+        "dp2xtp2",
+        "dp2xtp2-sp",
+        "dp2xpp2",
+        "cp2",
+        "cp4",
+        "dp2xcp2",
+        "cp4-ulysses",
+    ], res.stdout
 
 
 def test_checkpoint_from_tp_sp_resumes_on_other_layouts(tmp_path):

@@ -106,7 +106,7 @@ def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers
             continue
         m = json.loads(path.read_text())
         sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
-        # 1e-6, except ZeRO (up to 1.4e-5 measured, nodes of two): its per-layer collectives block, and the last
+        # 1e-6, except ZeRO (1.4e-5 measured on nodes of two): its per-layer collectives block, and the last
         # layer's 1,290 parameters split 323/323/322/322 over 4 ranks, so at each blocking collective
         # the clock waits for the rank with the bigger chunk, while the closed form sums one rank's
         # own costs (max of sums, not sum of maxes). Every other layout agrees to rounding.
