@@ -28,6 +28,7 @@ NAMES = (
     "11_sequence_parallel",
     "12_checkpoints_and_recovery",
     "13_the_wall_clock",
+    "14_how_true_is_the_simulated_cluster",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
