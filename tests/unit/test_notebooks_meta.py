@@ -29,6 +29,7 @@ NAMES = (
     "12_checkpoints_and_recovery",
     "13_the_wall_clock",
     "14_how_true_is_the_simulated_cluster",
+    "15_the_roofline",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
