@@ -30,6 +30,7 @@ NAMES = (
     "13_the_wall_clock",
     "14_how_true_is_the_simulated_cluster",
     "15_the_roofline",
+    "16_from_mlp_to_gpt",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
