@@ -31,6 +31,7 @@ NAMES = (
     "14_how_true_is_the_simulated_cluster",
     "15_the_roofline",
     "16_from_mlp_to_gpt",
+    "17_traces_and_the_articles_code",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
