@@ -28,6 +28,10 @@ NAMES = (
     "11_sequence_parallel",
     "12_checkpoints_and_recovery",
     "13_the_wall_clock",
+    "14_how_true_is_the_simulated_cluster",
+    "15_the_roofline",
+    "16_from_mlp_to_gpt",
+    "17_traces_and_the_articles_code",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...
