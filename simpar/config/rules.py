@@ -76,11 +76,6 @@ def model_gpt(cfg) -> None:
         for name, used in (
             ("--tp with --pp", cfg.tp > 1 and cfg.pp > 1),
             ("--experts", cfg.experts > 0),
-            (
-                "--clock sim with --zero or --precision mixed-*",
-                cfg.clock == "sim" and (cfg.zero or cfg.mixed),
-            ),
-            ("--clock sim with --pp", cfg.clock == "sim" and cfg.pp > 1),  # gpt_pipeline.py: an estimate
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )

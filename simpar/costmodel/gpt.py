@@ -291,7 +291,7 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "by_op": by_op,
             }
         )
-    if hw is not None and cfg.zero == 0 and prec.act != 2:  # as the simulated clock charges a step
+    if hw is not None:  # as the simulated clock charges a step
         from .gpt_time import step_seconds
 
         timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)

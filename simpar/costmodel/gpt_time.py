@@ -9,12 +9,16 @@ activation; matmuls at the FLOP rate, memory-bound bytes at gamma/3 seconds per 
   block      forward 2R(4h^2 + 2sh + 8h^2) FLOPs, 50Rh + 6Ras elements + a call; backward twice the
              FLOPs, 51Rh + 4Ras elements + 3 per parameter (accumulating the gradients)
   head       forward 2RhV FLOPs, 8Rh elements + a call; backward 4RhV FLOPs, 10Rh + 3 per parameter
-  loss       6RV elements (model/mlp.softmax_cross_entropy)
-  optimizer  the backend's sweeps per parameter x its bytes (passes.py), once a step
+  loss       6RV elements (model/mlp.softmax_cross_entropy), in float32 under mixed precision (the
+             half logits are upcast first: model/precision.scaled_loss_grad)
+  optimizer  the backend's sweeps per parameter x its bytes (passes.py), once a step; under
+             --precision mixed-* the sweeps run over the float32 masters (4 bytes) and the casts add
+             14 bytes per parameter (work.MIXED_CAST_BYTES: precision.py's check, unscale, round back)
 A step: every micro-step's forward, loss and backward; in the last one each unit's gradients are
 ready when its backward ends, and the buckets (in backward order) are all-reduced one after another
 on the dp stream as soon as their units are ready (on a CPU profile, host_progress: when backward
 ends); the rank waits for the last one, then runs the optimizer. The step ends with the slowest rank.
+--zero 1-3: gpt_zero_time.py (its collectives block); --pp: gpt_pipeline_time.py.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from . import passes
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .spec import dp_bucket_layers, split
+from .work import MIXED_CAST_BYTES
 
 BLOCK_FWD_ELEMS, BLOCK_FWD_SCORES, BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES = 50, 6, 51, 4
 EMBED_FWD_ELEMS, EMBED_BWD_ELEMS, HEAD_FWD_ELEMS, HEAD_BWD_ELEMS, ACCUMULATE, LOSS_ELEMS = 3, 4, 8, 10, 3, 6
@@ -48,7 +53,27 @@ def unit_seconds(cfg, R: int, sizes: list[int], bpe: int, rate: float, stream: f
     bwd.append(
         4 * R * h * (V // t) / rate + (HEAD_BWD_ELEMS * Rl * h + ACCUMULATE * sizes[-1]) * bpe * stream
     )
-    return fwd, bwd, LOSS_ELEMS * R * (V // t) * bpe * stream
+    return fwd, bwd, LOSS_ELEMS * R * (V // t) * loss_bpe(bpe) * stream
+
+
+def loss_bpe(bpe: int) -> int:
+    """Bytes per logit the loss works in: float32 under mixed precision (bpe 2), else the activations'."""
+    return 4 if bpe == 2 else bpe
+
+
+def optimizer_seconds(cfg, n: int, bpe: int, stream: float) -> float:
+    """The optimizer's sweeps over the n parameters this rank updates (passes.py), and under mixed
+    precision (bpe 2) over their float32 masters plus the casts (module docstring)."""
+    sweeps = passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum))
+    per_param = sweeps * 4 + MIXED_CAST_BYTES if bpe == 2 else sweeps * bpe
+    return per_param * n * stream
+
+
+def clock_rates(hw, precision: str, on_node: int) -> tuple[float, float, float]:
+    """(FLOP/s, seconds per memory-bound byte, seconds per layer call) of one rank with on_node ranks
+    sharing its node (simclock.SimClock.matmul, stream, layer_call)."""
+    rate = hw.flop_rate(precision) * hw.compute_share(on_node)
+    return rate, hw.gamma / 3 / hw.stream_share(on_node), hw.layer_overhead / hw.compute_share(on_node)
 
 
 def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, float]:
@@ -67,23 +92,23 @@ def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, flo
         one = secs(ar, bpe, ring)
         fwd = [one] + [2 * one] * L + [0.0]
         bwd = [0.0] + [2 * one] * L + [one]
-    lbpe = 4 if bpe == 2 else bpe
-    loss = secs(ring_allgather(t * R, t, j), lbpe, True) + secs(
-        ALLREDUCE[cfg.collectives](2 * R, t, j), lbpe, ring
+    loss = secs(ring_allgather(t * R, t, j), loss_bpe(bpe), True) + secs(
+        ALLREDUCE[cfg.collectives](2 * R, t, j), loss_bpe(bpe), ring
     )
     return fwd, bwd, loss
 
 
 def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
-    """{step_s, compute_s, comm_s} of a serial, --dp p and/or --tp [--sp] step (no --zero, no mixed
-    precision); `sizes`: one rank's units (its shards under --tp)."""
+    """{step_s, compute_s, comm_s} of a serial, --dp p (or --zero: gpt_zero_time.py) and/or --tp [--sp]
+    step; `sizes`: one rank's units (its shards under --tp)."""
     from .hardware import group_link
 
+    if cfg.zero:
+        from .gpt_zero_time import zero_step_seconds
+
+        return zero_step_seconds(cfg, p, sizes, hw, precision, bpe)
     t = cfg.tp
-    on_node = min(p * t, hw.devices_per_node)
-    rate = hw.flop_rate(precision) * hw.compute_share(on_node)
-    stream = hw.gamma / 3 / hw.stream_share(on_node)
-    overhead = hw.layer_overhead / hw.compute_share(on_node)
+    rate, stream, overhead = clock_rates(hw, precision, min(p * t, hw.devices_per_node))
     links = {g: group_link(hw, g, p, t, 1) for g in ("dp", "tp")}
     ring, nvls, gamma = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto", collective_gamma(hw)
 
@@ -92,9 +117,7 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
             seconds(to_bytes(cost, elem_bytes), links[group], gamma, as_ring, nvls) if cost.messages else 0.0
         )
 
-    optimizer_s = (
-        passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum)) * sum(sizes) * bpe
-    ) * stream
+    optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms = [], [], []
     for rank in range(p * t):
         d, j = divmod(rank, t)
