@@ -140,7 +140,7 @@ def predict_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "by_op": by_op,
             }
         )
-    if hw is not None and prec.act != 2:  # as the simulated clock charges a step (gpt_time.py)
+    if hw is not None:  # as the simulated clock charges a step (gpt_time.py)
         from .gpt_time import step_seconds
 
         timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)
