@@ -19,8 +19,8 @@ simpar's executor (parallel/pipeline/) is NOT imported: its rules are written do
   FLOPs       per sequence, a block's forward 24 s h^2 + 4 s^2 h, the head's 2 s h V (Narayanan et al.
               2021, sec. 5.1: 72 B s L h^2 (1 + s/6h + V/12Lh) = 3 x these); the backward twice the
               forward; recompute full: the chunk's forward again; selective: q k^T again, 2 s^2 h a block.
-  time        an estimate: the slowest stage's compute stretched by the bubble (M + S - 1)/M, plus its
-              pipeline and dp traffic, nothing overlapped (no --clock sim for gpt yet).
+  time        as the simulated clock charges the step: gpt_pipeline_time.py (steptime.py's recurrences
+              over gpt's units).
 """
 
 from __future__ import annotations
@@ -148,7 +148,13 @@ def predict_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             }
         )
     bubble = (S - 1) / (M + S - 1)
-    compute_s = max(stage_s) * (M + S - 1) / M
+    compute_s = step_s = max(stage_s) * (M + S - 1) / M
+    comm_s = 0.0
+    if hw is not None:  # as the simulated clock charges a step (gpt_pipeline_time.py)
+        from .gpt_pipeline_time import pipeline_step_seconds
+
+        timed = pipeline_step_seconds(cfg, p, sizes, hw)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
     per_step = {c: sum(x["sent"][c] for x in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
     flops = flops_per_step(cfg.batch, s, L, h, V)
     return {
@@ -169,9 +175,9 @@ def predict_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         "flops_per_step": flops,
         "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
         "time": {
-            "step_s": compute_s,
+            "step_s": step_s,
             "compute_s": compute_s,
-            "comm_s": 0.0,
-            "samples_per_s": cfg.batch / compute_s if compute_s > 0 else float("inf"),
+            "comm_s": comm_s,
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
         },
     }
