@@ -293,8 +293,11 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
         )
     if hw is not None:  # as the simulated clock charges a step
         from .gpt_time import step_seconds
+        from .gpt_zero_time import zero_step_seconds
 
-        timed = step_seconds(cfg, p, sizes, hw, precision_of(cfg), prec.act)
+        timed = (zero_step_seconds if cfg.zero else step_seconds)(
+            cfg, p, sizes, hw, precision_of(cfg), prec.act
+        )
         step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
     else:
         rows = max(chunk(cfg.batch, p, d) for d in range(p))

@@ -99,14 +99,10 @@ def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, flo
 
 
 def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
-    """{step_s, compute_s, comm_s} of a serial, --dp p (or --zero: gpt_zero_time.py) and/or --tp [--sp]
-    step; `sizes`: one rank's units (its shards under --tp)."""
+    """{step_s, compute_s, comm_s} of a serial, --dp p and/or --tp [--sp] step (--zero:
+    gpt_zero_time.py); `sizes`: one rank's units (its shards under --tp)."""
     from .hardware import group_link
 
-    if cfg.zero:
-        from .gpt_zero_time import zero_step_seconds
-
-        return zero_step_seconds(cfg, p, sizes, hw, precision, bpe)
     t = cfg.tp
     rate, stream, overhead = clock_rates(hw, precision, min(p * t, hw.devices_per_node))
     links = {g: group_link(hw, g, p, t, 1) for g in ("dp", "tp")}

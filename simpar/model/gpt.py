@@ -74,6 +74,23 @@ def charge_block(clock, rows: int, h: int, a: int, s: int, bpe: int, size: int, 
         clock.layer_call()
 
 
+def charge_half(clock, rows: int, h: int, a: int, s: int, bpe: int, size: int, weights: bool) -> None:
+    """A block's backward in the zero-bubble halves (gpt_split.py), charge_block's backward cut in two:
+    B (weights=False) the dx matmuls -- q k v o, the MLP's two, the scores' four -- and every memory
+    pass; W the dW matmuls of the six weight matrices and accumulating 3 per parameter."""
+    for _ in range(4):
+        clock.matmul(rows, h, h)
+    for _ in range(0 if weights else 2):  # q k^T and P v, each for both inputs' gradients
+        clock.matmul(rows, h, s)
+        clock.matmul(rows, s, h)
+    clock.matmul(rows, h, 4 * h)
+    clock.matmul(rows, 4 * h, h)
+    if weights:
+        clock.stream(ACCUMULATE * size * bpe)
+    else:
+        clock.stream((BLOCK_BWD_ELEMS * rows * h + BLOCK_BWD_SCORES * rows * a * s) * bpe)
+
+
 def _cut(flat, shapes):
     """Views of `flat` in the given shapes, one after the other."""
     out, offset = [], 0
@@ -214,6 +231,11 @@ class BlockUnit:
             charge_block(self.rt.clock, dy.shape[0], self.h, self.a, self.s, dy.itemsize, self.size, True)
         return dx2 + dx  # the residual path around attention
 
+    def charge_half(self, rows: int, bpe: int, weights: bool) -> None:
+        """--clock sim: one zero-bubble half of this block's backward (gpt_split.py)."""
+        if self.rt.clock is not None:
+            charge_half(self.rt.clock, rows, self.h, self.a, self.s, bpe, self.size, weights)
+
     def weights(self, flat):
         return flat.copy(), np.empty(0, flat.dtype)
 
@@ -267,6 +289,14 @@ class HeadUnit:
             clock.matmul(dx.shape[0], self.h, self.V)
             clock.stream((HEAD_BWD_ELEMS * dx.size + ACCUMULATE * self.size) * dx.itemsize)
         return dx
+
+    def charge_half(self, rows: int, bpe: int, weights: bool) -> None:
+        """--clock sim: one zero-bubble half of the head's backward (gpt_split.py): B dlogits Wout^T and
+        LN_f's backward, W dWout and accumulating 3 per parameter."""
+        clock = self.rt.clock
+        if clock is not None:
+            clock.matmul(rows, self.h, self.V)
+            clock.stream((ACCUMULATE * self.size if weights else HEAD_BWD_ELEMS * rows * self.h) * bpe)
 
     def weights(self, flat):
         return flat.copy(), np.empty(0, flat.dtype)

@@ -21,54 +21,14 @@ closure per unit (the pipeline pairs W passes with its units).
 The simulated clock (--clock sim) is charged for each half when it runs, the fused backward's charge
 (gpt.py) cut in two: B the dx matmuls (a block's four h x h, its MLP's two, the attention's four score
 matmuls; the head's dlogits Wout^T) and every memory pass; W the dW matmuls (the same shapes again) and
-accumulating the gradients, 3 per parameter. costmodel/gpt_pipeline_time.py writes the same split.
+accumulating the gradients, 3 per parameter (the units' charge_half, gpt.py);
+costmodel/gpt_pipeline_time.py writes the same split.
 """
 
 from __future__ import annotations
 
 from .attention import attention_core_backward, merge_heads, split_heads
 from .mlp import ACTIVATIONS, wide
-
-
-def _charge_b(unit, rows: int, bpe: int) -> None:
-    """The B half's share of the fused backward's charge (module docstring)."""
-    from .gpt import BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES, HEAD_BWD_ELEMS  # gpt.py imports this module
-
-    clock = unit.rt.clock
-    if clock is None:
-        return
-    h = unit.h
-    if type(unit).__name__ == "HeadUnit":
-        clock.matmul(rows, h, unit.V)
-        clock.stream(HEAD_BWD_ELEMS * rows * h * bpe)
-        return
-    s = unit.s
-    for _ in range(4):
-        clock.matmul(rows, h, h)
-    for _ in range(2):  # the forward's q k^T and P v, each twice (the gradients of both inputs)
-        clock.matmul(rows, h, s)
-        clock.matmul(rows, s, h)
-    clock.matmul(rows, h, 4 * h)
-    clock.matmul(rows, 4 * h, h)
-    clock.stream((BLOCK_BWD_ELEMS * rows * h + BLOCK_BWD_SCORES * rows * unit.a * s) * bpe)
-
-
-def _charge_w(unit, rows: int, bpe: int) -> None:
-    """The W half's share: the dW matmuls and accumulating the unit's gradients."""
-    from .gpt import ACCUMULATE
-
-    clock = unit.rt.clock
-    if clock is None:
-        return
-    h = unit.h
-    if type(unit).__name__ == "HeadUnit":
-        clock.matmul(rows, h, unit.V)
-    else:
-        for _ in range(4):
-            clock.matmul(rows, h, h)
-        clock.matmul(rows, h, 4 * h)
-        clock.matmul(rows, 4 * h, h)
-    clock.stream(ACCUMULATE * unit.size * bpe)
 
 
 def _dot(a, b, half):
@@ -101,7 +61,7 @@ def split_backward(unit, flat, gflat, ctx, dy, pending: list):
         d2 = dy.reshape(-1, unit.V)
         dhf = _dot(d2, W.T, half)
         dx = _layernorm_dx(dhf, ctx.xh, ctx.r, g, half)
-        _charge_b(unit, d2.shape[0], dy.itemsize)
+        unit.charge_half(d2.shape[0], dy.itemsize, weights=False)
 
         def head_w():
             dg, db, dW = unit.views(gflat)
@@ -109,7 +69,7 @@ def split_backward(unit, flat, gflat, ctx, dy, pending: list):
             _add_weight_grads(
                 ((dW, wide(ctx.hf).T @ wide(d2)), (dg, (f * wide(ctx.xh)).sum(0)), (db, f.sum(0))), half
             )
-            _charge_w(unit, d2.shape[0], dy.itemsize)
+            unit.charge_half(d2.shape[0], dy.itemsize, weights=True)
 
         pending.append(head_w)
         return dx
@@ -127,7 +87,7 @@ def split_backward(unit, flat, gflat, ctx, dy, pending: list):
     )
     dh1 = _dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dv, Wv.T, half)
     dx = dx2 + _layernorm_dx(dh1, ctx.xh1, ctx.r1, g1, half)
-    _charge_b(unit, dy.shape[0], dy.itemsize)
+    unit.charge_half(dy.shape[0], dy.itemsize, weights=False)
 
     def block_w():
         dg1, db1, dattn, dg2, db2, dW1, dc1, dW2, dc2 = unit.views(gflat)
@@ -140,7 +100,7 @@ def split_backward(unit, flat, gflat, ctx, dy, pending: list):
             pairs += [(dW, wide(a.x).T @ wide(dpart)), (db, wide(dpart).sum(0))]
         pairs += [(dg1, (f1 * wide(ctx.xh1)).sum(0)), (db1, f1.sum(0))]
         _add_weight_grads(pairs, half)
-        _charge_w(unit, dy.shape[0], dy.itemsize)
+        unit.charge_half(dy.shape[0], dy.itemsize, weights=True)
 
     pending.append(block_w)
     return dx
