@@ -15,18 +15,48 @@ rank's clock where it runs:
   stage 3  every micro-step gathers each unit before its forward and again before its backward, and
            reduce-scatters its gradient right after the backward; the optimizer on S_r, no gather back
 
-Chunks are np.array_split's (collectives.chunk): with every unit divisible by dp the ranks are
-symmetric and every ring runs as its closed form says; the step ends with the slowest rank. When dp
-does not divide a unit, chunks differ by one element, the real rings' rounds wait on their neighbours'
-larger chunks and the ranks drift apart: this form is then off by ~1e-4 (dp 3, ZeRO-2, h 16), not exact.
+Chunks are np.array_split's (collectives.chunk): when dp does not divide a unit, the first ranks' chunks
+are one element longer, a ring's rounds wait on their neighbours' larger messages and the ranks' clocks
+drift apart. So the p ranks are followed together, each ring round by round as collectives/ring.py
+runs it and the simulated clock times it (simclock.py): in round k rank r sends its chunk to r+1 when
+its link is free (bytes / bandwidth on the wire, alpha later there), the round ends when its own
+send has left and its neighbour's has arrived, then the received chunk is added (bytes x gamma; free
+on a GPU). On a GPU profile the ring runs as NCCL's tuner picks for ceil(n/p) elements a step (its
+base latency once, its per-step latency and bandwidth: nccl.py). The step ends with the slowest rank.
+Every message takes the group's link (hardware.group_link): exact while each node holds as many of
+the group's ranks as the others (a rank alone on a part-filled node gets more of its NICs).
 """
 
 from __future__ import annotations
 
-from .chunktime import collective_gamma, seconds
-from .collectives import chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .chunktime import collective_gamma
+from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 from .spec import split
+
+
+def ring_ends(kind: str, n: int, bpe: int, starts: list[float], link_free: list[float], link, gamma) -> list:
+    """When each of p ranks ends a blocking ring reduce-scatter or all-gather of n elements that rank r
+    starts at starts[r] (module docstring); link_free[r]: when r's outgoing link is free (updated)."""
+    p = len(starts)
+    sizes = [chunk(n, p, i) * bpe for i in range(p)]
+    alpha, bw, cursor = link.alpha, link.bw, list(starts)
+    tuning = getattr(link, "tuning", None)
+    if tuning is not None and tuning.proto:  # NCCL's protocol for this call (simclock.collective_timing)
+        timing = tuning.choose(kind, -(-n // p) * bpe, nvls=False)
+        alpha, bw, cursor = timing.hop, timing.bw, [t + timing.base for t in starts]
+    scatter = kind == "reduce-scatter"
+    for k in range(p - 1):
+        sent = [(r - k - 1) % p if scatter else (r - k) % p for r in range(p)]
+        arrive = []
+        for r in range(p):
+            link_free[r] = max(cursor[r], link_free[r]) + sizes[sent[r]] / bw
+            arrive.append(link_free[r] + alpha)
+        for r in range(p):
+            cursor[r] = max(cursor[r], link_free[r], arrive[(r - 1) % p])
+            if scatter:  # the chunk received (the left neighbour's) is added in
+                cursor[r] += sizes[sent[(r - 1) % p]] * gamma
+    return cursor
 
 
 def zero_step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
@@ -36,33 +66,45 @@ def zero_step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: in
 
     stage, P = cfg.zero, sum(sizes)
     rate, stream, overhead = clock_rates(hw, precision, min(p, hw.devices_per_node))
-    link, gamma, nvls = group_link(hw, "dp", p, 1, 1), collective_gamma(hw), cfg.collectives == "auto"
+    link, gamma = group_link(hw, "dp", p, 1, 1), collective_gamma(hw)
+    clock, link_free, compute = [0.0] * p, [0.0] * p, [0.0] * p
 
-    def ring(cost) -> float:  # ZeRO's collectives are always the ring (zero.py)
-        return seconds(to_bytes(cost, bpe), link, gamma, True, nvls) if cost.messages else 0.0
+    def work(seconds: list[float]) -> None:  # each rank's own compute
+        for r in range(p):
+            clock[r] += seconds[r]
+            compute[r] += seconds[r]
 
-    ends, computes, comms = [], [], []
-    for d in range(p):
-        gather = [ring(ring_allgather(n, p, d)) for n in sizes]
-        scatter = [ring(ring_reduce_scatter(n, p, d)) for n in sizes]
-        compute = comm = 0.0
-        micro = split(cfg.batch, cfg.grad_accum)
-        for k, k_rows in enumerate(micro):
-            fwd, bwd, loss = unit_seconds(
-                cfg, chunk(k_rows, p, d) * cfg.seq_len, sizes, bpe, rate, stream, overhead
-            )
-            compute += sum(fwd) + loss + sum(bwd)
-            if stage == 3:  # gathered for forward, again for backward, reduce-scattered after it
-                comm += 2 * sum(gather) + sum(scatter)
-            elif stage == 2 and k == len(micro) - 1:  # each unit's gradient as its backward ends
-                comm += sum(scatter)
-        if stage == 1:
-            comm += ring(ring_reduce_scatter(P, p, d)) + ring(ring_allgather(P, p, d))
-            compute += optimizer_seconds(cfg, chunk(P, p, d), bpe, stream)
-        else:
-            compute += optimizer_seconds(cfg, sum(chunk(n, p, d) for n in sizes), bpe, stream)
-            comm += sum(gather) if stage == 2 else 0.0
-        ends.append(compute + comm)
-        computes.append(compute)
-        comms.append(comm)
-    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}
+    def ring(kind: str, n: int) -> None:  # ZeRO's collectives are always the ring (zero.py), blocking
+        if p > 1:
+            clock[:] = ring_ends(kind, n, bpe, clock, link_free, link, gamma)
+
+    micro = split(cfg.batch, cfg.grad_accum)
+    for k, k_rows in enumerate(micro):
+        units = [
+            unit_seconds(cfg, chunk(k_rows, p, d) * cfg.seq_len, sizes, bpe, rate, stream, overhead)
+            for d in range(p)
+        ]
+        for i, n in enumerate(sizes):
+            if stage == 3:  # gathered before its forward
+                ring("all-gather", n)
+            work([fwd[i] for fwd, _, _ in units])
+        work([loss for _, _, loss in units])
+        for i in reversed(range(len(sizes))):
+            if stage == 3:  # gathered again for its backward
+                ring("all-gather", sizes[i])
+            work([bwd[i] for _, bwd, _ in units])
+            if stage == 3 or (stage == 2 and k == len(micro) - 1):  # its gradient, as backward ends
+                ring("reduce-scatter", sizes[i])
+    if stage == 1:
+        ring("reduce-scatter", P)
+        work([optimizer_seconds(cfg, chunk(P, p, d), bpe, stream) for d in range(p)])
+        ring("all-gather", P)
+    else:
+        work([optimizer_seconds(cfg, sum(chunk(n, p, d) for n in sizes), bpe, stream) for d in range(p)])
+        for n in sizes if stage == 2 else ():
+            ring("all-gather", n)
+    return {
+        "step_s": max(clock),
+        "compute_s": max(compute),
+        "comm_s": max(c - w for c, w in zip(clock, compute)),
+    }
