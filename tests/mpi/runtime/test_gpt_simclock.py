@@ -32,6 +32,7 @@ def test_predict_equals_simulate_on_every_gpt_tour_layout(tmp_path, hardware):
     assert res.returncode == 0, res.stderr[-3000:]
     names = {p.stem for p in out.glob("*.json")} - {"trace"}
     assert {"serial", "dp4", "tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp"} <= names, names
+    assert {"cp2", "cp4", "dp2xcp2", "cp4-ulysses"} <= names, names  # cp_time.py: ring hops overlapped
     for name in sorted(names):
         m = json.loads((out / f"{name}.json").read_text())
         sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
