@@ -3,7 +3,8 @@
 gpt.py's units (and tensor_gpt.py's, vocab_parallel.py's shares of them) charge the clock for their
 matmuls and memory passes; costmodel/gpt_time.py writes the same charges again, with data
 parallelism's buckets overlapping the last backward and tensor parallelism's collectives blocking
-inside each unit. Both are deterministic, so they agree to rounding on every layout the tour runs,
+inside each unit; context parallelism's ring hops overlap their blocks (costmodel/cp_time.py). Both
+are deterministic, so they agree to rounding on every layout the tour runs,
 on a GPU node and on nodes of two devices (the dp group then crosses nodes). ZeRO and mixed precision
 are refused under --clock sim for gpt (not modelled yet).
 """
