@@ -276,10 +276,6 @@ def layout_cp(cfg) -> None:
     require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
     require(cfg.tp == 1, "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp")
     require(
-        cfg.clock == "wall",
-        "--cp with --clock sim is not built yet: its step time is only a rough sum (costmodel/cp.py)",
-    )
-    require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
     )

@@ -161,6 +161,9 @@ class BlockUnit:
     """x + Attn(LN1(x)), then + MLP(LN2(.)): one pre-LN transformer block of width h with a heads."""
 
     rt = PLAIN  # the run's runtime (kernels): gpt_units gives each unit its run's
+    # The keys each query's scores span in charge_block. Context parallelism's attention charges its
+    # score work itself, block by block between its transfers (context_attention.py): 0 there.
+    charged_keys = None  # None: self.s, the whole sequence
 
     def __init__(self, index: int, hidden: int, heads: int, seq: int, n_blocks: int):
         self.index, self.h, self.a, self.s, self.L = index, hidden, heads, seq, n_blocks
@@ -207,7 +210,7 @@ class BlockUnit:
         m, _ = k.linear_act_forward(u, W2, c2, "none")
         ctx = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2, h2=h2, z=z, u=u)
         if self.rt.clock is not None:
-            charge_block(self.rt.clock, rows, self.h, self.a, self.s, x.itemsize, self.size, False)
+            charge_block(self.rt.clock, rows, self.h, self.a, self._keys(), x.itemsize, self.size, False)
         return x2 + m, ctx
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = True):
@@ -228,7 +231,9 @@ class BlockUnit:
         dW2 += gW2
         dc2 += gc2
         if self.rt.clock is not None:
-            charge_block(self.rt.clock, dy.shape[0], self.h, self.a, self.s, dy.itemsize, self.size, True)
+            charge_block(
+                self.rt.clock, dy.shape[0], self.h, self.a, self._keys(), dy.itemsize, self.size, True
+            )
         return dx2 + dx  # the residual path around attention
 
     def charge_half(self, rows: int, bpe: int, weights: bool) -> None:
@@ -238,6 +243,9 @@ class BlockUnit:
 
     def weights(self, flat):
         return flat.copy(), np.empty(0, flat.dtype)
+
+    def _keys(self) -> int:
+        return self.s if self.charged_keys is None else self.charged_keys
 
 
 class HeadUnit:

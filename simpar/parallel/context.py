@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.gpt import BlockUnit, EmbeddingUnit, HeadUnit, Kept
+from ..model.gpt import EMBED_BWD_ELEMS, EMBED_FWD_ELEMS, BlockUnit, EmbeddingUnit, HeadUnit, Kept
 from ..model.precision import loss_grad
 from ..model.ring_attention import chunk_positions
 from .context_attention import cp_attention_backward, cp_attention_forward
@@ -43,6 +43,9 @@ class PositionedEmbedding(EmbeddingUnit):
         E, pos = self.views(flat)
         b, n = tokens.shape
         x = (E[tokens] + pos[self.positions]).reshape(b * n, self.h)
+        if self.rt.clock is not None:  # what EmbeddingUnit charges, for my n tokens
+            self.rt.clock.stream(EMBED_FWD_ELEMS * x.size * x.itemsize)
+            self.rt.clock.layer_call()
         return x, Kept(tokens=tokens)
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = False):
@@ -50,11 +53,15 @@ class PositionedEmbedding(EmbeddingUnit):
         b, n = ctx.tokens.shape
         np.add.at(dE, ctx.tokens.reshape(-1), dy)
         dpos[self.positions] += dy.reshape(b, n, self.h).sum(axis=0)  # positions are distinct
+        if self.rt.clock is not None:
+            self.rt.clock.stream(EMBED_BWD_ELEMS * dy.size * dy.itemsize)
         return None
 
 
 class ContextBlock(BlockUnit):
     """A block on n = s/C tokens of each sequence; its attention reaches the rest over the cp group."""
+
+    charged_keys = 0  # its score work is charged by context_attention.py, hop by hop (--clock sim)
 
     def __init__(self, index, hidden, heads, seq, n_blocks, comm, algo):
         super().__init__(index, hidden, heads, seq // comm.size, n_blocks)  # self.s: MY tokens, n

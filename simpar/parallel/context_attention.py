@@ -35,6 +35,35 @@ from ..model.ring_attention import OnlineSoftmax, block_backward, block_relation
 CATEGORY = "activation"
 TAG = 7301  # one constant tag: a pair's ring messages arrive in the order they were sent (MPI's rule)
 
+# What the attention charges the simulated clock (--clock sim; costmodel/cp_time.py writes it again).
+# A ring block is m query rows against m keys of every head: forward q k^T and P v (2 b m^2 h FLOPs
+# each) and 6 sweeps over its b a m^2 scores (the serial softmax's, gpt.py); backward P rebuilt from
+# the lse, dV, dP, dQ, dK (5 products) and 6 sweeps (exp(S - lse), dS = P (dP - D), the mask and
+# scale). A diagonal block is computed whole, then masked: it costs what a full one does. Ulysses'
+# core is the serial attention of a/C heads over all s tokens: 2 products and 6 sweeps forward, 4
+# and 4 backward (gpt.charge_block's).
+RING_FWD_PRODUCTS, RING_FWD_SWEEPS, RING_BWD_PRODUCTS, RING_BWD_SWEEPS = 2, 6, 5, 6
+CORE_FWD_PRODUCTS, CORE_FWD_SWEEPS, CORE_BWD_PRODUCTS, CORE_BWD_SWEEPS = 2, 6, 4, 4
+
+
+def _charge(comm, blocks: int, rows: int, h: int, keys: int, scores: int, products: int, sweeps: int, bpe):
+    """`blocks` blocks of `rows` query rows x `keys` keys (every head: 2 rows h keys FLOPs a product),
+    `scores` score elements each, on the simulated clock if one runs."""
+    clock = comm.runtime.clock
+    for _ in range(blocks if clock is not None else 0):
+        for _ in range(products):
+            clock.matmul(rows, h, keys)
+        clock.stream(sweeps * scores * bpe)
+
+
+def _charge_ring(comm, q, blocks: int, backward: bool) -> None:
+    """This hop's causal blocks of m = n/2 query rows of q (b, a, n, d): charged after they are computed
+    and before the hop's transfers are waited for, so the clock overlaps the two (module docstring)."""
+    b, a, n, d = q.shape
+    m = n // 2
+    charges = (RING_BWD_PRODUCTS, RING_BWD_SWEEPS) if backward else (RING_FWD_PRODUCTS, RING_FWD_SWEEPS)
+    _charge(comm, blocks, b * m, a * d, m, b * a * m * m, *charges, q.itemsize)
+
 
 def _chunks(rank: int, C: int) -> tuple[int, int]:
     return rank, 2 * C - 1 - rank
@@ -61,6 +90,7 @@ def ring_forward(comm, q, k, v):
     for t in range(C):
         reqs, nxt = _hop(comm, kv, kv, "cp-kv") if t < C - 1 else ([], None)
         theirs = _chunks((r - t) % C, C)
+        blocks = 0
         for qi, state in enumerate(halves):
             for ki in range(2):
                 relation = block_relation(mine[qi], theirs[ki])
@@ -68,6 +98,8 @@ def ring_forward(comm, q, k, v):
                     state.add_block(
                         kv[0][:, :, ki * m : (ki + 1) * m], kv[1][:, :, ki * m : (ki + 1) * m], relation
                     )
+                    blocks += 1
+        _charge_ring(comm, q, blocks, backward=False)  # the blocks, while the next K, V travel
         comm.waitall(reqs)
         kv = nxt
     outs = [state.finish(q.dtype) for state in halves]
@@ -91,12 +123,14 @@ def ring_backward(comm, do, q, k, v, o, lse):
             recv_dkv = np.empty_like(dkv)
             reqs.append(comm.irecv(recv_dkv, (r - 1) % C, CATEGORY, "cp-kv", TAG + 1))
         theirs = _chunks((r - t) % C, C)
+        blocks = 0
         for qi in range(2):
             rows = slice(qi * m, (qi + 1) * m)
             for ki in range(2):
                 relation = block_relation(mine[qi], theirs[ki])
                 if relation is None:
                     continue
+                blocks += 1
                 cols = slice(ki * m, (ki + 1) * m)
                 gq, gk, gv = block_backward(
                     q[:, :, rows],
@@ -110,6 +144,7 @@ def ring_backward(comm, do, q, k, v, o, lse):
                 dq[:, :, rows] += gq
                 dkv[0][:, :, cols] += gk
                 dkv[1][:, :, cols] += gv
+        _charge_ring(comm, q, blocks, backward=True)  # before the partial sum leaves: it waits for them
         if t >= 1:  # pass this block's partial sum on (at the last hop: to its owner, r+1)
             reqs.append(comm.isend(dkv, (r + 1) % C, CATEGORY, "cp-kv", TAG + 1))
         comm.waitall(reqs)
@@ -154,16 +189,24 @@ def heads_to_seq(comm, t):
     return np.concatenate(_exchange(comm, pieces), axis=1)
 
 
+def _charge_core(comm, qh, products: int, sweeps: int) -> None:
+    """The attention of my a/C heads over all s tokens, qh (b, a/C, s, d); its all-to-alls block."""
+    b, g, s, d = qh.shape
+    _charge(comm, 1, b * s, g * d, s, b * g * s * s, products, sweeps, qh.itemsize)
+
+
 def ulysses_forward(comm, q, k, v, s: int):
     """(o (b, a, n, d), (qh, kh, vh, P)) -- attention on whole sequences for a/C heads."""
     qh, kh, vh = (seq_to_heads(comm, t, s) for t in (q, k, v))
     oh, probs = attention_core_forward(qh, kh, vh)
+    _charge_core(comm, qh, CORE_FWD_PRODUCTS, CORE_FWD_SWEEPS)
     return heads_to_seq(comm, oh), (qh, kh, vh, probs)
 
 
 def ulysses_backward(comm, do, saved, s: int):
     qh, kh, vh, probs = saved
     dqh, dkh, dvh = attention_core_backward(seq_to_heads(comm, do, s), qh, kh, vh, probs)
+    _charge_core(comm, qh, CORE_BWD_PRODUCTS, CORE_BWD_SWEEPS)
     return tuple(heads_to_seq(comm, g) for g in (dqh, dkh, dvh))
 
 

@@ -149,11 +149,6 @@ CASES = [
         "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, clock="sim"),
-        2,
-        "--cp with --clock sim is not built yet: its step time is only a rough sum (costmodel/cp.py)",
-    ),
-    (
         dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
         2,
         "--cp all-reduces gradients over dp x cp with the ring; --collectives tree not yet",

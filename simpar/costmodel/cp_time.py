@@ -1,0 +1,125 @@
+"""The step time of `simpar train --arch gpt --cp C [--dp D]` in closed form, as the simulated clock
+(--clock sim) charges it. Nothing here imports the model, the runtime or the code that moves bytes:
+parallel/context_attention.py's charges and message pattern are written down again.
+
+A cp rank computes everything but the attention's scores on its own n = s/C tokens of b sequences
+(R = b n rows): gpt_time.unit_seconds with no score work (s = 0). Its attention, with m = s/(2C),
+d = h/a, on the cp group's link (alpha, bandwidth bw; hardware.group_link, the ranks of a cp group
+are consecutive), K and V in the activations' bpe, dK and dV in the wide type (= bpe: --clock sim
+refuses mixed precision):
+
+  ring, one block (m queries x m keys, every head):
+      forward   f = 2 x 2 b m^2 h / rate + 6 b a m^2 bpe stream
+      backward  g = 5 x 2 b m^2 h / rate + 6 b a m^2 bpe stream
+      blocks a rank computes at hop t: k_0 = 3, k_t = 2 (cp.ring_block_map)
+      w_kv = 2 b n h bpe / bw (K and V of both my chunks, one message), w_dkv the same for dK, dV
+  Each hop posts its K/V receive and send (non-blocking) BEFORE computing its blocks, so a hop lasts
+  max(blocks, transfer); the last hop has nothing to send:
+      forward   F = sum_{t<C-1} max(k_t f, w_kv + alpha) + k_{C-1} f
+  Backward also sends each block's dK, dV partial sum on, AFTER its blocks (it needs them), from hop 1:
+      hop 0          max(3 g, w_kv + alpha)
+      0 < t < C-1    max(2 g, w_kv) + w_dkv + alpha     (the dK/dV send waits for the K/V send to leave)
+      t = C-1        2 g + w_dkv + alpha                 (the partial sums go home)
+  Ulysses: 4 all-to-alls each way, blocking, pairwise in C-1 rounds of one piece (b n h / C elements):
+      A = (C-1) (alpha + b n h bpe / (C bw));   forward 4 A + 2 x 2 b s (h/C) s / rate + 6 b (a/C) s^2
+      bpe stream; backward 4 A + 4 x 2 b s (h/C) s / rate + 4 b (a/C) s^2 bpe stream
+
+The rest is gpt_time's step over the dp x C ranks of the dpcp group: units forward, loss, units
+backward; in the last micro-step each unit's gradient buckets start on the dpcp stream when ready
+(host_progress: when backward ends), the rank waits for the last, runs the optimizer; the step ends
+with the slowest rank. Every rank of a cp group does the same work, so its hops line up.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from . import passes
+from .chunktime import collective_gamma, seconds
+from .collectives import ALLREDUCE, chunk, to_bytes
+from .gpt_time import unit_seconds
+from .spec import dp_bucket_layers, split
+
+# context_attention.py's charges, written again: (products, sweeps over the scores) per block or core
+RING_FWD, RING_BWD, CORE_FWD, CORE_BWD = (2, 6), (5, 6), (2, 6), (4, 4)
+RING_BLOCKS_FIRST, RING_BLOCKS_OTHER = 3, 2  # causal blocks a rank computes at hop 0 and at every other
+
+
+def ring_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
+    """(forward, backward, compute only) seconds of one block's ring attention on one rank (module
+    docstring)."""
+    m = n // 2
+
+    def block(charges):
+        products, sweeps = charges
+        return products * 2 * b * m * h * m / rate + sweeps * b * a * m * m * bpe * stream
+
+    f, g = block(RING_FWD), block(RING_BWD)
+    w_kv = w_dkv = 2 * b * n * h * bpe / link.bw
+    blocks = [RING_BLOCKS_FIRST] + [RING_BLOCKS_OTHER] * (C - 1)
+    forward = sum(max(k * f, w_kv + link.alpha) for k in blocks[:-1]) + blocks[-1] * f
+    backward = max(blocks[0] * g, w_kv + link.alpha)
+    for k in blocks[1:-1]:
+        backward += max(k * g, w_kv) + w_dkv + link.alpha
+    backward += blocks[-1] * g + w_dkv + link.alpha
+    return forward, backward, sum(blocks) * (f + g)
+
+
+def ulysses_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
+    """(forward, backward, compute only) seconds of one block's all-to-all attention on one rank."""
+    s = n * C
+    A = (C - 1) * (link.alpha + b * n * h // C * bpe / link.bw)
+
+    def core(charges):
+        products, sweeps = charges
+        return products * 2 * b * s * (h // C) * s / rate + sweeps * b * (a // C) * s * s * bpe * stream
+
+    return 4 * A + core(CORE_FWD), 4 * A + core(CORE_BWD), core(CORE_FWD) + core(CORE_BWD)
+
+
+def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
+    """{step_s, compute_s, comm_s} of a --cp C [--dp dp] step (no --zero, no mixed precision)."""
+    from .hardware import group_link
+
+    C, h, a, s, L = cfg.cp, cfg.hidden, cfg.heads, cfg.seq_len, cfg.blocks
+    p = dp * C  # the dpcp group: world rank d C + c (mesh.py with pp = tp = 1)
+    on_node = min(p, hw.devices_per_node)
+    rate = hw.flop_rate(precision) * hw.compute_share(on_node)
+    stream = hw.gamma / 3 / hw.stream_share(on_node)
+    overhead = hw.layer_overhead / hw.compute_share(on_node)
+    cp_link, dpcp_link = group_link(hw, "dp", C, 1, 1), group_link(hw, "dp", p, 1, 1)
+    attention = ring_seconds if cfg.cp_algo == "ring" else ulysses_seconds
+    # the units without their score work (s = 0): context_attention.py charges that, hop by hop
+    local = SimpleNamespace(hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=1, sp=False)
+    optimizer_s = (
+        passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum)) * sum(sizes) * bpe
+    ) * stream
+    ends, computes, comms = [], [], []
+    for r in range(p):  # the cp ranks of a dp row do the same work; their ring chunks differ
+        d = r // C
+        clock = compute = comm = 0.0
+        micro = split(cfg.batch, cfg.grad_accum)
+        for k, k_rows in enumerate(micro):
+            b = chunk(k_rows, dp, d)
+            fwd, bwd, loss = unit_seconds(local, b * (s // C), sizes, bpe, rate, stream, overhead)
+            attn_f, attn_b, attn_compute = attention(b, s // C, h, a, C, bpe, rate, stream, cp_link)
+            fwd = [t + (attn_f if 0 < i <= L else 0.0) for i, t in enumerate(fwd)]
+            bwd = [t + (attn_b if 0 < i <= L else 0.0) for i, t in enumerate(bwd)]
+            clock += sum(fwd) + loss
+            backward_start, ready = clock, {}
+            for i in reversed(range(len(sizes))):
+                clock += bwd[i]
+                ready[i] = clock
+            compute += sum(fwd) + loss + sum(bwd) - L * (attn_f + attn_b - attn_compute)
+            comm += L * (attn_f + attn_b - attn_compute)  # the attention's exposed transfers
+        end = backward_start
+        for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
+            cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, r)
+            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, collective_gamma(hw), True, False)
+            start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
+            end = max(end, start) + grad_s
+            comm += grad_s
+        ends.append(max(clock, end) + optimizer_s)
+        computes.append(compute + optimizer_s)
+        comms.append(comm)
+    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}
