@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, to_bytes
-from .gpt import flops_per_step, unit_sizes
 from .gpt import plan as gpt_plan
+from .gpt import unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -95,8 +95,7 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt --cp C
     [--dp D]`, keyed like its metrics (world rank = d C + c: mesh.py's numbering with pp = tp = 1).
     Time: as the simulated clock charges it (cp_time.py: each ring hop overlapping the blocks it
-    computes); under mixed precision the rank's FLOPs (1/C of its dp rows') at the profile's rate,
-    plus its gradient all-reduce (dp x C ranks) and cp traffic, not overlapped."""
+    computes), in every precision."""
     L, h, a, s, V, C = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab, cfg.cp
     dp = cfg.dp if cfg.dp is not None else world_size // C
     prec = PRECISIONS[precision_of(cfg)]
@@ -136,15 +135,11 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)
         memory.append(mem)
     per_step = {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")}
-    if prec.act != 2:  # as the simulated clock charges a step: each ring hop overlaps its blocks
-        from .cp_time import cp_step_seconds
+    # as the simulated clock charges a step: each ring hop overlaps its blocks (cp_time.py)
+    from .cp_time import cp_step_seconds
 
-        timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
-        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
-    else:  # mixed precision (refused under --clock sim): FLOPs and traffic, not overlapped
-        b = max(chunk(cfg.batch, dp, d) for d in range(dp))  # each rank: 1/C of its dp rows' FLOPs
-        compute_s = flops_per_step(b, s, L, h, V) / C / hw.flop_rate(precision_of(cfg))
-        step_s = compute_s + comm_s / max(steps, 1)
+    timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
+    step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
     return {
         "steps": steps,
         "layout": layout_name(cfg),

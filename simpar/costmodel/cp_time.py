@@ -5,14 +5,15 @@ parallel/context_attention.py's charges and message pattern are written down aga
 A cp rank computes everything but the attention's scores on its own n = s/C tokens of b sequences
 (R = b n rows): gpt_time.unit_seconds with no score work (s = 0). Its attention, with m = s/(2C),
 d = h/a, on the cp group's link (alpha, bandwidth bw; hardware.group_link, the ranks of a cp group
-are consecutive), K and V in the activations' bpe, dK and dV in the wide type (= bpe: --clock sim
-refuses mixed precision):
+are consecutive), K and V in the activations' bpe, dK and dV in the wide type (float32 under mixed
+precision, else bpe):
 
   ring, one block (m queries x m keys, every head):
       forward   f = 2 x 2 b m^2 h / rate + 6 b a m^2 bpe stream
       backward  g = 5 x 2 b m^2 h / rate + 6 b a m^2 bpe stream
       blocks a rank computes at hop t: k_0 = 3, k_t = 2 (cp.ring_block_map)
       w_kv = 2 b n h bpe / bw (K and V of both my chunks, one message), w_dkv the same for dK, dV
+      in the wide type
   Each hop posts its K/V receive and send (non-blocking) BEFORE computing its blocks, so a hop lasts
   max(blocks, transfer); the last hop has nothing to send:
       forward   F = sum_{t<C-1} max(k_t f, w_kv + alpha) + k_{C-1} f
@@ -34,10 +35,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import passes
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, to_bytes
-from .gpt_time import unit_seconds
+from .gpt_time import loss_bpe, optimizer_seconds, unit_seconds
 from .spec import dp_bucket_layers, split
 
 # context_attention.py's charges, written again: (products, sweeps over the scores) per block or core
@@ -55,7 +55,8 @@ def ring_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, 
         return products * 2 * b * m * h * m / rate + sweeps * b * a * m * m * bpe * stream
 
     f, g = block(RING_FWD), block(RING_BWD)
-    w_kv = w_dkv = 2 * b * n * h * bpe / link.bw
+    w_kv = 2 * b * n * h * bpe / link.bw
+    w_dkv = 2 * b * n * h * loss_bpe(bpe) / link.bw  # the partial sums travel in the wide type
     blocks = [RING_BLOCKS_FIRST] + [RING_BLOCKS_OTHER] * (C - 1)
     forward = sum(max(k * f, w_kv + link.alpha) for k in blocks[:-1]) + blocks[-1] * f
     backward = max(blocks[0] * g, w_kv + link.alpha)
@@ -78,7 +79,8 @@ def ulysses_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: floa
 
 
 def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
-    """{step_s, compute_s, comm_s} of a --cp C [--dp dp] step (no --zero, no mixed precision)."""
+    """{step_s, compute_s, comm_s} of a --cp C [--dp dp] step (no --zero; mixed precision: the
+    optimizer's masters and casts as gpt_time.optimizer_seconds)."""
     from .hardware import group_link
 
     C, h, a, s, L = cfg.cp, cfg.hidden, cfg.heads, cfg.seq_len, cfg.blocks
@@ -91,9 +93,7 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
     attention = ring_seconds if cfg.cp_algo == "ring" else ulysses_seconds
     # the units without their score work (s = 0): context_attention.py charges that, hop by hop
     local = SimpleNamespace(hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=1, sp=False)
-    optimizer_s = (
-        passes.optimizer_passes(passes.backend(cfg), cfg.optimizer, bool(cfg.momentum)) * sum(sizes) * bpe
-    ) * stream
+    optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms = [], [], []
     for r in range(p):  # the cp ranks of a dp row do the same work; their ring chunks differ
         d = r // C
