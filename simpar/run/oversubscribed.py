@@ -11,8 +11,10 @@ Two things here:
   during the serial reference) wait in a nonblocking barrier, testing it and sleeping in between,
   so the ranks that compute get the cores (measured: the serial reference's step on 4 ranks).
 - `message_round_s`: the median time of one 8-byte ring round (every rank sends right and receives
-  left) on the whole world, the unit every collective is built of; the tour prints it beside the
-  profile's alpha when ranks outnumber cores, as the measured reason its prediction misses.
+  left) on the whole world, the unit every collective is built of; and `gap_per_round_s`: how far the
+  tour's measured steps exceed the prediction, per message round of the step (from the ledger).
+  The tour prints both when ranks outnumber cores: a round alone is cheap, a round between uneven
+  compute is not, and that is the measured reason its prediction misses.
 """
 
 from __future__ import annotations
@@ -57,14 +59,43 @@ def message_round_s(mpi_comm, rounds: int = 10, batches: int = 31) -> tuple[floa
     return tuple(max(values) for values in zip(*mpi_comm.allgather((median, p90))))
 
 
-def oversubscription_note(world_size: int, cores: int, round_s: tuple[float, float], alpha_s: float) -> str:
+def rounds_per_step(m: dict) -> float:
+    """The message rounds one step waits on, from a layout's ledger (the busiest rank): every
+    point-to-point message it sent, plus each blocking MPI_Allreduce of the loss (booked as 2
+    control messages per call, runtime/comm.py allreduce_scalar)."""
+    steps = max(m["steps"], 1)
+    per_rank = []
+    for r in m["comm"]["ranks"]:
+        scalar = r["by_op"].get("control/allreduce-scalar", {}).get("messages", 0) / 2
+        per_rank.append(sum(r["messages"].values()) + scalar)
+    return max(per_rank) / steps
+
+
+def gap_per_round_s(results: list) -> float | None:
+    """The median, over layouts with more than one rank, of (measured step - predicted step) /
+    rounds per step: what a round costs on this machine beyond what the cost model charges."""
+    gaps = [
+        (m["time"]["step_s_median"] - m["predicted"]["time"]["step_s"]) / rounds_per_step(m)
+        for _, m in results
+        if m["world_size"] > 1 and rounds_per_step(m) > 0
+    ]
+    return float(np.median(gaps)) if gaps else None
+
+
+def oversubscription_note(
+    world_size: int, cores: int, round_s: tuple[float, float], gap_s: float | None, alpha_s: float
+) -> str:
     """The line the tour prints under its wall-clock table when ranks outnumber cores."""
     median, p90 = (1e6 * t for t in round_s)
+    gap = (
+        ""
+        if gap_s is None
+        else f"the steps above exceed pred by a median {1e6 * gap_s:.0f} us per message round, "
+    )
     return (
-        f"(pred err: {world_size} ranks on {cores} cores: one 8-byte message round measured {median:.0f} us "
-        f"(median; slowest tenth {p90:.0f} us) vs the profile's alpha {1e6 * alpha_s:.0f} us "
-        f"on {cores} ranks: "
-        "waiting ranks busy-poll in MPI and a round waits for the scheduler to give its sender a core, "
-        "which the cost model does not price (docs/oversubscription.md): here pred is a lower bound; "
-        "--clock sim gives the model's own clock)"
+        f"(pred err: {world_size} ranks on {cores} cores: {gap}while an 8-byte round alone measured "
+        f"{median:.0f} us (slowest tenth {p90:.0f} us; the profile's alpha {1e6 * alpha_s:.0f} us): "
+        "with ranks out of step a round waits until its peer gets a core, and waiting ranks busy-poll "
+        "in MPI; the cost model prices a core share, not that wait (docs/oversubscription.md), "
+        "so here pred is a lower bound and --clock sim gives the model's own clock)"
     )

@@ -24,7 +24,13 @@ from ..files import write_json, write_trace
 from ..report.metrics import alltoall_per_step, bytes_verdict
 from ..runtime.comm import Communicator, Ledger
 from ..units import fmt_bytes
-from .oversubscribed import message_round_s, oversubscribed, oversubscription_note, wait_yielding
+from .oversubscribed import (
+    gap_per_round_s,
+    message_round_s,
+    oversubscribed,
+    oversubscription_note,
+    wait_yielding,
+)
 
 # Mixed precision: a sharded layout sums the same half gradients in another order (ring chunks vs one
 # float32 matmul rounded once), so each step's weights differ by a few units of roundoff u (2**-11 for
@@ -156,7 +162,8 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         ok = print_tour_table(results, base.precision if base.mixed else base.dtype)
         print_time_table(results, base)
         if round_s is not None:
-            print(oversubscription_note(size, cores, round_s, hardware.load(base.hardware).intra_alpha))
+            alpha = hardware.load(base.hardware).intra_alpha
+            print(oversubscription_note(size, cores, round_s, gap_per_round_s(results), alpha))
         _plots(results, out_dir)
         print(f"\nmetrics and plots in {out_dir}/")
         if size == 1:
