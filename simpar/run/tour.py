@@ -19,10 +19,18 @@ import os
 import time
 
 from ..config import RunConfig, SimparError, validate
+from ..costmodel import hardware
 from ..files import write_json, write_trace
 from ..report.metrics import alltoall_per_step, bytes_verdict
 from ..runtime.comm import Communicator, Ledger
 from ..units import fmt_bytes
+from .oversubscribed import (
+    gap_per_round_s,
+    message_round_s,
+    oversubscribed,
+    oversubscription_note,
+    wait_yielding,
+)
 
 # Mixed precision: a sharded layout sums the same half gradients in another order (ring chunks vs one
 # float32 matmul rounded once), so each step's weights differ by a few units of roundoff u (2**-11 for
@@ -141,14 +149,21 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
                 write_json(os.path.join(out_dir, f"{name}.json"), metrics)
                 results.append((name, metrics))
                 print(f"  {name:<14} done in {metrics['tour_wall_s']:.1f} s", flush=True)
-        # Ranks outside `sub` must hear about a failure too, or they would wait here forever.
+        # Ranks outside `sub` wait without spinning (they would take cores from the layout's ranks
+        # when ranks outnumber cores), then hear about a failure too, or they would wait forever.
+        wait_yielding(world)
         problem = world.bcast(problem, root=0)
         if problem:
             raise SimparError(problem)
 
+    cores = hardware.load(base.hardware).cores if base.clock != "sim" else 0
+    round_s = message_round_s(world) if oversubscribed(size, cores) else None  # every rank takes part
     if rank == 0:
         ok = print_tour_table(results, base.precision if base.mixed else base.dtype)
         print_time_table(results, base)
+        if round_s is not None:
+            alpha = hardware.load(base.hardware).intra_alpha
+            print(oversubscription_note(size, cores, round_s, gap_per_round_s(results), alpha))
         _plots(results, out_dir)
         print(f"\nmetrics and plots in {out_dir}/")
         if size == 1:
