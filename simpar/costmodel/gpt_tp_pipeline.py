@@ -15,7 +15,9 @@ parallel/pipeline/engine.py running tensor_gpt.GptTensorStack on each chunk, wri
   activations per sequence, gpt_tp.py's table per unit (a block 4 s h + 12 s h/t + a s^2/t + 2 s
               elements, or under --sp 2 s h + 14 s h/t + a s^2/t + 2 s/t; the head 2 s h + s, or
               s h + s h/t + s/t; the embedding 8 s bytes of token ids), alive as the schedule's order
-              says (order.peak_alive); --recompute selective drops each block's a s^2/t.
+              says (order.peak_alive); --recompute selective drops each block's a s^2/t, full keeps
+              the chunk's input (token ids, or b s h elements, b s h / t under --sp) and its backward
+              re-runs the chunk's forward: its tp messages once more (recompute_ops).
   FLOPs       gpt_pipeline.py's per chunk, the matmuls divided over the t ranks.
   time        a plain estimate (the slowest stage's FLOPs times (M + S - 1)/M, plus its tp messages
               over the tp link); --clock sim refuses this layout (config/rules.py), so no simulated
@@ -25,7 +27,7 @@ parallel/pipeline/engine.py running tensor_gpt.GptTensorStack on each chunk, wri
 from __future__ import annotations
 
 from ..config import layout_name
-from .collectives import ALLREDUCE, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import flops_per_step, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes, micro_step_ops
@@ -34,16 +36,37 @@ from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
 
 
-def unit_kept(unit: int, L: int, h: int, a: int, s: int, t: int, sp: bool, bpe: int, mode: str) -> int:
-    """Bytes one tp rank keeps per SEQUENCE for one unit from its forward to its backward."""
+def unit_kept(unit: int, L: int, h: int, a: int, s: int, t: int, sp: bool, bpe: int) -> tuple[int, int]:
+    """(bytes one tp rank keeps per SEQUENCE for one unit under --recompute selective, without):
+    selective drops a block's softmax output, a s^2 / t (gpt_recompute.py)."""
     if unit == 0:
-        return TOKEN_BYTES * s
+        return TOKEN_BYTES * s, TOKEN_BYTES * s
     if unit > L:
-        return ((s * h + s * h // t + s // t) if sp else (2 * s * h + s)) * bpe
-    scores = 0 if mode == "selective" else a * s * s // t
+        head = ((s * h + s * h // t + s // t) if sp else (2 * s * h + s)) * bpe
+        return head, head
     if sp:
-        return (2 * s * h + 14 * s * h // t + scores + 2 * s // t) * bpe
-    return (4 * s * h + 12 * s * h // t + scores + 2 * s) * bpe
+        rest = (2 * s * h + 14 * s * h // t + 2 * s // t) * bpe
+    else:
+        rest = (4 * s * h + 12 * s * h // t + 2 * s) * bpe
+    return rest, rest + a * s * s // t * bpe
+
+
+def recompute_ops(lo: int, hi: int, L: int, R: int, h: int, t: int, j: int, sp: bool, algorithm: str) -> dict:
+    """{op: [Cost, ...]} --recompute full adds per micro-batch: the chunk's forward messages again
+    (the g all-reduces, or f-bar's gathers and g-bar's scatters; the embedding's; the head's gather)."""
+    blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
+    if not sp:
+        ops = {"tp-g-allreduce": [ALLREDUCE[algorithm](R * h, t, j)] * 2 * blocks}
+        if lo == 0:
+            ops["vocab-embed-allreduce"] = [ALLREDUCE[algorithm](R * h, t, j)]
+        return ops
+    ops = {"sp-gather": [ring_allgather(R * h, t, j)] * 2 * blocks}
+    ops["sp-scatter"] = [ring_reduce_scatter(R * h, t, j)] * 2 * blocks
+    if lo == 0:
+        ops["vocab-embed-scatter"] = [ring_reduce_scatter(R * h, t, j)]
+    if hi == L + 2:
+        ops["vocab-head-gather"] = [ring_allgather(R * h, t, j)]
+    return ops
 
 
 def chunk_ops(lo: int, hi: int, L: int, R: int, h: int, t: int, j: int, sp: bool, algorithm: str) -> dict:
@@ -73,8 +96,14 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(C)]
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
 
-    def kept(c: int) -> int:
-        return sum(unit_kept(u, L, h, a, s, t, sp, bpe, mode) for u in range(*bounds[c]))
+    def kept(c: int) -> tuple[int, int]:
+        """(held from forward to backward, held during backward) per sequence for chunk c."""
+        lo, hi = bounds[c]
+        pairs = [unit_kept(u, L, h, a, s, t, sp, bpe) for u in range(lo, hi)]
+        full = sum(f for _, f in pairs)
+        if mode == "full":  # the chunk's input only: its tokens, or this rank's residual stream
+            return (TOKEN_BYTES * s if lo == 0 else (s * h // t if sp else s * h) * bpe), full
+        return (sum(k for k, _ in pairs) if mode == "selective" else full), full
 
     ranks, memory, stage_s = [], [], []
     for r in range(world_size):
@@ -98,7 +127,11 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                     add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
                 if c > 0 and chunk_stage(sched, S, c - 1) != st:
                     add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-                for op, costs in chunk_ops(lo, hi, L, b * s, h, t, j, sp, cfg.collectives).items():
+                ops = chunk_ops(lo, hi, L, b * s, h, t, j, sp, cfg.collectives)
+                if mode == "full":
+                    for op, costs in recompute_ops(lo, hi, L, b * s, h, t, j, sp, cfg.collectives).items():
+                        ops[op] = ops.get(op, []) + costs
+                for op, costs in ops.items():
                     for cost in costs:
                         add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else bpe)
                 fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // t
@@ -112,11 +145,19 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         P = sum(sum(local[slice(*bounds[c])]) for c in mine)
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
         mem["activations_peak"] = max(
-            peak_alive(sched, S, len(step), st, Vs, lambda m, c, step=step: step[m] * kept(c), None)
+            peak_alive(
+                sched,
+                S,
+                len(step),
+                st,
+                Vs,
+                lambda m, c, step=step: step[m] * kept(c)[0],
+                None if mode == "none" else (lambda m, c, step=step: step[m] * (kept(c)[1] - kept(c)[0])),
+            )
             for step in rows
         )
         memory.append(mem)
-        recomputed = 0
+        recomputed = fwd if mode == "full" else 0
         if mode == "selective":  # q k^T again, 2 s^2 h per block and sequence, over t
             blocks = sum(1 for c in mine for u in range(*bounds[c]) if 0 < u <= L)
             recomputed = 2 * s * s * h * blocks * sum(map(sum, rows)) // t

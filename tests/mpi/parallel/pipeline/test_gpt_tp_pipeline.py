@@ -15,7 +15,12 @@ reduce-scatter (t-1)/t N = N/2):
                                                                                 (--sp: 2 halves + the loss)
   pipeline               each chunk boundary crossed: R h forward, R h backward (--sp: R h / t, the
                          tp rank's own rows, to the same tp rank of the next stage)
-  model (once a step)    --sp: the LayerNorm gradients, 4h per block and 2h for the head, over tp
+  model (once a step)    --sp: the LayerNorm gradients, 4h per block and 2h for the head, over tp;
+                         --dp 2: one bucket of the rank's shards (embedding V h/t + s h, block
+                         12h^2/t + 7h/t + 6h, head 2h + V h/t) all-reduced over its dp pair
+  --recompute full       the backward re-runs the chunk's forward: per block its 2 g all-reduces
+                         (--sp: 2 gathers + 2 scatters), the embedding's all-reduce (--sp: its
+                         scatter), under --sp the head's gather, once more
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import assert_same_model, train_json
+from tests.conftest import assert_same_model, split_sizes, train_json
 from tests.mpiutil import run_mpi
 
 L, H, A, S, V, B, STEPS, T = 2, 16, 4, 8, 16, 8, 2, 2
@@ -33,13 +38,17 @@ ARGS = [*SHAPE, "--batch", str(B), "--steps", str(STEPS), "--optimizer", "adam",
 F64 = [*ARGS, "--dtype", "float64", "--kernels", "numpy"]
 BPE = 8
 
-LAYOUTS = {  # name: (M, schedule options, --sp)
-    "gpipe": (2, ["--schedule", "gpipe"], False),
-    "1f1b": (4, ["--schedule", "1f1b"], False),
-    "interleaved": (2, ["--schedule", "interleaved", "--virtual-stages", "2"], False),
-    "naive-sp": (2, ["--schedule", "naive"], True),
-    "1f1b-sp": (2, ["--schedule", "1f1b"], True),
+LAYOUTS = {  # name: (dp, M, schedule options, --sp, --recompute)
+    "gpipe": (1, 2, ["--schedule", "gpipe"], False, "none"),
+    "1f1b": (1, 4, ["--schedule", "1f1b"], False, "none"),
+    "interleaved": (1, 2, ["--schedule", "interleaved", "--virtual-stages", "2"], False, "none"),
+    "naive-sp": (1, 2, ["--schedule", "naive"], True, "none"),
+    "1f1b-sp-full": (1, 2, ["--schedule", "1f1b"], True, "full"),
+    "interleaved-full": (1, 2, ["--schedule", "interleaved", "--virtual-stages", "2"], False, "full"),
+    "gpipe-selective": (1, 2, ["--schedule", "gpipe"], False, "selective"),
+    "dp2-1f1b-sp": (2, 2, ["--schedule", "1f1b"], True, "none"),
 }
+LOCAL = [V * H // T + S * H] + [12 * H * H // T + 7 * H // T + 6 * H] * L + [2 * H + H * V // T]
 
 
 def chunks_of(stage: int, C: int) -> list[tuple[int, int]]:
@@ -48,7 +57,7 @@ def chunks_of(stage: int, C: int) -> list[tuple[int, int]]:
     return [bounds[c] for c in range(stage, C, 2)]
 
 
-def rank_sent(stage: int, C: int, b: int, M: int, sp: bool) -> tuple[int, int, int]:
+def rank_sent(stage: int, C: int, b: int, M: int, sp: bool, full: bool) -> tuple[int, int, int]:
     """(activation, model, of which "pp-send-act") bytes one rank sends in one step (the docstring)."""
     R = b * S
     act = pp_act = 0
@@ -58,6 +67,10 @@ def rank_sent(stage: int, C: int, b: int, M: int, sp: bool) -> tuple[int, int, i
             act += blocks * 8 * (R * H // 2) + (2 * (R * H // 2) if lo == 0 else 0)
         else:
             act += blocks * 4 * R * H + (R * H if lo == 0 else 0)
+        if full and sp:
+            act += (blocks * 4 + (lo == 0) + (hi == L + 2)) * (R * H // 2)
+        elif full:
+            act += (blocks * 2 + (lo == 0)) * R * H
         if hi == L + 2:
             act += (2 * (R * H // 2) if sp else R * H) + (T - 1) * R + 2 * R
         boundary = R * H // T if sp else R * H
@@ -74,13 +87,19 @@ def rank_sent(stage: int, C: int, b: int, M: int, sp: bool) -> tuple[int, int, i
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_each_schedule_equals_serial_with_exact_bytes(name, serial, tmp_path):
     ref = serial(F64)
-    M, schedule, sp = LAYOUTS[name]
-    layout = ["--tp", "2", "--pp", "2", "--microbatches", str(M), *schedule] + (["--sp"] if sp else [])
-    run = train_json(4, [*F64, *layout], tmp_path, timeout=240)
+    dp, M, schedule, sp, recompute = LAYOUTS[name]
+    layout = ["--tp", "2", "--pp", "2", "--dp", str(dp), "--microbatches", str(M), *schedule]
+    layout += ["--recompute", recompute] + (["--sp"] if sp else [])
+    run = train_json(4 * dp, [*F64, *layout], tmp_path, timeout=240)
     assert_same_model(run, ref, rtol=1e-12)
     C = 4 if "interleaved" in name else 2
     for r, rank in enumerate(run["comm"]["ranks"]):
-        act, model, pp_act = rank_sent(r // T, C, B // M, M, sp)
+        stage, d = r // (dp * T), r // T % dp  # rank = (stage * dp + d) * t + tp index
+        act, model, pp_act = rank_sent(stage, C, B // (dp * M), M, sp, recompute == "full")
+        if dp > 1:
+            n = sum(sum(LOCAL[lo:hi]) for lo, hi in chunks_of(stage, C))
+            c = split_sizes(n, dp)
+            model += (2 * n - c[d] - c[(d + 1) % dp]) * BPE
         assert rank["sent"]["activation"] == act * STEPS, (name, r)
         assert rank["sent"]["model"] == model * STEPS, (name, r)
         assert rank["by_op"].get("activation/pp-send-act", {}).get("sent", 0) == pp_act * STEPS, (name, r)
