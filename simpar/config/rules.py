@@ -91,9 +91,6 @@ def model_gpt(cfg) -> None:
             f"--arch gpt --tp with --pp runs naive, gpipe, 1f1b and interleaved; --schedule {cfg.schedule} "
             "(the B/W split of the tp blocks) is not built yet",
         )
-        require(
-            cfg.clock != "sim", "--arch gpt --tp with --pp is not timed by --clock sim yet: use --clock wall"
-        )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
         cfg.heads % cfg.tp == 0,

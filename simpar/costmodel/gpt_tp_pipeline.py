@@ -19,9 +19,8 @@ parallel/pipeline/engine.py running tensor_gpt.GptTensorStack on each chunk, wri
               the chunk's input (token ids, or b s h elements, b s h / t under --sp) and its backward
               re-runs the chunk's forward: its tp messages once more (recompute_ops).
   FLOPs       gpt_pipeline.py's per chunk, the matmuls divided over the t ranks.
-  time        a plain estimate (the slowest stage's FLOPs times (M + S - 1)/M, plus its tp messages
-              over the tp link); --clock sim refuses this layout (config/rules.py), so no simulated
-              step to equal.
+  time        as the simulated clock charges the step: gpt_pipeline_time.py's recurrences with each
+              unit's tp share and its blocking tp collectives.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             return (TOKEN_BYTES * s if lo == 0 else (s * h // t if sp else s * h) * bpe), full
         return (sum(k for k, _ in pairs) if mode == "selective" else full), full
 
-    ranks, memory, stage_s = [], [], []
+    ranks, memory = [], []
     for r in range(world_size):
         st, rest = divmod(r, p * t)
         d, j = divmod(rest, t)
@@ -161,14 +160,6 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         if mode == "selective":  # q k^T again, 2 s^2 h per block and sequence, over t
             blocks = sum(1 for c in mine for u in range(*bounds[c]) if 0 < u <= L)
             recomputed = 2 * s * s * h * blocks * sum(map(sum, rows)) // t
-        compute = comm = 0.0
-        if hw is not None:  # per step: fwd is one step's, the ledger's costs are over `steps`
-            from .hardware import group_link
-
-            link = group_link(hw, "tp", p, t, 1)
-            compute = (3 * fwd + recomputed) / hw.flop_rate(precision_of(cfg))
-            comm = sum(c.rounds * link.alpha + c.round_elems * link.beta for c in act.values()) / steps
-        stage_s.append((compute, comm))
         cats = {"model": model, "activation": act}
         by_op = {
             f"{cat}/{op}": {"sent": c.sent, "messages": c.messages}
@@ -186,8 +177,10 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": recomputed},
             }
         )
-    compute_s, comm_s = (x * (M + S - 1) / M for x in max(stage_s, key=sum))
-    step_s = compute_s + comm_s
+    from .gpt_pipeline_time import pipeline_step_seconds
+
+    timed = pipeline_step_seconds(cfg, p, sizes, hw, local)
+    step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
     cats = ("data", "model", "activation")
     return {
         "steps": steps,

@@ -82,11 +82,6 @@ CASES = [
         "of the tp blocks) is not built yet",
     ),
     (
-        dict(arch="gpt", dataset="text", heads=4, vocab=16, tp=2, pp=2, clock="sim"),
-        4,
-        "--arch gpt --tp with --pp is not timed by --clock sim yet: use --clock wall",
-    ),
-    (
         dict(arch="gpt", dataset="text", heads=2, tp=4),
         4,
         "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
