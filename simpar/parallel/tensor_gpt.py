@@ -25,6 +25,10 @@ What LayerNorm keeps (xh, 1/sigma) shrinks by t; the gathered LN outputs that Wq
 their gradients are kept whole, as tensor_resmlp.py does. The LayerNorm gammas and betas (and the
 head's, and the positions) see only this rank's rows, so their gradients are summed over tp after the
 last micro-step: op "sp-grad-allreduce", category "model", as resmlp.
+
+Under --pp a chunk's units are a GptTensorStack over their indices (pipeline/engine.py): the residual
+stream arriving from the previous stage is this tp rank's copy (or under --sp its row shard, sent by
+the same tp rank there); the embedding runs only on the chunk that holds it, the head on the last.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per el
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
 own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack (resmlp's units: a
-ResTensorStack over the chunk's units, restensor.py); under --sp each tp rank sends only its 1/t row
-shard (B_r/t above; pipeline_comms._row_shard). A pure pipeline
+ResTensorStack over the chunk's units, restensor.py; gpt's: a GptTensorStack over them, tensor_gpt.py,
+the vocabulary-parallel loss on the last chunk, _loss_grad); under --sp each tp rank sends only its 1/t
+row shard (B_r/t above; pipeline_comms._row_shard; gpt's tokens and labels stay whole). A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 
