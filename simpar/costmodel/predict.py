@@ -240,8 +240,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .gpt import predict_run
         from .gpt_pipeline import predict_pipeline_run  # --pp
         from .gpt_tp import predict_tp_run  # --tp (and --sp)
+        from .gpt_tp_pipeline import predict_tp_pipeline_run  # --tp with --pp
 
         run = predict_tp_run if cfg.tp > 1 else predict_pipeline_run if cfg.pp > 1 else predict_run
+        run = predict_tp_pipeline_run if cfg.tp > 1 and cfg.pp > 1 else run
         return run(cfg, world_size, steps, hw or hardware.load("local"))
     spec = Spec.from_config(cfg, world_size)
     if spec.experts:

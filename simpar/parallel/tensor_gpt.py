@@ -25,6 +25,10 @@ What LayerNorm keeps (xh, 1/sigma) shrinks by t; the gathered LN outputs that Wq
 their gradients are kept whole, as tensor_resmlp.py does. The LayerNorm gammas and betas (and the
 head's, and the positions) see only this rank's rows, so their gradients are summed over tp after the
 last micro-step: op "sp-grad-allreduce", category "model", as resmlp.
+
+Under --pp a chunk's units are a GptTensorStack over their indices (pipeline/engine.py): the residual
+stream arriving from the previous stage is this tp rank's copy (or under --sp its row shard, sent by
+the same tp rank there); the embedding runs only on the chunk that holds it, the head on the last.
 """
 
 from __future__ import annotations
@@ -63,15 +67,17 @@ class ShardedBlock(Sharded):
 class GptTensorStack:
     """gpt's units over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the interface of
     base.SerialStack. forward takes the whole micro-batch's tokens on every tp rank and returns this
-    rank's vocabulary columns of the logits for every token (vocab_parallel.py's loss takes those)."""
+    rank's vocabulary columns of the logits for every token (vocab_parallel.py's loss takes those).
+    `indices`: only these units (one pipeline chunk's, parallel/pipeline/engine.py), default all."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, indices=None):
         self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
         self.rt = mesh.world.runtime
         wrap = {EmbeddingUnit: ShardedEmbedding, BlockUnit: ShardedBlock}
-        self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in gpt_units(cfg, self.rt)]
+        units = [u for u in gpt_units(cfg, self.rt) if indices is None or u.index in indices]
+        self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in units]
         for u in self.units:
             u.stack = self  # the units call the stack's conjugate operators
         self.store, self.flats = unit_store(self.units, dtype, lambda u: u.cut(u.unit.init(cfg.seed, dtype)))
