@@ -1,8 +1,7 @@
 """--arch gpt --tp 2 --pp 2 with the zero-bubble schedules (zb-h1, zb-v) on 4 real MPI ranks (8 with
---dp 2): each tp
-block's and the head's backward split into B (every tp message) and W (local products,
-parallel/tensor_gpt_split.py), equal to serial in float64, every byte against closed forms written
-HERE, activations_peak against closed forms (and the cost model's prediction).
+--dp 2): each tp block's and the head's backward split into B (every tp message) and W (local
+products, parallel/tensor_gpt_split.py), equal to serial in float64, every byte against closed forms
+written HERE, activations_peak against closed forms (and the cost model's prediction).
 
 Shape: L = 2, h = 16, a = 4, s = 8, V = 16, batch 8, M = 4 micro-batches of b = 2 sequences, R = b s
 rows. Units: embedding 0, blocks 1 and 2, head 3. zb-h1 cuts two chunks, [0, 1] on stage 0 and
