@@ -38,11 +38,13 @@ import numpy as np
 from .. import collectives
 from ..model.attention import self_attention_backward, self_attention_forward
 from ..model.gpt import BlockUnit, EmbeddingUnit, Kept, gpt_units
+from ..model.mlp import pending_weight_passes
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch, Strategy
 from .resmlp_stack import unit_store
 from .sharded import Sharded, gather_rows, scatter_rows
 from .tensor import TensorParallel, f_backward, g_forward
+from .tensor_gpt_split import split_unit_backward
 from .vocab_parallel import ShardedEmbedding, ShardedHead, VocabParallelReplicas
 
 
@@ -189,8 +191,11 @@ class GptTensorStack:
         return x, contexts
 
     def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
+        pending = pending_weight_passes()  # a zero-bubble pipeline's B pass (tensor_gpt_split.py)
         for u, (p, g), ctx in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
-            if isinstance(u, ShardedBlock):
+            if pending is not None:
+                grad = split_unit_backward(self, u, p, g, ctx, grad, pending)
+            elif isinstance(u, ShardedBlock):
                 grad = self.block_backward(u, p, g, ctx, grad)
             else:
                 grad = u.backward(p, g, ctx, grad)
@@ -200,6 +205,17 @@ class GptTensorStack:
                     self._sync_sequence_grads(u, g)
                 on_layer_done(u.index)
         return grad
+
+    def sequence_synced(self, on_layer_done):
+        """`on_layer_done`, preceded under --sp by the sum over tp of the unit's row-shard gradients
+        (what backward does itself; a zero-bubble W pass completes the gradients outside it)."""
+        grads = {u.index: (u, g) for u, (_, g) in zip(self.units, self.flats)}
+
+        def done(index: int) -> None:
+            self._sync_sequence_grads(*grads[index])
+            on_layer_done(index)
+
+        return done
 
     def full_pieces(self, flat: np.ndarray | None = None):
         """On tp rank 0: [(unit index, whole flat vector, empty)] (UnitStack's layout) of the
