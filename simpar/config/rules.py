@@ -281,10 +281,6 @@ def layout_cp(cfg) -> None:
     )
     require(not cfg.sp, "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp")
     require(
-        cfg.tp == 1 or cfg.clock != "sim",
-        "--clock sim times --cp without --tp only so far: drop --clock sim, or --tp",
-    )
-    require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
     )

@@ -20,8 +20,8 @@ cp.py's, for a/T heads):
                                     Ulysses: P of a/(T C) heads over s x s = a s n / T)
   head    2 n h + n;   embedding 8 n bytes of token ids.
 
-Time: an estimate, not the simulated clock's (--clock sim refuses cp x tp): the serial step's
-FLOPs / (C T) at the profile's rate, plus every message on its group's link, not overlapped.
+Time: as the simulated clock charges a step (cp_time.cp_step_seconds: each ring hop overlapping its
+blocks, tp's all-reduces blocking on the tp link).
 """
 
 from __future__ import annotations
@@ -56,16 +56,11 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
     P_T = sum(sizes)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall"
-    from .hardware import group_link
-
-    tp_link = group_link(hw, "tp", dp * C, T, 1)
-    cp_link, grad_link = group_link(hw, "dp", C, T, 1), group_link(hw, "dp", dp * C, T, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     for w in range(dp * C * T):
         g, j = divmod(w, T)  # g: this rank's place in its dpcp group, d C + c
         d, c = divmod(g, C)
-        model, act, cp_cost = {}, {}, Cost()
-        seconds = 0.0
+        model, act = {}, {}
 
         def add(ops: dict, op: str, cost: Cost, bpe: int) -> None:
             if cost.messages:
@@ -82,12 +77,7 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
                     add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else prec.act)
             kv += cp_kv_bytes(b, s // C, h // T, C, cfg.cp_algo, prec.act) * L * steps
             kv_msgs += cp_messages(C, cfg.cp_algo) * L * steps
-        cp_cost = Cost(sent=kv, messages=kv_msgs)
-        seconds += sum(x.rounds * tp_link.alpha + x.round_elems * tp_link.beta for x in act.values())
-        seconds += sum(x.rounds * grad_link.alpha + x.round_elems * grad_link.beta for x in model.values())
-        seconds += kv * cp_link.beta + kv_msgs * cp_link.alpha
-        comm_s = max(comm_s, seconds)
-        act[cp_op] = cp_cost
+        act[cp_op] = Cost(sent=kv, messages=kv_msgs)
         by_op = {f"model/{op}": {"sent": x.sent, "messages": x.messages} for op, x in model.items()}
         by_op.update({f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in act.items()})
         ranks.append(
@@ -115,11 +105,10 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "activations_peak": peak,
             }
         )
-    rows = max(chunk(cfg.batch, dp, d) for d in range(dp))
-    rate = hw.flop_rate(precision_of(cfg))
-    compute_s = flops_per_step(rows, s, L, h, V) / (C * T) / rate if rate else 0.0
-    comm_s /= max(steps, 1)
-    step_s = compute_s + comm_s
+    from .cp_time import cp_step_seconds  # as the simulated clock charges a step
+
+    timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
+    step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
     cats = ("data", "model", "activation")
     return {
         "steps": steps,

@@ -57,6 +57,10 @@ class PositionedShardedEmbedding(ShardedEmbedding):
         x = self.stack.g(partial, op="vocab-embed-allreduce")
         b, n = tokens.shape
         x = (x.reshape(b, n, self.h) + pos[self.positions]).reshape(b * n, self.h)
+        clock = self.rt.clock
+        if clock is not None:  # ShardedEmbedding's charge: gather E's rows, read Pos and write x
+            clock.stream((partial.size + 2 * x.size) * x.itemsize)
+            clock.layer_call()
         return x, Kept(tokens=tokens)
 
     def backward(self, flat, gflat, ctx, dy):
@@ -65,6 +69,8 @@ class PositionedShardedEmbedding(ShardedEmbedding):
         np.add.at(dE, ids[mine], dy[mine])
         b, n = ctx.tokens.shape
         dpos[self.positions] += dy.reshape(b, n, self.h).sum(axis=0)  # positions are distinct
+        if self.rt.clock is not None:  # gpt.py's 4 passes over the rows
+            self.rt.clock.stream(4 * dy.size * dy.itemsize)
         return None
 
 
@@ -84,6 +90,7 @@ class ContextTensorStack(GptTensorStack):
         for blk in self.units:
             if isinstance(blk, ShardedBlock):
                 blk.s = cfg.seq_len // C  # a block's rows per sequence: my n tokens
+                blk.score_keys = 0  # context_attention.py charges the scores, hop by hop (--clock sim)
 
     def attend(self, blk: ShardedBlock, h1, params, batch: int):
         return cp_attention_forward(

@@ -52,6 +52,7 @@ class ShardedBlock(Sharded):
         pieces += [((h,), None)] * 2 + [((h, 4 * h), 1), ((4 * h,), 0), ((4 * h, h), 0), ((h,), None)]
         super().__init__(unit, pieces, t, k)
         self.h, self.s, self.heads = h, unit.s, unit.a // t
+        self.score_keys = unit.s  # keys the scores span in _charge; 0 under --cp (context_tensor.py)
 
     def sp_grads(self, gflat) -> list:
         """The LayerNorms' gammas and betas: bo's and c2's gradients are row sums taken after g-bar's
@@ -148,7 +149,7 @@ class GptTensorStack:
         """gpt.charge_block's accounting for this rank's share: the matmuls' sharded dimension / t;
         elementwise work on the R gathered rows (biases of the column shards, GELU, merging heads,
         the scores) / t, on this rank's Rl rows (LayerNorms, residuals; all rows without --sp) whole."""
-        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.s, blk.t
+        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.score_keys, blk.t
         for _ in range(2 if backward else 1):
             for _ in range(3):
                 clock.matmul(R, h, hl)
