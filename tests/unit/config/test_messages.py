@@ -155,11 +155,6 @@ CASES = [
         "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, tp=2, clock="sim"),
-        4,
-        "--clock sim times --cp without --tp only so far: drop --clock sim, or --tp",
-    ),
-    (
         dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
         2,
         "--cp all-reduces gradients over dp x cp with the ring; --collectives tree not yet",
