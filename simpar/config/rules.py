@@ -280,6 +280,7 @@ def layout_cp(cfg) -> None:
         f"rank's heads/tp = {cfg.heads // cfg.tp}: that must be divisible by {cfg.cp}",
     )
     require(not cfg.sp, "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp")
+    require(cfg.pp == 1, "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp")
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",

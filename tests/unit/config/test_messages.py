@@ -150,6 +150,11 @@ CASES = [
         "heads/tp = 1: that must be divisible by 2",
     ),
     (
+        dict(arch="gpt", dataset="text", cp=2, pp=2),
+        4,
+        "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp",
+    ),
+    (
         dict(arch="gpt", dataset="text", cp=2, tp=2, sp=True),
         4,
         "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp",
