@@ -11,7 +11,7 @@ over t ranks sends 2(t-1)/t N, an all-gather of N sends (t-1)/t N):
                       head's backward all-reduce of R h: (4L + 2) 2(T-1)/T R h
   the loss            row maxima all-gathered ((T-1) R) and [sum exp, label logit] all-reduced (2R)
   gradients (model)   this rank's P_T parameters all-reduced over the dp x cp ranks of its tp index:
-                      2(p-1)/p P_T with p = dp C (p = 2 here: exactly P_T, whatever the buckets)
+                      2(p-1)/p P_T with p = dp C (ring chunks of P_T / p, as split_sizes cuts them)
   P_T = V h/T + s h + L (12 h^2/T + 7h/T + 6h) + 2h + V h/T.
 Activations kept for b sequences, bytes: 8 n b token ids; per block (4 n h + 12 n h/T + 2 n) b elements
 and the scores -- ring: the log-sum-exp a n b/T, Ulysses: P of a/(T C) heads over s x s, a s n b/T;
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import assert_same_model, train_json
+from tests.conftest import assert_same_model, split_sizes, train_json
 from tests.mpiutil import run_mpi
 
 L, H, A, S, V, B, STEPS = 2, 16, 4, 16, 18, 8, 3
@@ -59,22 +59,34 @@ def activations_kept(b: int, algo: str) -> int:
     return 8 * n * b + (L * block + (2 * n * H + n) * b) * BPE
 
 
-@pytest.mark.parametrize("algo", ["ring", "ulysses"])
-def test_cp2xtp2_equals_serial_with_exact_bytes_and_memory(algo, serial, tmp_path):
+def grad_sent(g: int, p: int) -> int:
+    """A ring all-reduce of P_T elements (one bucket: P_T is far below --bucket-mb) by place g of p."""
+    c = split_sizes(P_T, p)
+    return 2 * P_T - c[g] - c[(g + 1) % p]
+
+
+LAYOUTS = [(1, "ring"), (1, "ulysses"), (2, "ring")]  # (dp, algo): 4 or 8 ranks
+
+
+@pytest.mark.parametrize("dp,algo", LAYOUTS, ids=[f"dp{d}xcp2xtp2-{a}" for d, a in LAYOUTS])
+def test_cp_x_tp_equals_serial_with_exact_bytes_and_memory(dp, algo, serial, tmp_path):
     ref = serial(ARGS)
-    run = train_json(4, [*ARGS, "--cp", str(C), "--tp", str(T), "--cp-algo", algo], tmp_path, timeout=240)
+    layout = ["--dp", str(dp), "--cp", str(C), "--tp", str(T), "--cp-algo", algo]
+    run = train_json(dp * C * T, [*ARGS, *layout], tmp_path, timeout=240)
     assert_same_model(run, ref, rtol=1e-12)
-    assert run["mesh"]["cp"] == C and run["mesh"]["tp"] == T
+    assert run["mesh"]["cp"] == C and run["mesh"]["tp"] == T and run["mesh"]["dp"] == dp
     op = "activation/cp-kv" if algo == "ring" else "activation/cp-alltoall"
-    for w in range(C * T):
+    b = B // dp
+    for w in range(dp * C * T):
         rank = run["comm"]["ranks"][w]
-        assert rank["coords"]["cp"] == w // T and rank["coords"]["tp"] == w % T  # tp fastest (mesh.py)
-        kv = STEPS * L * cp_per_block(B, algo) * BPE
+        g, j = divmod(w, T)  # world rank (d C + c) T + j: tp fastest (mesh.py)
+        assert rank["coords"]["cp"] == g % C and rank["coords"]["tp"] == j and rank["coords"]["dp"] == g // C
+        kv = STEPS * L * cp_per_block(b, algo) * BPE
         assert rank["by_op"][op]["sent"] == kv, (w, rank["by_op"])
-        assert rank["sent"]["activation"] == kv + STEPS * tp_per_step(B) * BPE, (w, rank["by_op"])
-        assert rank["sent"]["model"] == STEPS * P_T * BPE
+        assert rank["sent"]["activation"] == kv + STEPS * tp_per_step(b) * BPE, (w, rank["by_op"])
+        assert rank["sent"]["model"] == STEPS * grad_sent(g, dp * C) * BPE
         assert run["memory"]["ranks"][w]["params"] == P_T * BPE
-        assert run["memory"]["ranks"][w]["activations_peak"] == activations_kept(B, algo)
+        assert run["memory"]["ranks"][w]["activations_peak"] == activations_kept(b, algo)
     assert run["prediction_mismatches"] == []
 
 
