@@ -279,7 +279,13 @@ def layout_cp(cfg) -> None:
         f"divisible by {cfg.cp}",
     )
     require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
-    require(cfg.tp == 1, "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp")
+    require(
+        cfg.cp_algo != "ulysses" or (cfg.heads // cfg.tp) % cfg.cp == 0,
+        f"--cp-algo ulysses with --tp {cfg.tp} gives each of the --cp {cfg.cp} ranks whole heads of its tp "
+        f"rank's heads/tp = {cfg.heads // cfg.tp}: that must be divisible by {cfg.cp}",
+    )
+    require(not cfg.sp, "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp")
+    require(cfg.pp == 1, "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp")
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",

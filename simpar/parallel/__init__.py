@@ -19,6 +19,10 @@ from __future__ import annotations
 
 
 def build_strategy(cfg, mesh):
+    if cfg.cp > 1 and cfg.tp > 1:
+        from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
+
+        return ContextTensorParallel(cfg, mesh)
     if cfg.cp > 1:
         from .context import ContextParallel
 

@@ -58,6 +58,7 @@ class ShardedBlock(Sharded):
         pieces += [((h,), None)] * 2 + [((h, 4 * h), 1), ((4 * h,), 0), ((4 * h, h), 0), ((h,), None)]
         super().__init__(unit, pieces, t, k)
         self.h, self.s, self.heads = h, unit.s, unit.a // t
+        self.score_keys = unit.s  # keys the scores span in _charge; 0 under --cp (context_tensor.py)
 
     def sp_grads(self, gflat) -> list:
         """The LayerNorms' gammas and betas: bo's and c2's gradients are row sums taken after g-bar's
@@ -108,15 +109,20 @@ class GptTensorStack:
         return gather_rows(self.comm, dy, op) if self.sp else dy
 
     # -- one block ----------------------------------------------------------------------------------
+    def attend(self, blk: ShardedBlock, h1, params, batch: int):
+        """The attention of this rank's heads over every row's sequence (context_tensor.py: over cp)."""
+        return self_attention_forward(h1, params, batch, blk.s, blk.heads, self.rt.kernels)
+
+    def attend_backward(self, blk: ShardedBlock, dy, actx, params, grads):
+        return self_attention_backward(dy, actx, params, grads, self.rt.kernels)
+
     def block_forward(self, blk: ShardedBlock, flat, x):
         g1, b1, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, b2, W1, c1, W2, c2 = blk.views(flat)
         h1, (xh1, r1) = layernorm_forward(x, g1, b1)  # this rank's rows (all of them without --sp)
         h1 = self.f(h1)
         batch = h1.shape[0] // blk.s
         kern = self.rt.kernels
-        y, actx = self_attention_forward(
-            h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), batch, blk.s, blk.heads, kern
-        )
+        y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), batch)
         x2 = x + (self.g(y) + bo)  # bo once, after the sum over the heads' partial products
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         h2 = self.f(h2)
@@ -137,7 +143,7 @@ class GptTensorStack:
         dx2, gg2, gb2 = layernorm_backward(self.f_back(dh2), (ctx.xh2, ctx.r2), g2)
         dx2 = dy + dx2  # the residual path around the MLP
         attn = (Wq, bq, Wk, bk, Wv, bv, Wo, bo)
-        dh1 = self_attention_backward(self.g_back(dx2), ctx.attn, attn, dattn, kern)  # dbo: full row sum
+        dh1 = self.attend_backward(blk, self.g_back(dx2), ctx.attn, attn, dattn)  # dbo: full row sum
         dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (ctx.xh1, ctx.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2), (dW1, gW1), (dc1, gc1)):
             acc += new
@@ -151,7 +157,7 @@ class GptTensorStack:
         """gpt.charge_block's accounting for this rank's share: the matmuls' sharded dimension / t;
         elementwise work on the R gathered rows (biases of the column shards, GELU, merging heads,
         the scores) / t, on this rank's Rl rows (LayerNorms, residuals; all rows without --sp) whole."""
-        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.s, blk.t
+        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.score_keys, blk.t
         for _ in range(2 if backward else 1):
             for _ in range(3):
                 clock.matmul(R, h, hl)

@@ -149,10 +149,21 @@ CASES = [
         2,
         "--cp with --zero is not built yet: use --cp with --dp",
     ),
-    (
-        dict(arch="gpt", dataset="text", cp=2, tp=2),
+    (  # --cp with --tp (parallel/context_tensor.py): Ulysses splits a tp rank's heads over cp
+        dict(arch="gpt", dataset="text", cp=2, tp=2, cp_algo="ulysses", heads=2),
         4,
-        "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp",
+        "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
+        "heads/tp = 1: that must be divisible by 2",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, pp=2),
+        4,
+        "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, tp=2, sp=True),
+        4,
+        "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
