@@ -54,9 +54,10 @@ class PositionedShardedEmbedding(ShardedEmbedding):
         ids, mine = self._mine(tokens)
         partial = E[ids]
         partial[~mine] = 0  # rows of tokens another tp rank owns: the all-reduce brings them
-        x = self.stack.g(partial, op="vocab-embed-allreduce")
-        b, n = tokens.shape
-        x = (x.reshape(b, n, self.h) + pos[self.positions]).reshape(b * n, self.h)
+        x = self.stack.g(partial, op="vocab-embed-allreduce", sp_op="vocab-embed-scatter")
+        n = tokens.shape[1]
+        first = self.k * x.shape[0] if self.stack.sp else 0  # --sp: this tp rank's first of the b n rows
+        x += pos[self.positions[(first + np.arange(x.shape[0])) % n]]
         clock = self.rt.clock
         if clock is not None:  # ShardedEmbedding's charge: gather E's rows, read Pos and write x
             clock.stream((partial.size + 2 * x.size) * x.itemsize)
@@ -65,6 +66,7 @@ class PositionedShardedEmbedding(ShardedEmbedding):
 
     def backward(self, flat, gflat, ctx, dy):
         dE, dpos = self.views(gflat)
+        dy = self.stack.g_back(dy, op="vocab-embed-gather")  # --sp: every row, as ShardedEmbedding
         ids, mine = self._mine(ctx.tokens)
         np.add.at(dE, ids[mine], dy[mine])
         b, n = ctx.tokens.shape
