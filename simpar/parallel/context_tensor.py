@@ -15,6 +15,9 @@ So a rank (cp index r, tp index j) runs its a/T heads over its n tokens of each 
   the loss   vocab_parallel_cross_entropy over the tp group on the rank's R rows, divided by the
              global batch's token count B s: the shares of all dp x cp ranks add up to the serial
              mean (context.py), and tp index 0 reports each.
+--sp (Korthikanti et al. 2022, sec. 4.2.2): the tp group cuts the rank's R rows into T contiguous shards
+  (n % T == 0, config/rules.py); f and g become tensor_gpt.py's gathers and scatters, and the embedding
+  adds to each row of its shard the global position of that row's token (a shard may start mid-sequence).
 Gradients: one all-reduce (SUM) of each rank's shards over the dp x cp ranks of the same tp index
 (the mesh's `dpcp` group), as context.py does without tp.
 
