@@ -111,14 +111,14 @@ def test_a_cp_x_tp_x_sp_checkpoint_resumes_serially(tmp_path):
     assert_same_model(res, {"losses": full["losses"][2:], "weights": full["weights"]}, rtol=1e-12)
 
 
-@pytest.mark.parametrize("algo", ["ring", "ulysses"])
-def test_predict_equals_simulate_with_sp(algo, tmp_path):
+def test_predict_equals_simulate_with_sp(tmp_path):
     """--clock sim: costmodel/cp_time.py's closed form (sp's Rl = R/T rows outside the tp regions, the
     gather/scatter pairs, the LayerNorm gradients summed over tp in the last micro-step) equals the
-    simulated step, on `local` with two micro-steps."""
+    simulated step, on `local` with two micro-steps (the ring: its hops overlap the blocks; Ulysses'
+    pricing is sp-independent and test_cp_simclock.py's)."""
     shape = ["--arch", "gpt", "--n-layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "64"]
     shape += ["--vocab", "16", "--dataset", "copy", "--samples", "32", "--batch", "8", "--steps", "2"]
-    layout = ["--cp", str(C), "--tp", str(T), "--sp", "--cp-algo", algo, "--grad-accum", "2"]
+    layout = ["--cp", str(C), "--tp", str(T), "--sp", "--grad-accum", "2"]
     run = train_json(4, [*shape, *layout, "--clock", "sim", "--hardware", "local"], tmp_path, timeout=240)
     assert run["predicted"]["time"]["step_s"] == pytest.approx(run["time"]["sim"]["step_s"], rel=1e-6)
     assert run["prediction_mismatches"] == []
