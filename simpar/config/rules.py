@@ -284,7 +284,12 @@ def layout_cp(cfg) -> None:
         f"--cp-algo ulysses with --tp {cfg.tp} gives each of the --cp {cfg.cp} ranks whole heads of its tp "
         f"rank's heads/tp = {cfg.heads // cfg.tp}: that must be divisible by {cfg.cp}",
     )
-    require(not cfg.sp, "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp")
+    n = cfg.seq_len // cfg.cp  # a cp rank's tokens of each sequence: --sp cuts its b n rows over tp
+    require(
+        not cfg.sp or n % cfg.tp == 0,
+        f"--sp with --cp {cfg.cp} splits each rank's seq-len/cp = {n} tokens of a sequence evenly over "
+        f"--tp {cfg.tp}: --seq-len {cfg.seq_len} must be a multiple of cp*tp = {cfg.cp * cfg.tp}",
+    )
     require(cfg.pp == 1, "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp")
     require(
         cfg.collectives == "ring",

@@ -28,6 +28,9 @@ precision, else bpe):
 --tp T inside each cp rank (parallel/context_tensor.py): the attention above with a/T heads and h/T of
 the width (the ring's blocks carry the rank's heads only), and gpt_time's tp units on R = b n rows with
 their blocking f and g all-reduces on the tp link (gpt_time.tp_collectives); cp's link has stride T.
+With --sp those units run their LayerNorms and residuals on R/T rows, f and g are gather/scatter
+pairs, and the last micro-step sums each unit's LayerNorm gradients over tp right after its backward
+(gpt_time.step_seconds' `sync`).
 
 The rest is gpt_time's step over the dp x C ranks of the dpcp group: units forward, loss, units
 backward; in the last micro-step each unit's gradient buckets start on the dpcp stream when ready
@@ -100,7 +103,7 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
     attention = ring_seconds if cfg.cp_algo == "ring" else ulysses_seconds
     # the units without their score work (s = 0): context_attention.py charges that, hop by hop
     local = SimpleNamespace(
-        hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=T, sp=False, blocks=L, collectives=cfg.collectives
+        hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=T, sp=cfg.sp, blocks=L, collectives=cfg.collectives
     )
 
     def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
@@ -111,6 +114,10 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
     for w in range(p * T):  # the cp ranks of a dp row do the same work; their ring chunks differ
         g, j = divmod(w, T)  # g: the rank's place in its dpcp group, d C + c
         d = g // C
+        sync = [0.0] * len(sizes)  # --sp: each unit's LayerNorm gradients summed over tp (gpt_time.py)
+        if cfg.sp:
+            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, True)] * L
+            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, True))
         clock = compute = comm = 0.0
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
@@ -123,12 +130,14 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
             bwd = [t + (attn_b if 0 < i <= L else 0.0) for i, t in enumerate(bwd)]
             clock += sum(fwd) + sum(fwd_c) + loss + loss_c
             backward_start, ready = clock, {}
+            last = k == len(micro) - 1
             for i in reversed(range(len(sizes))):
-                clock += bwd[i] + bwd_c[i]
+                clock += bwd[i] + bwd_c[i] + (sync[i] if last else 0.0)
                 ready[i] = clock
             compute += sum(fwd) + loss + sum(bwd) - L * (attn_f + attn_b - attn_compute)
             comm += L * (attn_f + attn_b - attn_compute)  # the attention's exposed transfers
             comm += sum(fwd_c) + loss_c + sum(bwd_c)  # tp's blocking all-reduces
+        comm += sum(sync)
         end = backward_start
         for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
             cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, g)

@@ -9,9 +9,12 @@ sequences, a rank holds n = s/C tokens of each (R = b n rows) and a/T heads, h/T
   cp-alltoall (Ulysses) per block: 8 (C-1)/C b n h/T elements
   tp ops                gpt_tp.micro_step_ops on R = b n rows: 2L g all-reduces and 2L f all-reduces
                         of R h, the vocabulary's embedding and head all-reduces of R h, the loss's
-                        all-gather of T R maxima and all-reduce of 2 R sums
+                        all-gather of T R maxima and all-reduce of 2 R sums; --sp: f and g become
+                        gpt_tp's 4L all-gathers and 4L reduce-scatters of R h (the same bytes as 4L
+                        all-reduces), the vocabulary's as gather/scatter pairs
   grad-allreduce        this rank's P_T = gpt_tp.local_unit_sizes parameters, in dp_buckets, ring
                         all-reduce over the dp C ranks of its `dpcp` group (group rank d C + c)
+  sp-grad-allreduce     --sp: the LayerNorms' 4h per block and the head's 2h all-reduced over tp
 
 Memory: params, grads and optimizer state of P_T (every cp rank holds its tp shard of the whole
 model). Activations kept per sequence, elements (gpt_tp.py's tp block on n tokens; the scores as
@@ -19,6 +22,7 @@ cp.py's, for a/T heads):
   block   4 n h + 12 n h/T + 2 n + (ring: a n / T log-sum-exp in the wide type;
                                     Ulysses: P of a/(T C) heads over s x s = a s n / T)
   head    2 n h + n;   embedding 8 n bytes of token ids.
+  --sp    block 2 n h + 14 n h/T + 2 n/T + the scores, head n h + n h/T + n/T (gpt_tp.py's tp + sp).
 
 Time: as the simulated clock charges a step (cp_time.cp_step_seconds: each ring hop overlapping its
 blocks, tp's all-reduces blocking on the tp link).
@@ -34,13 +38,18 @@ from .gpt_tp import local_unit_sizes, micro_step_ops
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
 
-def cp_tp_activation_bytes(b: int, s: int, L: int, h: int, a: int, C: int, T: int, algo: str, bpe: int):
+def cp_tp_activation_bytes(
+    b: int, s: int, L: int, h: int, a: int, C: int, T: int, algo: str, bpe: int, sp: bool = False
+):
     """What one rank keeps for backward for b sequences (the module docstring's table)."""
     n = s // C
     if algo == "ring":
         scores = a * n * b // T * wide_bytes(bpe)  # the log-sum-exp, in bytes
     else:
         scores = a * s * n * b // T * bpe
+    if sp:  # gpt_tp.py's tp + sp terms on n tokens: LayerNorm's xh and 1/sigma on this rank's rows
+        block = (2 * n * h + 14 * n * h // T + 2 * n // T) * b * bpe + scores
+        return 8 * n * b + L * block + (n * h + n * h // T + n // T) * b * bpe
     block = (4 * n * h + 12 * n * h // T + 2 * n) * b * bpe + scores
     return 8 * n * b + L * block + (2 * n * h + n) * b * bpe
 
@@ -68,11 +77,14 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
 
         for n_elems in dp_buckets(sizes, prec.grad, cfg.bucket_mb):
             add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](n_elems, dp * C, g), prec.grad)
+        if cfg.sp:  # the LayerNorm gradients of this rank's rows, summed over tp (gpt_tp.py)
+            for n_elems in [4 * h] * L + [2 * h]:
+                add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n_elems, T, j), prec.grad)
         peak, kv, kv_msgs = 0, 0, 0
         for k_rows in split(cfg.batch, cfg.grad_accum):
             b = chunk(k_rows, dp, d)
-            peak = max(peak, cp_tp_activation_bytes(b, s, L, h, a, C, T, cfg.cp_algo, prec.act))
-            for op, costs in micro_step_ops(b * (s // C), h, L, T, j, False, cfg.collectives).items():
+            peak = max(peak, cp_tp_activation_bytes(b, s, L, h, a, C, T, cfg.cp_algo, prec.act, cfg.sp))
+            for op, costs in micro_step_ops(b * (s // C), h, L, T, j, cfg.sp, cfg.collectives).items():
                 for cost in costs:
                     add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else prec.act)
             kv += cp_kv_bytes(b, s // C, h // T, C, cfg.cp_algo, prec.act) * L * steps

@@ -15,6 +15,9 @@ So a rank (cp index r, tp index j) runs its a/T heads over its n tokens of each 
   the loss   vocab_parallel_cross_entropy over the tp group on the rank's R rows, divided by the
              global batch's token count B s: the shares of all dp x cp ranks add up to the serial
              mean (context.py), and tp index 0 reports each.
+--sp (Korthikanti et al. 2022, sec. 4.2.2): the tp group cuts the rank's R rows into T contiguous shards
+  (n % T == 0, config/rules.py); f and g become tensor_gpt.py's gathers and scatters, and the embedding
+  adds to each row of its shard the global position of that row's token (a shard may start mid-sequence).
 Gradients: one all-reduce (SUM) of each rank's shards over the dp x cp ranks of the same tp index
 (the mesh's `dpcp` group), as context.py does without tp.
 
@@ -54,9 +57,10 @@ class PositionedShardedEmbedding(ShardedEmbedding):
         ids, mine = self._mine(tokens)
         partial = E[ids]
         partial[~mine] = 0  # rows of tokens another tp rank owns: the all-reduce brings them
-        x = self.stack.g(partial, op="vocab-embed-allreduce")
-        b, n = tokens.shape
-        x = (x.reshape(b, n, self.h) + pos[self.positions]).reshape(b * n, self.h)
+        x = self.stack.g(partial, op="vocab-embed-allreduce", sp_op="vocab-embed-scatter")
+        n = tokens.shape[1]
+        first = self.k * x.shape[0] if self.stack.sp else 0  # --sp: this tp rank's first of the b n rows
+        x += pos[self.positions[(first + np.arange(x.shape[0])) % n]]
         clock = self.rt.clock
         if clock is not None:  # ShardedEmbedding's charge: gather E's rows, read Pos and write x
             clock.stream((partial.size + 2 * x.size) * x.itemsize)
@@ -65,6 +69,7 @@ class PositionedShardedEmbedding(ShardedEmbedding):
 
     def backward(self, flat, gflat, ctx, dy):
         dE, dpos = self.views(gflat)
+        dy = self.stack.g_back(dy, op="vocab-embed-gather")  # --sp: every row, as ShardedEmbedding
         ids, mine = self._mine(ctx.tokens)
         np.add.at(dE, ids[mine], dy[mine])
         b, n = ctx.tokens.shape

@@ -161,9 +161,10 @@ CASES = [
         "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, tp=2, sp=True),
-        4,
-        "--sp with --cp is not built yet: use --cp with --tp, or --sp without --cp",
+        dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
+        8,
+        "--sp with --cp 2 splits each rank's seq-len/cp = 2 tokens of a sequence evenly over --tp 4: "
+        "--seq-len 4 must be a multiple of cp*tp = 8",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
