@@ -16,31 +16,34 @@ as the others (a rank alone on a part-filled node gets more of its NICs).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .collectives import chunk
 
 
 def ring_ends(kind: str, n: int, bpe: int, starts: list[float], link_free: list[float], link, gamma) -> list:
     """When each of p ranks ends a blocking ring reduce-scatter or all-gather ("reduce-scatter" or
     "all-gather") of n elements of bpe bytes that rank r starts at starts[r] (module docstring);
-    link_free[r]: when r's outgoing link is free (updated in place)."""
+    link_free[r]: when r's outgoing link is free (updated in place). The p ranks of a round are one
+    NumPy array each (element r: rank r), so a plan of hundreds of ranks stays quick."""
     p = len(starts)
-    sizes = [chunk(n, p, i) * bpe for i in range(p)]
-    alpha, bw, cursor = link.alpha, link.bw, list(starts)
+    sizes = np.array([chunk(n, p, i) * bpe for i in range(p)], dtype=float)
+    alpha, bw, cursor = link.alpha, link.bw, np.array(starts, dtype=float)
     tuning = getattr(link, "tuning", None)
     if tuning is not None and tuning.proto:  # NCCL's protocol for this call (simclock.collective_timing)
         timing = tuning.choose(kind, -(-n // p) * bpe, nvls=False)
-        alpha, bw, cursor = timing.hop, timing.bw, [t + timing.base for t in starts]
+        alpha, bw, cursor = timing.hop, timing.bw, cursor + timing.base
     scatter = kind == "reduce-scatter"
+    ranks, free = np.arange(p), np.array(link_free, dtype=float)
     for k in range(p - 1):
-        # the chunk r sends in round k (ring.py): reduce-scatter passes partial sums of chunk r-k-1,
-        # all-gather passes on the finished chunk r-k
-        sent = [(r - k - 1) % p if scatter else (r - k) % p for r in range(p)]
-        arrive = []
-        for r in range(p):
-            link_free[r] = max(cursor[r], link_free[r]) + sizes[sent[r]] / bw
-            arrive.append(link_free[r] + alpha)
-        for r in range(p):
-            cursor[r] = max(cursor[r], link_free[r], arrive[(r - 1) % p])
-            if scatter:  # the chunk received (the left neighbour's) is added in
-                cursor[r] += sizes[sent[(r - 1) % p]] * gamma
-    return cursor
+        # the chunk rank r sends in round k (ring.py): reduce-scatter passes partial sums of chunk
+        # r-k-1, all-gather passes on the finished chunk r-k
+        sent = (ranks - k - 1) % p if scatter else (ranks - k) % p
+        free = np.maximum(cursor, free) + sizes[sent] / bw  # its send has left
+        arrive = free + alpha
+        # the round ends when its own send has left and its left neighbour's (rank r-1) has arrived
+        cursor = np.maximum(np.maximum(cursor, free), np.roll(arrive, 1))
+        if scatter:  # the chunk received (the left neighbour's) is added in
+            cursor = cursor + sizes[np.roll(sent, 1)] * gamma
+    link_free[:] = free.tolist()
+    return cursor.tolist()
