@@ -74,7 +74,6 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--tp with --pp", cfg.tp > 1 and cfg.pp > 1),
             ("--experts", cfg.experts > 0),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
@@ -86,6 +85,12 @@ def model_gpt(cfg) -> None:
         f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
         f"{', '.join(later)} not yet (issue 23)",
     )
+    if cfg.tp > 1 and cfg.pp > 1:  # tp inside pipeline stages, every schedule (tensor_gpt_split.py)
+        require(
+            cfg.clock != "sim" or cfg.schedule not in ("zb-h1", "zb-v"),
+            f"--arch gpt --tp with --pp --schedule {cfg.schedule} is not timed by --clock sim yet (its B/W "
+            "halves are not charged): use --clock wall",
+        )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
         cfg.heads % cfg.tp == 0,
@@ -274,7 +279,18 @@ def layout_cp(cfg) -> None:
         f"divisible by {cfg.cp}",
     )
     require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
-    require(cfg.tp == 1, "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp")
+    require(
+        cfg.cp_algo != "ulysses" or (cfg.heads // cfg.tp) % cfg.cp == 0,
+        f"--cp-algo ulysses with --tp {cfg.tp} gives each of the --cp {cfg.cp} ranks whole heads of its tp "
+        f"rank's heads/tp = {cfg.heads // cfg.tp}: that must be divisible by {cfg.cp}",
+    )
+    n = cfg.seq_len // cfg.cp  # a cp rank's tokens of each sequence: --sp cuts its b n rows over tp
+    require(
+        not cfg.sp or n % cfg.tp == 0,
+        f"--sp with --cp {cfg.cp} splits each rank's seq-len/cp = {n} tokens of a sequence evenly over "
+        f"--tp {cfg.tp}: --seq-len {cfg.seq_len} must be a multiple of cp*tp = {cfg.cp * cfg.tp}",
+    )
+    require(cfg.pp == 1, "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp")
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",

@@ -25,6 +25,13 @@ precision, else bpe):
       A = (C-1) (alpha + b n h bpe / (C bw));   forward 4 A + 2 x 2 b s (h/C) s / rate + 6 b (a/C) s^2
       bpe stream; backward 4 A + 4 x 2 b s (h/C) s / rate + 4 b (a/C) s^2 bpe stream
 
+--tp T inside each cp rank (parallel/context_tensor.py): the attention above with a/T heads and h/T of
+the width (the ring's blocks carry the rank's heads only), and gpt_time's tp units on R = b n rows with
+their blocking f and g all-reduces on the tp link (gpt_time.tp_collectives); cp's link has stride T.
+With --sp those units run their LayerNorms and residuals on R/T rows, f and g are gather/scatter
+pairs, and the last micro-step sums each unit's LayerNorm gradients over tp right after its backward
+(gpt_time.step_seconds' `sync`).
+
 The rest is gpt_time's step over the dp x C ranks of the dpcp group: units forward, loss, units
 backward; in the last micro-step each unit's gradient buckets start on the dpcp stream when ready
 (host_progress: when backward ends), the rank waits for the last, runs the optimizer; the step ends
@@ -37,7 +44,7 @@ from types import SimpleNamespace
 
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, to_bytes
-from .gpt_time import loss_bpe, optimizer_seconds, unit_seconds
+from .gpt_time import loss_bpe, optimizer_seconds, tp_collectives, unit_seconds
 from .spec import dp_bucket_layers, split
 
 # context_attention.py's charges, written again: (products, sweeps over the scores) per block or core
@@ -79,43 +86,62 @@ def ulysses_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: floa
 
 
 def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
-    """{step_s, compute_s, comm_s} of a --cp C [--dp dp] step (no --zero; mixed precision: the
-    optimizer's masters and casts as gpt_time.optimizer_seconds)."""
+    """{step_s, compute_s, comm_s} of a --cp C [--tp T] [--dp D] step (no --zero; mixed precision: the
+    optimizer's masters and casts as gpt_time.optimizer_seconds). `sizes`: one rank's units (its tp
+    shards). Under --tp the rank's attention is that of its a/T heads (h/T of the width), and its
+    units are gpt_time's tp units with their blocking f and g all-reduces on the tp link."""
     from .hardware import group_link
 
-    C, h, a, s, L = cfg.cp, cfg.hidden, cfg.heads, cfg.seq_len, cfg.blocks
-    p = dp * C  # the dpcp group: world rank d C + c (mesh.py with pp = tp = 1)
-    on_node = min(p, hw.devices_per_node)
+    C, T, h, a, s, L = cfg.cp, cfg.tp, cfg.hidden, cfg.heads, cfg.seq_len, cfg.blocks
+    p = dp * C  # the dpcp group: world rank (d C + c) T + j (mesh.py with pp = 1)
+    on_node = min(p * T, hw.devices_per_node)
     rate = hw.flop_rate(precision) * hw.compute_share(on_node)
     stream = hw.gamma / 3 / hw.stream_share(on_node)
     overhead = hw.layer_overhead / hw.compute_share(on_node)
-    cp_link, dpcp_link = group_link(hw, "dp", C, 1, 1), group_link(hw, "dp", p, 1, 1)
+    cp_link, dpcp_link = group_link(hw, "dp", C, T, 1), group_link(hw, "dp", p, T, 1)
+    tp_link, gamma = group_link(hw, "tp", p, T, 1), collective_gamma(hw)
     attention = ring_seconds if cfg.cp_algo == "ring" else ulysses_seconds
     # the units without their score work (s = 0): context_attention.py charges that, hop by hop
-    local = SimpleNamespace(hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=1, sp=False)
+    local = SimpleNamespace(
+        hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=T, sp=cfg.sp, blocks=L, collectives=cfg.collectives
+    )
+
+    def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
+        return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, False) if cost.messages else 0.0
+
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms = [], [], []
-    for r in range(p):  # the cp ranks of a dp row do the same work; their ring chunks differ
-        d = r // C
+    for w in range(p * T):  # the cp ranks of a dp row do the same work; their ring chunks differ
+        g, j = divmod(w, T)  # g: the rank's place in its dpcp group, d C + c
+        d = g // C
+        sync = [0.0] * len(sizes)  # --sp: each unit's LayerNorm gradients summed over tp (gpt_time.py)
+        if cfg.sp:
+            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, True)] * L
+            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, True))
         clock = compute = comm = 0.0
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
             b = chunk(k_rows, dp, d)
-            fwd, bwd, loss = unit_seconds(local, b * (s // C), sizes, bpe, rate, stream, overhead)
-            attn_f, attn_b, attn_compute = attention(b, s // C, h, a, C, bpe, rate, stream, cp_link)
+            R = b * (s // C)
+            fwd, bwd, loss = unit_seconds(local, R, sizes, bpe, rate, stream, overhead)
+            fwd_c, bwd_c, loss_c = tp_collectives(local, R, j, bpe, tp_secs)
+            attn_f, attn_b, attn_compute = attention(b, s // C, h // T, a // T, C, bpe, rate, stream, cp_link)
             fwd = [t + (attn_f if 0 < i <= L else 0.0) for i, t in enumerate(fwd)]
             bwd = [t + (attn_b if 0 < i <= L else 0.0) for i, t in enumerate(bwd)]
-            clock += sum(fwd) + loss
+            clock += sum(fwd) + sum(fwd_c) + loss + loss_c
             backward_start, ready = clock, {}
+            last = k == len(micro) - 1
             for i in reversed(range(len(sizes))):
-                clock += bwd[i]
+                clock += bwd[i] + bwd_c[i] + (sync[i] if last else 0.0)
                 ready[i] = clock
             compute += sum(fwd) + loss + sum(bwd) - L * (attn_f + attn_b - attn_compute)
             comm += L * (attn_f + attn_b - attn_compute)  # the attention's exposed transfers
+            comm += sum(fwd_c) + loss_c + sum(bwd_c)  # tp's blocking all-reduces
+        comm += sum(sync)
         end = backward_start
         for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
-            cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, r)
-            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, collective_gamma(hw), True, False)
+            cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, g)
+            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, gamma, True, False)
             start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
             end = max(end, start) + grad_s
             comm += grad_s

@@ -14,6 +14,13 @@ The zero-bubble schedules (zb-h1, zb-v) split each unit's backward as model/gpt_
   embedding  no B (its input is tokens): its whole backward is the W pass
 --recompute full runs a chunk's forward (without the loss) again before its backward; selective
 recomputes each block's q k^T (2 R s h FLOPs: gpt_recompute.py).
+--tp t inside the stages (gpt_tp_pipeline.py): each unit's work is one tp rank's share (gpt_time.
+unit_seconds with the local shard sizes), its blocking tp collectives (gpt_time.tp_collectives; the
+loss's on the chunk with the head) are part of its forward and backward, --recompute full runs the
+forward's again, a boundary carries b s h / t under --sp (steptime's row_share), and under --sp each
+unit's LayerNorm gradients are summed over tp in the chunk's last backward (sp_sync) before its
+gradients join a bucket. A unit's gradients are ready after its backward's f collective (it runs
+before the unit's last LayerNorm backward in tensor_gpt.py), so backward_layers gives (both, 0).
 Nothing here imports parallel/ or the model: the order is order.stage_order's, the split of units
 into chunks stages.balanced_counts'.
 """
@@ -24,7 +31,7 @@ from types import SimpleNamespace
 
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, to_bytes
-from .gpt_time import ACCUMULATE, clock_rates, optimizer_seconds, unit_seconds
+from .gpt_time import ACCUMULATE, clock_rates, optimizer_seconds, tp_collectives, unit_seconds
 from .order import n_chunks, stage_chunks
 from .spec import PRECISIONS, dp_bucket_layers, precision_of
 from .stages import balanced_counts
@@ -43,8 +50,33 @@ class GptChunkCosts:
             hw, precision_of(cfg), min(spec.world, hw.devices_per_node)
         )
         self.optimizer_s = optimizer_s  # the whole rank's sweep, once a step
-        self.sp_sync: list = []  # no --sp without --tp
+        self.sp_sync: list = []  # --sp: each unit's LayerNorm gradients summed over tp
+        if cfg.sp:
+            ar, h = ALLREDUCE[cfg.collectives], cfg.hidden
+            sync = [0.0] + [self._secs(ar(4 * h, cfg.tp, 0), self.bpe)] * cfg.blocks
+            self.sp_sync = (sync + [self._secs(ar(2 * h, cfg.tp, 0), self.bpe)])[self.lo : self.hi]
         self._memo: dict = {}
+        self._tp_memo: dict = {}
+
+    def _secs(self, cost, elem_bytes: int, as_ring: bool = True) -> float:
+        """Seconds of one tp collective (tp rank 0's share: the shapes divide, every rank's is the same)."""
+        if not cost.messages:
+            return 0.0
+        ring = as_ring and self.cfg.collectives in ("ring", "auto")
+        nvls = self.cfg.collectives == "auto"
+        return seconds(to_bytes(cost, elem_bytes), self.links["tp"], collective_gamma(self.hw), ring, nvls)
+
+    def _tp(self, r: int):
+        """([forward], [backward]) tp collective seconds of this chunk's units, and the loss's."""
+        if r not in self._tp_memo:
+            R = r * self.cfg.seq_len
+            secs = lambda cost, bpe, ring: self._secs(cost, bpe, ring)  # noqa: E731
+            fwd, bwd, loss = tp_collectives(self.cfg, R, 0, self.bpe, secs)
+            self._tp_memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss
+        return self._tp_memo[r]
+
+    def _has_head(self) -> bool:
+        return self.hi == len(self.sizes)
 
     def _units(self, r: int):
         """([forward], [backward], loss) seconds of this chunk's units for r sequences."""
@@ -57,29 +89,32 @@ class GptChunkCosts:
 
     def forward(self, r: int, loss: bool = True) -> float:
         fwd, _, loss_s = self._units(r)
-        return sum(fwd) + (loss_s if loss and self.hi == len(self.sizes) else 0.0)
+        tp_fwd, _, tp_loss = self._tp(r)
+        return sum(fwd) + sum(tp_fwd) + (loss_s + tp_loss if loss and self._has_head() else 0.0)
 
-    def forward_tp(self, r: int) -> float:
-        return 0.0
+    def forward_tp(self, r: int, loss: bool = True) -> float:
+        tp_fwd, _, tp_loss = self._tp(r)
+        return sum(tp_fwd) + (tp_loss if loss and self._has_head() else 0.0)
 
     def backward_tp(self, r: int) -> float:
-        return 0.0
+        redo = self.forward_tp(r, loss=False) if self.cfg.recompute == "full" else 0.0
+        return redo + sum(self._tp(r)[1])
 
     def recompute(self, r: int) -> float:
         if self.cfg.recompute == "full":
             return self.forward(r, loss=False)
-        if self.cfg.recompute == "selective":  # q k^T of every block in the chunk
+        if self.cfg.recompute == "selective":  # q k^T of every block in the chunk (this rank's heads)
             L, s, h = self.cfg.blocks, self.cfg.seq_len, self.cfg.hidden
             blocks = sum(1 for u in range(self.lo, self.hi) if 0 < u <= L)
-            return blocks * 2 * r * s * s * h / self.rate
+            return blocks * 2 * r * s * s * (h // self.cfg.tp) / self.rate
         return 0.0
 
     def backward_layers(self, r: int, first: bool = False) -> list[tuple[float, float]]:
-        """(compute, 0) of each unit's backward, the last unit first (no tp collectives)."""
-        return [(b, 0.0) for b in reversed(self._units(r)[1])]
+        """(compute and tp collectives, 0) of each unit's backward, the last unit first."""
+        return [(b + c, 0.0) for b, c in zip(reversed(self._units(r)[1]), reversed(self._tp(r)[1]))]
 
     def backward(self, r: int, first: bool = False) -> float:
-        return self.recompute(r) + sum(self._units(r)[1])
+        return self.recompute(r) + sum(self._units(r)[1]) + sum(self._tp(r)[1])
 
     def weight_layers(self, r: int) -> list[float]:
         """The W pass of each unit, the last unit first (module docstring)."""
@@ -116,32 +151,34 @@ class GptChunkCosts:
         return out
 
 
-def pipeline_step_seconds(cfg, p: int, sizes: list[int], hw) -> dict:
+def pipeline_step_seconds(cfg, p: int, sizes: list[int], hw, local: list[int] | None = None) -> dict:
     """{step_s, compute_s, comm_s} of one --pp step on S stages x p data-parallel ranks: the slowest
-    dp index's pipeline chain (steptime.step_time) -- the step ends with the slowest rank."""
+    dp index's pipeline chain (steptime.step_time) -- the step ends with the slowest rank. `sizes`:
+    the whole units (they cut the stages); `local`: a tp rank's shares of them (--tp; default sizes)."""
     from .hardware import group_link
 
-    S, sched = cfg.pp, cfg.schedule
+    S, sched, t = cfg.pp, cfg.schedule, cfg.tp
+    local = sizes if local is None else local
     Vs = cfg.virtual_stages if sched == "interleaved" else 1
     prec = PRECISIONS[precision_of(cfg)]
     C = n_chunks(sched, S, Vs)
     counts = cfg.stage_layers or balanced_counts(sizes, C)
     bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(C)]
     spec = SimpleNamespace(
-        pp=S, dp=p, tp=1, sp=False, world=p * S, batch=cfg.batch, grad_accum=cfg.grad_accum,
+        pp=S, dp=p, tp=t, sp=cfg.sp, world=p * S * t, batch=cfg.batch, grad_accum=cfg.grad_accum,
         microbatches_used=cfg.microbatches, virtual_stages=Vs, schedule=sched, overlap=cfg.overlap,
         prec=prec, widths=[cfg.seq_len * cfg.hidden] * (len(sizes) + 1),
     )  # fmt: skip
-    links = {g: group_link(hw, g, p, 1, S) for g in ("dp", "pp")}
-    _, stream, _ = clock_rates(hw, precision_of(cfg), min(p * S, hw.devices_per_node))
+    links = {g: group_link(hw, g, p, t, S) for g in ("dp", "pp", "tp")}
+    _, stream, _ = clock_rates(hw, precision_of(cfg), min(p * S * t, hw.devices_per_node))
     best = None
     for d in range(p):
         stages = {}
         for s in range(S):
             mine = stage_chunks(sched, S, Vs, s)
-            opt_s = optimizer_seconds(cfg, sum(sum(sizes[slice(*bounds[c])]) for c in mine), prec.act, stream)
-            costs = {c: GptChunkCosts(cfg, spec, hw, links, bounds[c], sizes, opt_s) for c in mine}
-            stages[s] = (costs, d, {c: sizes[slice(*bounds[c])] for c in mine})
+            opt_s = optimizer_seconds(cfg, sum(sum(local[slice(*bounds[c])]) for c in mine), prec.act, stream)
+            costs = {c: GptChunkCosts(cfg, spec, hw, links, bounds[c], local, opt_s) for c in mine}
+            stages[s] = (costs, d, {c: local[slice(*bounds[c])] for c in mine})
         timed = step_time(spec, hw, links, stages, 0.0, [0.0] * S)
         if best is None or timed["makespan"] > best["makespan"]:
             best = timed
@@ -149,6 +186,6 @@ def pipeline_step_seconds(cfg, p: int, sizes: list[int], hw) -> dict:
     return {
         "step_s": best["makespan"],
         "compute_s": parts["compute"],
-        "comm_s": parts["pp"] + parts["dp"],
+        "comm_s": parts["pp"] + parts["dp"] + parts["tp"],
         "bubble_s": parts["bubble"],
     }

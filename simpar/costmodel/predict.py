@@ -238,6 +238,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     steps = steps if steps is not None else (cfg.steps or 1)
+    if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1:  # cp x tp (costmodel/cp_tp.py)
+        from .cp_tp import predict_cp_tp_run
+
+        return predict_cp_tp_run(cfg, world_size, steps, hw or hardware.load("local"))
     if getattr(cfg, "cp", 1) > 1:  # context parallelism's bytes and activations (costmodel/cp.py)
         from .cp import predict_cp_run
 
@@ -246,8 +250,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .gpt import predict_run
         from .gpt_pipeline import predict_pipeline_run  # --pp
         from .gpt_tp import predict_tp_run  # --tp (and --sp)
+        from .gpt_tp_pipeline import predict_tp_pipeline_run  # --tp with --pp
 
         run = predict_tp_run if cfg.tp > 1 else predict_pipeline_run if cfg.pp > 1 else predict_run
+        run = predict_tp_pipeline_run if cfg.tp > 1 and cfg.pp > 1 else run
         return run(cfg, world_size, steps, hw or hardware.load("local"))
     spec = Spec.from_config(cfg, world_size)
     if spec.experts:

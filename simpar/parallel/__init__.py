@@ -24,6 +24,10 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation); the gpt ones (context.py, tensor_gpt.py) still get the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.cp > 1 and cfg.tp > 1:
+        from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
+
+        return ContextTensorParallel(cfg, mesh)
     if cfg.cp > 1:
         from .context import ContextParallel
 

@@ -25,6 +25,10 @@ What LayerNorm keeps (xh, 1/sigma) shrinks by t; the gathered LN outputs that Wq
 their gradients are kept whole, as tensor_resmlp.py does. The LayerNorm gammas and betas (and the
 head's, and the positions) see only this rank's rows, so their gradients are summed over tp after the
 last micro-step: op "sp-grad-allreduce", category "model", as resmlp.
+
+Under --pp a chunk's units are a GptTensorStack over their indices (pipeline/engine.py): the residual
+stream arriving from the previous stage is this tp rank's copy (or under --sp its row shard, sent by
+the same tp rank there); the embedding runs only on the chunk that holds it, the head on the last.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ import numpy as np
 from .. import collectives
 from ..model.attention import self_attention_backward, self_attention_forward
 from ..model.gpt import BlockUnit, EmbeddingUnit, Kept, gpt_units
+from ..model.mlp import pending_weight_passes
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch, Strategy
 from .resmlp_stack import unit_store
 from .sharded import Sharded, gather_rows, scatter_rows
 from .tensor import TensorParallel, f_backward, g_forward
+from .tensor_gpt_split import split_unit_backward
 from .vocab_parallel import ShardedEmbedding, ShardedHead, VocabParallelReplicas
 
 
@@ -52,6 +58,7 @@ class ShardedBlock(Sharded):
         pieces += [((h,), None)] * 2 + [((h, 4 * h), 1), ((4 * h,), 0), ((4 * h, h), 0), ((h,), None)]
         super().__init__(unit, pieces, t, k)
         self.h, self.s, self.heads = h, unit.s, unit.a // t
+        self.score_keys = unit.s  # keys the scores span in _charge; 0 under --cp (context_tensor.py)
 
     def sp_grads(self, gflat) -> list:
         """The LayerNorms' gammas and betas: bo's and c2's gradients are row sums taken after g-bar's
@@ -63,15 +70,17 @@ class ShardedBlock(Sharded):
 class GptTensorStack:
     """gpt's units over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the interface of
     base.SerialStack. forward takes the whole micro-batch's tokens on every tp rank and returns this
-    rank's vocabulary columns of the logits for every token (vocab_parallel.py's loss takes those)."""
+    rank's vocabulary columns of the logits for every token (vocab_parallel.py's loss takes those).
+    `indices`: only these units (one pipeline chunk's, parallel/pipeline/engine.py), default all."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, indices=None):
         self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
         t, k = self.comm.size, self.comm.rank
         dtype = cfg.compute_dtype()
         self.rt = mesh.world.runtime
         wrap = {EmbeddingUnit: ShardedEmbedding, BlockUnit: ShardedBlock}
-        self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in gpt_units(cfg, self.rt)]
+        units = [u for u in gpt_units(cfg, self.rt) if indices is None or u.index in indices]
+        self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in units]
         for u in self.units:
             u.stack = self  # the units call the stack's conjugate operators
         self.store, self.flats = unit_store(self.units, dtype, lambda u: u.cut(u.unit.init(cfg.seed, dtype)))
@@ -100,15 +109,20 @@ class GptTensorStack:
         return gather_rows(self.comm, dy, op) if self.sp else dy
 
     # -- one block ----------------------------------------------------------------------------------
+    def attend(self, blk: ShardedBlock, h1, params, batch: int):
+        """The attention of this rank's heads over every row's sequence (context_tensor.py: over cp)."""
+        return self_attention_forward(h1, params, batch, blk.s, blk.heads, self.rt.kernels)
+
+    def attend_backward(self, blk: ShardedBlock, dy, actx, params, grads):
+        return self_attention_backward(dy, actx, params, grads, self.rt.kernels)
+
     def block_forward(self, blk: ShardedBlock, flat, x):
         g1, b1, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, b2, W1, c1, W2, c2 = blk.views(flat)
         h1, (xh1, r1) = layernorm_forward(x, g1, b1)  # this rank's rows (all of them without --sp)
         h1 = self.f(h1)
         batch = h1.shape[0] // blk.s
         kern = self.rt.kernels
-        y, actx = self_attention_forward(
-            h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), batch, blk.s, blk.heads, kern
-        )
+        y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), batch)
         x2 = x + (self.g(y) + bo)  # bo once, after the sum over the heads' partial products
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         h2 = self.f(h2)
@@ -129,7 +143,7 @@ class GptTensorStack:
         dx2, gg2, gb2 = layernorm_backward(self.f_back(dh2), (ctx.xh2, ctx.r2), g2)
         dx2 = dy + dx2  # the residual path around the MLP
         attn = (Wq, bq, Wk, bk, Wv, bv, Wo, bo)
-        dh1 = self_attention_backward(self.g_back(dx2), ctx.attn, attn, dattn, kern)  # dbo: full row sum
+        dh1 = self.attend_backward(blk, self.g_back(dx2), ctx.attn, attn, dattn)  # dbo: full row sum
         dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (ctx.xh1, ctx.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2), (dW1, gW1), (dc1, gc1)):
             acc += new
@@ -143,7 +157,7 @@ class GptTensorStack:
         """gpt.charge_block's accounting for this rank's share: the matmuls' sharded dimension / t;
         elementwise work on the R gathered rows (biases of the column shards, GELU, merging heads,
         the scores) / t, on this rank's Rl rows (LayerNorms, residuals; all rows without --sp) whole."""
-        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.s, blk.t
+        clock, h, hl, s, t = self.rt.clock, blk.h, blk.h // blk.t, blk.score_keys, blk.t
         for _ in range(2 if backward else 1):
             for _ in range(3):
                 clock.matmul(R, h, hl)
@@ -183,8 +197,11 @@ class GptTensorStack:
         return x, contexts
 
     def backward(self, contexts, grad, meter: HeldBytes, on_layer_done=None):
+        pending = pending_weight_passes()  # a zero-bubble pipeline's B pass (tensor_gpt_split.py)
         for u, (p, g), ctx in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
-            if isinstance(u, ShardedBlock):
+            if pending is not None:
+                grad = split_unit_backward(self, u, p, g, ctx, grad, pending)
+            elif isinstance(u, ShardedBlock):
                 grad = self.block_backward(u, p, g, ctx, grad)
             else:
                 grad = u.backward(p, g, ctx, grad)
@@ -194,6 +211,17 @@ class GptTensorStack:
                     self._sync_sequence_grads(u, g)
                 on_layer_done(u.index)
         return grad
+
+    def sequence_synced(self, on_layer_done):
+        """`on_layer_done`, preceded under --sp by the sum over tp of the unit's row-shard gradients
+        (what backward does itself; a zero-bubble W pass completes the gradients outside it)."""
+        grads = {u.index: (u, g) for u, (_, g) in zip(self.units, self.flats)}
+
+        def done(index: int) -> None:
+            self._sync_sequence_grads(*grads[index])
+            on_layer_done(index)
+
+        return done
 
     def full_pieces(self, flat: np.ndarray | None = None):
         """On tp rank 0: [(unit index, whole flat vector, empty)] (UnitStack's layout) of the

@@ -145,24 +145,23 @@ def vocab_parallel_cross_entropy(
     return loss, d.astype(logits.dtype, copy=False)
 
 
+def vocab_loss_grad(stack, optimizer, logits, labels, global_batch: int, cfg):
+    """(loss share, dL/dlogits) of the stack's head (its last unit, a ShardedHead): the whole loss of
+    these rows / the global number of tokens, the same on every tp rank; scaled as the optimizer asks.
+    Used by the tp step below and by the last pipeline stage under --tp (pipeline/engine.py)."""
+    head = stack.units[-1]
+    scale = optimizer.scale if isinstance(optimizer, MixedPrecisionOptimizer) else 1.0
+    v0 = head.k * head.local[2][1]
+    return vocab_parallel_cross_entropy(
+        stack.comm, logits, labels, global_batch * cfg.seq_len, v0, scale, cfg.collectives, stack.rt.clock
+    )
+
+
 class VocabParallelReplicas(DataParallel):
     """DataParallel's step (buckets, overlap, accumulation over dp) with the vocabulary-parallel loss."""
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
         logits, contexts = self.stack.forward(x, self.meter, self.watch)
-        opt = self.optimizer
-        scale = opt.scale if isinstance(opt, MixedPrecisionOptimizer) else 1.0
-        head = self.stack.units[-1]
-        v0 = head.k * head.local[2][1]
-        loss, grad = vocab_parallel_cross_entropy(
-            self.stack.comm,
-            logits,
-            y,
-            global_batch * self.cfg.seq_len,
-            v0,
-            scale,
-            self.cfg.collectives,
-            self.rt.clock,
-        )
+        loss, grad = vocab_loss_grad(self.stack, self.optimizer, logits, y, global_batch, self.cfg)
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss

@@ -49,7 +49,7 @@ def check_layout(shape: cg.Shape, a) -> None:
         raise SimparError(f"--tp {a.tp} must divide the {shape.heads} heads (each rank computes whole heads)")
     if a.pp > shape.layers:
         raise SimparError(f"--pp {a.pp} is more stages than the {shape.layers} blocks")
-    if a.sp and a.tp == 1:
+    if a.sp and a.tp == 1 and not a.compare:  # --compare: sp wherever its candidates have tp > 1
         raise SimparError("--sp splits LayerNorm and the residual over the tp group: add --tp > 1")
     if a.recompute not in ("none", "full", "selective"):
         raise SimparError(f"unknown recompute {a.recompute!r} (choose from none, full, selective)")
@@ -74,6 +74,13 @@ def plan_gpt_main(a) -> int:
     check_layout(shape, a)
     hw = hardware.load(a.hardware)
     args = (a.tp, a.pp, a.sp, a.zero, a.microbatches, a.recompute, a.precision, a.optimizer, a.grad_accum)
+    if a.compare:  # every dp x cp x tp x pp of --world GPUs, ranked (costmodel/gpt_compare.py)
+        from ..units import parse_bytes
+        from .plan_gpt_compare import print_gpt_compare
+
+        limit = parse_bytes(a.memory_limit) if a.memory_limit else (hw.memory_bytes or None)
+        q = dict(zip(PLAN_ARGS[3:], args[2:]), cp_algo=a.cp_algo)
+        return print_gpt_compare(shape, a.batch, hw, a.world, limit, q, a.json)
     p = without = cg.plan(shape, a.batch, hw, a.dp, *args)
     if a.cp > 1:  # context parallelism: costmodel/cp.py, worded by plan_cp.py
         from ..costmodel.cp import plan_cp

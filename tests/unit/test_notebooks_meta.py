@@ -32,6 +32,7 @@ NAMES = (
     "15_the_roofline",
     "16_from_mlp_to_gpt",
     "17_traces_and_the_articles_code",
+    "18_context_parallelism",
 )
 
 # A path that only exists on someone's machine: /home/..., /Users/..., /tmp/..., C:\...

@@ -25,8 +25,9 @@ B_r = this rank's rows (summed over grad-accum micro-steps) and bpe bytes per el
 
 i.e. per boundary B*h forward + B*h backward (docs/design.md). With tp > 1 every tp rank sends its
 own (identical, replicated) copy, and a chunk's layers are a TensorParallelStack (resmlp's units: a
-ResTensorStack over the chunk's units, restensor.py); under --sp each tp rank sends only its 1/t row
-shard (B_r/t above; pipeline_comms._row_shard). A pure pipeline
+ResTensorStack over the chunk's units, restensor.py; gpt's: a GptTensorStack over them, tensor_gpt.py,
+the vocabulary-parallel loss on the last chunk, _loss_grad); under --sp each tp rank sends only its 1/t
+row shard (B_r/t above; pipeline_comms._row_shard; gpt's tokens and labels stay whole). A pure pipeline
 (dp = 1) sends no "model" bytes; with dp > 1 each chunk all-reduces its layers' gradients over
 mesh.dp_comm once per step (GradientBuckets, started during its last backward or W pass).
 
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...config.sections import joined
 from ...model.mlp import deferred_weight_grads
 from ...model.precision import build_optimizer, loss_grad, vote_comm
 from ...run.data import distributed_sampler, micro_steps
@@ -146,6 +148,10 @@ class PipelineParallel(StageMessages, Strategy):
             from ..tensor_resmlp import ResTensorStack
 
             return ResTensorStack(model, layout, mesh, list(range(lo, hi)))
+        if mesh.tp > 1 and model.arch == "gpt":  # the chunk's units, Megatron's split (tensor_gpt.py)
+            from ..tensor_gpt import GptTensorStack
+
+            return GptTensorStack(joined(model, layout), mesh, list(range(lo, hi)))
         if mesh.tp > 1:
             from ..tensor import TensorParallelStack
 
@@ -174,17 +180,20 @@ class PipelineParallel(StageMessages, Strategy):
         for k, (x, y) in enumerate(micro_steps_data):
             shard = self._row_shard  # --sp: this tp rank's rows of each micro-batch (pipeline_comms.py)
             flight = InFlight(shard(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
+            # gpt's tokens and labels stay whole: its embedding scatters the rows, its head gathers them
+            ends = (lambda part: part) if self.model.arch == "gpt" else shard
             if self.is_first:
                 assert len(x) == sum(rows[k]), "BatchFeeder and pipeline disagree on the rows"
-                flight.inputs = {(mb, 0): shard(part) for mb, part in enumerate(np.array_split(x, self.M))}
+                flight.inputs = {(mb, 0): ends(part) for mb, part in enumerate(np.array_split(x, self.M))}
             if self.is_last:
-                flight.labels = {mb: shard(part) for mb, part in enumerate(np.array_split(y, self.M))}
+                flight.labels = {mb: ends(part) for mb, part in enumerate(np.array_split(y, self.M))}
             self._run(flight)
             loss += flight.loss
         self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
         # Only the last stage computes the loss; its tp ranks all hold the same value (count it once),
-        # or under --sp each the share of its own rows.
-        return loss if self.is_last and (self.layout.sp or self.mesh.tp_index == 0) else 0.0
+        # or under --sp each the share of its own rows (resmlp; gpt's head gathers every row).
+        by_rows = self.layout.sp and self.model.arch != "gpt"
+        return loss if self.is_last and (by_rows or self.mesh.tp_index == 0) else 0.0
 
     def _micro_batch_rows(self, global_batch: int) -> list[list[int]]:
         """Rows of each micro-batch, per grad-accum micro-step, on this rank.
@@ -237,12 +246,20 @@ class PipelineParallel(StageMessages, Strategy):
             if step.chunk == self.C - 1:
                 # The gradient of the loss starts the backward; dividing by the GLOBAL batch makes
                 # the micro-batches' (and dp ranks') gradients add up to the serial gradient.
-                share, flight.grads[key] = loss_grad(
-                    self.optimizer, y, flight.labels.pop(step.mb), flight.global_batch
-                )
+                share, flight.grads[key] = self._loss_grad(y, flight.labels.pop(step.mb), flight.global_batch)
                 flight.loss += share
             else:
                 self._hand_on(key, y, flight)
+
+    def _loss_grad(self, y, labels, global_batch: int):
+        """(loss share, dL/dy): --arch gpt --tp: the vocabulary-parallel cross-entropy over this rank's
+        columns of the logits (vocab_parallel.py); otherwise the whole softmax cross-entropy."""
+        if self.model.arch == "gpt" and self.mesh.tp > 1:
+            from ..vocab_parallel import vocab_loss_grad
+
+            last, model_layout = self.stacks[self.C - 1], joined(self.model, self.layout)
+            return vocab_loss_grad(last, self.optimizer, y, labels, global_batch, model_layout)
+        return loss_grad(self.optimizer, y, labels, global_batch)
 
     def _hook(self, step, flight: InFlight):
         """The DP bucket hook, during the chunk's last backward of the step's last micro-step."""

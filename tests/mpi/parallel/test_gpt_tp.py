@@ -147,9 +147,9 @@ def test_shapes_tp_cannot_split_are_refused_in_one_line(extra, message):
 
 
 def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path):
-    """`tour --arch gpt` on 4 ranks adds tp4, tp4-sp, dp2xtp2 and dp2xtp2-sp to the data-parallel and
-    pipeline layouts (tp2xpp2 is not built for gpt: left out), each equal to serial with bytes =
-    prediction exactly."""
+    """`tour --arch gpt` on 4 ranks adds tp4, tp4-sp, dp2xtp2, dp2xtp2-sp, tp2xpp2 and tp2xpp2-sp
+    (pipeline/test_gpt_tp_pipeline.py) to the data-parallel and pipeline layouts, each equal to serial
+    with bytes = prediction exactly."""
     args = ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)]
     res = run_mpi(4, args, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -165,9 +165,12 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
         "dp2xtp2",
         "dp2xtp2-sp",
         "dp2xpp2",
+        "tp2xpp2",
+        "tp2xpp2-sp",
         "cp2",
         "cp4",
         "dp2xcp2",
+        "cp2xtp2",
         "cp4-ulysses",
     ], res.stdout
 

@@ -3,7 +3,7 @@
 context_attention.py charges each ring hop's causal blocks between posting the hop's K/V transfers
 and waiting for them, so the clock runs the two at once; Ulysses' all-to-alls block. costmodel/
 cp_time.py writes the same step in closed form, never calling that code. The gpt tour test
-(test_gpt_simclock.py) checks cp2, cp4, dp2xcp2 and cp4-ulysses on a GPU node and on nodes of two
+(test_gpt_simclock.py) checks cp2, cp4, dp2xcp2, cp2xtp2 and cp4-ulysses on a GPU node and on nodes of two
 devices (cp4's ring then leaves the node), where the tiny model's hops wait for their transfers; here a
 longer sequence on the `local` CPU profile, where the blocks take longer than the transfers, and
 --grad-accum on nodes of two.
@@ -21,7 +21,7 @@ from tests.mpi.runtime.test_simclock import TWO_PER_NODE
 # s = 64, h = 32 on `local`: a ring block computes longer than its K/V take to arrive (cp_time.py)
 LONG = ["--arch", "gpt", "--n-layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "64"]
 LONG += ["--vocab", "16", "--dataset", "copy", "--samples", "32", "--batch", "8", "--steps", "2"]
-CP_LAYOUTS = {"cp2", "cp4", "dp2xcp2", "cp4-ulysses"}
+CP_LAYOUTS = {"cp2", "cp4", "dp2xcp2", "cp2xtp2", "cp4-ulysses"}
 
 
 def test_predict_equals_simulate_when_the_ring_hides_its_transfers(tmp_path):

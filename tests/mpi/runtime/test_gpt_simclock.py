@@ -4,12 +4,13 @@ gpt.py's units (and tensor_gpt.py's, vocab_parallel.py's shares of them, gpt_spl
 charge the clock for their matmuls and memory passes; the cost model writes the same charges again:
 costmodel/gpt_time.py (serial, dp, tp: data parallelism's buckets overlapping the last backward, tensor
 parallelism's collectives blocking inside each unit), cp_time.py (context parallelism's ring hops
-overlapping their blocks), gpt_zero_time.py (ZeRO's blocking rings) and gpt_pipeline_time.py
-(steptime.py's max-plus recurrences over the schedule's order and the pipeline's links). Both sides are
-deterministic, so they agree to rounding (measured ~1e-15) on every layout the tour runs -- serial, dp,
-ZeRO 1-3, tp, tp + sp, pp (GPipe, 1F1B), dp x tp, dp x pp, cp2, cp4, dp2 x cp2, cp4-ulysses -- in
-float32 and both mixed precisions, on a GPU node, on nodes of two devices (dp and pp groups then cross
-nodes) and on the CPU profile; and on every pipeline schedule with and without recomputation.
+overlapping their blocks; with tp, tp's all-reduces blocking), gpt_zero_time.py (ZeRO's blocking
+rings) and gpt_pipeline_time.py (steptime.py's max-plus recurrences over the schedule's order and the
+pipeline's links). Both sides are deterministic, so they agree to rounding (measured ~1e-15) on every
+layout the tour runs -- serial, dp, ZeRO 1-3, tp, tp + sp, pp (GPipe, 1F1B), dp x tp, dp x pp, tp x pp
+(and + sp), cp2, cp4, dp2 x cp2, cp2 x tp2, cp4-ulysses -- in float32 and both mixed precisions, on a GPU
+node, on nodes of two devices (dp and pp groups then cross nodes) and on the CPU profile; and on every
+pipeline schedule with and without recomputation.
 ZeRO with chunks that differ by an element (dp 3; h = 10 on dp 4), where the ranks drift apart inside
 each ring, agrees as well: the closed form follows every rank through every round.
 """
@@ -27,6 +28,7 @@ SHAPE = ["--arch", "gpt", "--n-layers", "2", "--hidden", "16", "--heads", "4", "
 SHAPE += ["--vocab", "16", "--dataset", "copy", "--samples", "64", "--batch", "8", "--steps", "2"]
 TOUR_LAYOUTS = {"serial", "dp4", "dp4-zero1", "dp4-zero2", "dp4-zero3", "tp4", "tp4-sp", "dp2xtp2"}
 TOUR_LAYOUTS |= {"dp2xtp2-sp", "pp4-gpipe", "pp4-1f1b", "dp2xpp2", "cp2", "cp4", "dp2xcp2", "cp4-ulysses"}
+TOUR_LAYOUTS |= {"tp2xpp2", "tp2xpp2-sp", "cp2xtp2"}
 
 
 def hardware_option(tmp_path, hardware: str) -> str:
@@ -81,6 +83,40 @@ def test_every_gpt_pipeline_schedule_agrees(tmp_path, hardware, schedule, extra)
     res = run(4, [*args, "--microbatches", "4", *extra, "--quiet", "--metrics-out", str(path)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert_agrees(json.loads(path.read_text()), (schedule, hardware))
+
+
+# tp inside pipeline stages (gpt_tp_pipeline.py, gpt_pipeline_time.py with tp): each unit's tp share and
+# its blocking tp collectives in the recurrences, --sp's 1/t boundaries and LayerNorm sums, recomputation.
+TP_PP = [
+    ("dgx-h100", ["--schedule", "1f1b", "--recompute", "selective"]),
+    ("local", ["--schedule", "gpipe", "--sp", "--precision", "mixed-fp16", "--grad-accum", "2"]),
+    ("two-per-node", ["--schedule", "interleaved", "--virtual-stages", "2", "--recompute", "full"]),
+    ("dgx-h100", ["--schedule", "naive", "--sp", "--precision", "mixed-bf16"]),
+]
+
+
+@pytest.mark.parametrize("hardware, extra", TP_PP, ids=[f"{h}-{e[1]}" for h, e in TP_PP])
+def test_tp_inside_pipeline_stages_agrees(tmp_path, hardware, extra):
+    path = tmp_path / "m.json"
+    args = ["train", *SHAPE, "--clock", "sim", "--hardware", hardware_option(tmp_path, hardware)]
+    res = run(
+        4,
+        [
+            *args,
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--microbatches",
+            "2",
+            *extra,
+            "--quiet",
+            "--metrics-out",
+            str(path),
+        ],
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_agrees(json.loads(path.read_text()), (hardware, extra))
 
 
 def test_grad_accum_and_the_cpu_profile_agree_too(tmp_path):

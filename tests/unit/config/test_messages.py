@@ -76,6 +76,12 @@ CASES = [
         "yet (issue 23)",
     ),
     (
+        dict(arch="gpt", dataset="text", heads=4, vocab=16, tp=2, pp=2, schedule="zb-v", clock="sim"),
+        4,
+        "--arch gpt --tp with --pp --schedule zb-v is not timed by --clock sim yet (its B/W halves are not "
+        "charged): use --clock wall",
+    ),
+    (
         dict(arch="gpt", dataset="text", heads=2, tp=4),
         4,
         "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
@@ -143,10 +149,22 @@ CASES = [
         2,
         "--cp with --zero is not built yet: use --cp with --dp",
     ),
-    (
-        dict(arch="gpt", dataset="text", cp=2, tp=2),
+    (  # --cp with --tp (parallel/context_tensor.py): Ulysses splits a tp rank's heads over cp
+        dict(arch="gpt", dataset="text", cp=2, tp=2, cp_algo="ulysses", heads=2),
         4,
-        "--cp with --tp is not built yet: use --cp with --dp, or --tp without --cp",
+        "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
+        "heads/tp = 1: that must be divisible by 2",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, pp=2),
+        4,
+        "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
+        8,
+        "--sp with --cp 2 splits each rank's seq-len/cp = 2 tokens of a sequence evenly over --tp 4: "
+        "--seq-len 4 must be a multiple of cp*tp = 8",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
