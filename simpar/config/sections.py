@@ -291,24 +291,3 @@ class StrategySections:
     @classmethod
     def of(cls, cfg) -> StrategySections:
         return cls(cfg.model, cfg.layout, cfg.optimisation)
-
-
-class JoinedSections:
-    """Several sections' fields side by side, read-only: what a RunConfig would answer for them, and an
-    AttributeError for any other field. A bridge for code that reads a config's fields flat and does not
-    take sections yet (the gpt stacks the pipeline engine builds: tensor_gpt.GptTensorStack,
-    vocab_parallel.vocab_loss_grad); it can read no clock, output, checkpoint or reliability option."""
-
-    def __init__(self, *sections):
-        self._sections = sections
-
-    def __getattr__(self, name: str):  # only for names not set on the object itself
-        for section in self.__dict__.get("_sections", ()):
-            if hasattr(section, name):
-                return getattr(section, name)
-        names = [type(s).__name__ for s in self.__dict__.get("_sections", ())]
-        raise AttributeError(f"{name!r} is in none of the sections {names}")
-
-
-def joined(*sections) -> JoinedSections:
-    return JoinedSections(*sections)

@@ -45,12 +45,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...config.sections import joined
 from ...model.mlp import deferred_weight_grads
 from ...model.precision import build_optimizer, loss_grad, vote_comm
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
-from ..base import HeldBytes, Strategy
+from ..base import HeldBytes, Strategy, joined
 from ..data import GradientBuckets
 from ..resmlp_stack import make_stack, model_units
 from . import recompute
