@@ -2,8 +2,9 @@
 the whole RunConfig: it cannot read the clock, the output paths, the checkpoints or the reliability options.
 
 In-process, no MPI: build_strategy is run with each converted strategy class replaced by a recorder, and
-the converted modules' source is read. The gpt strategies (tensor_gpt.py, vocab_parallel.py, context*.py,
-pipeline/gpt_recompute.py) still take the whole config and are not checked here yet.
+the converted modules' source is read. The gpt strategies (tensor_gpt.py, vocab_parallel.py, context.py,
+context_tensor.py) still take the whole config and are not checked here yet; the pipeline engine hands
+their stacks joined(model, layout) (base.JoinedSections), never the whole config.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ BUILT = [
     ("tensor", "TensorParallel", dict(dp=1, tp=2)),
     ("tensor", "TensorParallel", dict(dp=1, tp=2, arch="resmlp")),
     ("expert", "ExpertParallel", dict(dp=4, ep=2, experts=4)),
+    ("zero", "ZeroDataParallel", dict(dp=2, zero=3, arch="gpt")),  # gpt through the converted strategies
+    ("pipeline.engine", "PipelineParallel", dict(dp=1, pp=2, tp=2, arch="gpt")),
 ]
 
 
@@ -92,3 +95,14 @@ def test_strategy_constructors_take_sections():
         assert issubclass(cls, Strategy)
         params = list(inspect.signature(cls.__init__).parameters)
         assert params[1:3] == ["sections", "mesh"], (name, params)
+
+
+def test_joined_sections_answer_their_fields_only():
+    from simpar.parallel.base import joined
+
+    cfg = RunConfig(layers=[8, 16, 4], tp=2, sp=True, clock="sim")
+    view = joined(cfg.model, cfg.layout)
+    assert view.layers == [8, 16, 4] and view.sp and view.n_layers == 2
+    assert view.compute_dtype() == cfg.compute_dtype()
+    with pytest.raises(AttributeError):
+        view.clock  # the time section is not joined
