@@ -18,7 +18,8 @@ apply the same two to the parameters and to every kind of optimizer state.
 
 Shared pieces: HeldBytes (bytes held now and at the peak: activations, gathered parameters,
 gradient buffers), NonFiniteWatch (which layer went NaN first), and SerialStack (whole layers run
-with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface).
+with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface), and
+JoinedSections (a few config sections read flat, for the gpt pieces that do not take sections yet).
 """
 
 from __future__ import annotations
