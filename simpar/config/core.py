@@ -39,6 +39,8 @@ from .sections import (  # noqa: F401  (re-exported: the choices every option ac
     RECOMPUTE,
     SCHEDULES,
     SECTIONS,
+    Model,
+    StrategySections,
 )
 
 
@@ -48,25 +50,10 @@ class _RunConfigMethods:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def n_layers(self) -> int:
-        """The model's layers (units): --layers' count, or for --arch gpt its L blocks + embedding + head."""
-        return self.blocks + 2 if self.arch == "gpt" else len(self.layers) - 1
-
-    @property
-    def mixed(self) -> bool:
-        return self.precision != "fp32"
-
-    def compute_dtype(self):
-        """The dtype of weights, activations, gradients and messages: --dtype, or with mixed precision
-        float16 / bfloat16 (ml_dtypes; imported only when asked for)."""
-        import numpy as np
-
-        if self.precision == "mixed-bf16":
-            import ml_dtypes
-
-            return np.dtype(ml_dtypes.bfloat16)
-        return np.dtype(np.float16 if self.precision == "mixed-fp16" else self.dtype)
+    # derived from the model section's fields, written once there
+    n_layers = Model.n_layers
+    mixed = Model.mixed
+    compute_dtype = Model.compute_dtype
 
     def section(self, name: str):
         """One section's values as its own dataclass, e.g. cfg.section("layout").dp (a copy)."""

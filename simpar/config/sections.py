@@ -90,6 +90,26 @@ class Model:
     )
     seed: int = option(0, note="initial weights and the order of the batches")
 
+    @property
+    def n_layers(self) -> int:
+        """The model's layers (units): --layers' count, or for --arch gpt its L blocks + embedding + head."""
+        return self.blocks + 2 if self.arch == "gpt" else len(self.layers) - 1
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"
+
+    def compute_dtype(self):
+        """The dtype of weights, activations, gradients and messages: --dtype, or with mixed precision
+        float16 / bfloat16 (ml_dtypes; imported only when asked for)."""
+        import numpy as np
+
+        if self.precision == "mixed-bf16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(np.float16 if self.precision == "mixed-fp16" else self.dtype)
+
 
 @dataclass
 class Data:
@@ -250,3 +270,24 @@ SECTIONS = {
     "output": Output,
     "checkpoints": Checkpoints,
 }
+
+
+@dataclass(frozen=True)
+class StrategySections:
+    """What a parallel strategy (parallel/) is built from: the sections it reads, and no other.
+
+    model         the units, their widths, dtype and precision, the seed of the initial weights
+    layout        the groups' sizes, ZeRO's stage, the schedule, buckets and overlap, the algorithms
+    optimisation  the optimizer each strategy builds for the parameters it owns (sgd or adam, lr,
+                  momentum) and the micro-steps (--grad-accum, --batch: the experts' capacity per
+                  micro-step, the pipeline's micro-steps)
+    Not data, time, reliability, output or checkpoints: the run (run/) reads those, around the strategy.
+    """
+
+    model: Model
+    layout: Layout
+    optimisation: Optimisation
+
+    @classmethod
+    def of(cls, cfg) -> StrategySections:
+        return cls(cfg.model, cfg.layout, cfg.optimisation)

@@ -154,16 +154,27 @@ class RankCosts:
         return self._cached(("F", loss), r, lambda r: self._forward(r, loss))
 
     def _forward(self, r: int, loss: bool = True) -> float:
-        W, bpe, out = self.spec.widths, self.spec.prec.act, 0.0
-        for i, kind, w in zip(range(self.lo, self.hi), self.kinds, self.works):
-            out += r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
+        W, out = self.spec.widths, 0.0
+        for i, kind, compute in zip(range(self.lo, self.hi), self.kinds, self.forward_layers(r)):
+            out += compute
             if kind == "row":  # g: the partial products summed in forward
                 out += self._tp(r * W[i + 1])
             elif kind == "block":
                 out += self._block(r, i, "forward")
-        if loss and self.hi == self.spec.n_layers:
-            out += r * loss_bytes(self.spec) * self.stream
-        return out
+        return out + (self.loss(r) if loss else 0.0)
+
+    def forward_layers(self, r: int) -> list[float]:
+        """The compute of each layer's forward of r rows, first layer first (its matmuls, memory-bound
+        bytes and call overhead; no collectives): ZeRO puts its gathers between them (zero_time.py)."""
+        bpe = self.spec.prec.act
+        return [
+            r * w["fwd_flops"] / self.rate + r * w["fwd_elems"] * bpe * self.stream + self.overhead
+            for w in self.works
+        ]
+
+    def loss(self, r: int) -> float:
+        """The softmax cross-entropy of r rows, after the last layer's forward (0 on other chunks)."""
+        return r * loss_bytes(self.spec) * self.stream if self.hi == self.spec.n_layers else 0.0
 
     def recompute(self, r: int) -> float:
         """What the backward redoes first (recompute.py): full, the forward without the loss;

@@ -16,15 +16,8 @@ rank's clock where it runs:
            reduce-scatters its gradient right after the backward; the optimizer on S_r, no gather back
 
 Chunks are np.array_split's (collectives.chunk): when dp does not divide a unit, the first ranks' chunks
-are one element longer, a ring's rounds wait on their neighbours' larger messages and the ranks' clocks
-drift apart. So the p ranks are followed together, each ring round by round as collectives/ring.py
-runs it and the simulated clock times it (simclock.py): in round k rank r sends its chunk to r+1 when
-its link is free (bytes / bandwidth on the wire, alpha later there), the round ends when its own
-send has left and its neighbour's has arrived, then the received chunk is added (bytes x gamma; free
-on a GPU). On a GPU profile the ring runs as NCCL's tuner picks for ceil(n/p) elements a step (its
-base latency once, its per-step latency and bandwidth: nccl.py). The step ends with the slowest rank.
-Every message takes the group's link (hardware.group_link): exact while each node holds as many of
-the group's ranks as the others (a rank alone on a part-filled node gets more of its NICs).
+are one element longer and the ranks' clocks drift apart, so the p ranks are followed together through
+every ring round (ring_time.ring_ends, shared with zero_time.py). The step ends with the slowest rank.
 """
 
 from __future__ import annotations
@@ -32,31 +25,8 @@ from __future__ import annotations
 from .chunktime import collective_gamma
 from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
+from .ring_time import ring_ends
 from .spec import split
-
-
-def ring_ends(kind: str, n: int, bpe: int, starts: list[float], link_free: list[float], link, gamma) -> list:
-    """When each of p ranks ends a blocking ring reduce-scatter or all-gather of n elements that rank r
-    starts at starts[r] (module docstring); link_free[r]: when r's outgoing link is free (updated)."""
-    p = len(starts)
-    sizes = [chunk(n, p, i) * bpe for i in range(p)]
-    alpha, bw, cursor = link.alpha, link.bw, list(starts)
-    tuning = getattr(link, "tuning", None)
-    if tuning is not None and tuning.proto:  # NCCL's protocol for this call (simclock.collective_timing)
-        timing = tuning.choose(kind, -(-n // p) * bpe, nvls=False)
-        alpha, bw, cursor = timing.hop, timing.bw, [t + timing.base for t in starts]
-    scatter = kind == "reduce-scatter"
-    for k in range(p - 1):
-        sent = [(r - k - 1) % p if scatter else (r - k) % p for r in range(p)]
-        arrive = []
-        for r in range(p):
-            link_free[r] = max(cursor[r], link_free[r]) + sizes[sent[r]] / bw
-            arrive.append(link_free[r] + alpha)
-        for r in range(p):
-            cursor[r] = max(cursor[r], link_free[r], arrive[(r - 1) % p])
-            if scatter:  # the chunk received (the left neighbour's) is added in
-                cursor[r] += sizes[sent[(r - 1) % p]] * gamma
-    return cursor
 
 
 def zero_step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:

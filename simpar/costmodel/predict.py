@@ -23,6 +23,7 @@ from .rank import CATS, MEMORY_KINDS, predict_rank
 from .spec import Shape, Spec, check, coords_of, micro_rows
 from .stages import unit_sizes
 from .steptime import step_time
+from .zero_time import zero_steps
 
 # -- time (alpha-beta-gamma) and the whole prediction --------------------------------------------------
 
@@ -128,7 +129,7 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     starts = data_ready(spec, links["world"]) if spec.data_source == "root" else [0.0] * spec.pp
     data_s = max(starts)
     # The step: one pipeline chain per data-parallel index (its stages' slowest tensor-parallel rank).
-    timed, chain_ranks = {}, {}
+    timed, chain_ranks, chunk_costs = {}, {}, {}
     for d in sorted({r["coords"]["dp"] for r in out}):
         stages = {}
         for s in range(spec.pp):
@@ -146,6 +147,11 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             )
         zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
         timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
+        chunk_costs[d] = stages[0][0][0]
+    # ZeRO: every dp rank through every ring round (zero_time.py); past `representative_ranks`' limit
+    # (plan on thousands of ranks) one rank's blocking collectives summed (step_time) stand in for it
+    if spec.zero and len(chunk_costs) == spec.dp:
+        timed = zero_steps(spec, hw, links, chunk_costs, shape.sizes[0], starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])
     makespan = timed[worst_d]["makespan"]
     dp_exposed = timed[worst_d]["dp_exposed"]

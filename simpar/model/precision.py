@@ -185,11 +185,13 @@ def vote_comm(mesh, group):
     return mesh.world if mesh.tp > 1 else group
 
 
-def build_optimizer(cfg, comm=None, rt=None):
-    """The run's optimizer: optim.py's as is, or wrapped for --precision mixed-*. `rt`: the run's
-    runtime (a strategy passes its mesh's: mesh.world.runtime; None: the plain one)."""
-    inner = make_optimizer(cfg.optimizer, cfg.lr, cfg.momentum, *([rt] if rt is not None else []))
-    return MixedPrecisionOptimizer(inner, cfg.precision, comm, cfg.loss_scale) if cfg.mixed else inner
+def build_optimizer(model, optimisation, comm=None, rt=None):
+    """The run's optimizer (the optimisation section's sgd or adam, lr, momentum): optim.py's as is, or
+    wrapped for the model section's --precision mixed-*. `rt`: the run's runtime (a strategy passes its
+    mesh's: mesh.world.runtime; None: the plain one)."""
+    opt = optimisation
+    inner = make_optimizer(opt.optimizer, opt.lr, opt.momentum, *([rt] if rt is not None else []))
+    return MixedPrecisionOptimizer(inner, model.precision, comm, model.loss_scale) if model.mixed else inner
 
 
 def loss_grad(optimizer, logits, labels, global_batch: int):

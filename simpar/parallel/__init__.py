@@ -17,8 +17,13 @@
 
 from __future__ import annotations
 
+from ..config import StrategySections
+
 
 def build_strategy(cfg, mesh):
+    """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
+    model, layout, optimisation); the gpt ones (context.py, tensor_gpt.py) still get the whole RunConfig."""
+    sections = StrategySections.of(cfg)
     if cfg.cp > 1 and cfg.tp > 1:
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 
@@ -30,15 +35,15 @@ def build_strategy(cfg, mesh):
     if cfg.experts:
         from .expert import ExpertParallel
 
-        return ExpertParallel(cfg, mesh)
+        return ExpertParallel(sections, mesh)
     if cfg.zero:
         from .zero import ZeroDataParallel
 
-        return ZeroDataParallel(cfg, mesh)
+        return ZeroDataParallel(sections, mesh)
     if cfg.pp > 1:
         from .pipeline.engine import PipelineParallel
 
-        return PipelineParallel(cfg, mesh)
+        return PipelineParallel(sections, mesh)
     if cfg.tp > 1:
         from .tensor import TensorParallel
 
@@ -49,8 +54,8 @@ def build_strategy(cfg, mesh):
         if cfg.arch == "resmlp":  # residual blocks, and --sp
             from .tensor_resmlp import ResTensorStack
 
-            return TensorParallel(cfg, mesh, stack=ResTensorStack(cfg, mesh))
-        return TensorParallel(cfg, mesh)
+            return TensorParallel(sections, mesh, stack=ResTensorStack(sections.model, sections.layout, mesh))
+        return TensorParallel(sections, mesh)
     from .data import DataParallel
 
-    return DataParallel(cfg, mesh)
+    return DataParallel(sections, mesh)

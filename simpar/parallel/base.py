@@ -18,7 +18,8 @@ apply the same two to the parameters and to every kind of optimizer state.
 
 Shared pieces: HeldBytes (bytes held now and at the peak: activations, gathered parameters,
 gradient buffers), NonFiniteWatch (which layer went NaN first), and SerialStack (whole layers run
-with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface).
+with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface), and
+JoinedSections (a few config sections read flat, for the gpt pieces that do not take sections yet).
 """
 
 from __future__ import annotations
@@ -30,6 +31,27 @@ import numpy as np
 from ..model.mlp import ParamStore, activation_of, init_layer, layer_backward, layer_forward
 from ..run.checkpoint import FullState
 from ..runtime.context import PLAIN
+
+
+class JoinedSections:
+    """Several sections' fields side by side, read-only: what a RunConfig would answer for them, and an
+    AttributeError for any other field. A bridge for code that reads a config's fields flat and does not
+    take sections yet (the gpt stacks the pipeline engine builds: tensor_gpt.GptTensorStack,
+    vocab_parallel.vocab_loss_grad); it can read no clock, output, checkpoint or reliability option."""
+
+    def __init__(self, *sections):
+        self._sections = sections
+
+    def __getattr__(self, name: str):  # only for names not set on the object itself
+        for section in self.__dict__.get("_sections", ()):
+            if hasattr(section, name):
+                return getattr(section, name)
+        names = [type(s).__name__ for s in self.__dict__.get("_sections", ())]
+        raise AttributeError(f"{name!r} is in none of the sections {names}")
+
+
+def joined(*sections) -> JoinedSections:
+    return JoinedSections(*sections)
 
 
 class HeldBytes:
@@ -78,8 +100,12 @@ class Strategy(ABC):
     and `watch` (reset at the start of each train_step, checked on every layer's output).
     """
 
-    def __init__(self, cfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
+    def __init__(self, sections, mesh):
+        """`sections`: config.StrategySections, the model, layout and optimisation sections. The gpt
+        strategies still hand in the whole RunConfig (it has the same three section views) and read it
+        as self.cfg (vocab_parallel.py) until they take sections too; the others never read self.cfg."""
+        self.model, self.layout, self.optimisation = sections.model, sections.layout, sections.optimisation
+        self.cfg, self.mesh = sections, mesh
         self.rt = mesh.world.runtime  # the run's kernels and clock, for the layers it builds
         self.meter = HeldBytes()
         self.watch = NonFiniteWatch()
@@ -137,7 +163,8 @@ class Strategy(ABC):
         # --precision mixed-*: the half weights are stored as float32 (exactly: every half number is
         # one), so a checkpoint is in --dtype like every other; the float32 masters are a slot.
         params = [
-            (W.astype(self.cfg.dtype, copy=False), b.astype(self.cfg.dtype, copy=False)) for W, b in params
+            (W.astype(self.model.dtype, copy=False), b.astype(self.model.dtype, copy=False))
+            for W, b in params
         ]
         return FullState(params, slots, self.optimizer.state_scalars())
 
@@ -168,19 +195,19 @@ class SerialStack:
     as a layer's gradients are final, so data parallelism can start that bucket's all-reduce.
     """
 
-    def __init__(self, cfg, layer_indices: list[int], rt=PLAIN):
-        n = cfg.n_layers
+    def __init__(self, model, layer_indices: list[int], rt=PLAIN):
+        n, dtype = model.n_layers, model.compute_dtype()  # model: the model section
         self.rt = rt
         self.store = ParamStore.build(
             [
                 (
                     i,
-                    *init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], cfg.compute_dtype()),
-                    activation_of(i, n, cfg.activation),
+                    *init_layer(model.seed, i, model.layers[i], model.layers[i + 1], dtype),
+                    activation_of(i, n, model.activation),
                 )
                 for i in layer_indices
             ],
-            cfg.compute_dtype(),
+            dtype,
             rt,
         )
 

@@ -97,14 +97,18 @@ class DataParallel(Strategy):
     overlap, accumulation -- for its dp replicas (tensor.py reports the loss and weights itself).
     """
 
-    def __init__(self, cfg, mesh, stack=None):
-        super().__init__(cfg, mesh)
-        self.stack = stack if stack is not None else make_stack(cfg, rt=self.rt)  # mlp or resmlp
+    def __init__(self, sections, mesh, stack=None):
+        super().__init__(sections, mesh)
+        self.stack = stack if stack is not None else make_stack(self.model, rt=self.rt)  # mlp or resmlp
         self.store = self.stack.store
         # Replicas hold the same summed gradients: no vote, unless a tp stack splits them (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, None), self.rt)
+        self.optimizer = build_optimizer(self.model, self.optimisation, vote_comm(mesh, None), self.rt)
         self.buckets = GradientBuckets(
-            self.store, mesh.dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+            self.store,
+            mesh.dp_comm,
+            self.layout.bucket_mb * 2**20,
+            self.layout.collectives,
+            self.layout.overlap,
         )
 
     def train_step(self, micro_steps, global_batch: int) -> float:

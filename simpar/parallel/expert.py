@@ -85,10 +85,11 @@ class MoELayer:
     """One MoE layer on this rank: the replicated router and this rank's experts (see module doc)."""
 
     def __init__(self, strategy, index: int, Wr, dWr, experts: dict):
-        cfg = strategy.cfg
+        model = strategy.model
         self.s, self.index, self.Wr, self.dWr, self.experts = strategy, index, Wr, dWr, experts
-        self.E, self.K, self.C, self.alpha = cfg.experts, cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef
-        self.P = cfg.ep
+        self.E, self.K, self.C = model.experts, model.top_k, model.capacity_factor
+        self.alpha = model.aux_loss_coef
+        self.P = strategy.layout.ep
         self.per = self.E // self.P
 
     def owned_by(self, q: int) -> range:
@@ -96,7 +97,7 @@ class MoELayer:
 
     def alltoall(self, send, rows, op: str):
         """One all-to-all over the ep group, by --alltoall (pairwise exchange or Bruck's algorithm)."""
-        return collectives.alltoall(self.s.ep, send, rows, "activation", op, self.s.cfg.alltoall)
+        return collectives.alltoall(self.s.ep, send, rows, "activation", op, self.s.layout.alltoall)
 
     def forward(self, x, N: int, B: int):
         """N: the global rows of this micro-step (its capacity and f_e); B: the global batch (the aux
@@ -189,27 +190,28 @@ class MoELayer:
 class ExpertParallel(Strategy):
     """Dense layers and routers replicated over the dp group; experts sharded over each ep group."""
 
-    def __init__(self, cfg, mesh):
-        super().__init__(cfg, mesh)
-        P, dtype, W = cfg.ep, cfg.compute_dtype(), cfg.layers
+    def __init__(self, sections, mesh):
+        super().__init__(sections, mesh)
+        model = self.model
+        P, dtype, W = self.layout.ep, model.compute_dtype(), model.layers
         # The mesh made (and wrapped for bfloat16) the groups: ep varies the fastest part of the dp
         # index (d % P), edp the rest (d // P) -- runtime/mesh.py's AXES
         self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
-        moe, n, per = set(moe_layer_indices(cfg.n_layers)), cfg.n_layers, cfg.experts // P
+        moe, n, per = set(moe_layer_indices(model.n_layers)), model.n_layers, model.experts // P
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         dense, experts = [], []
         for i in range(n):
             if i in moe:
-                Wr, full = init_moe(cfg.seed, i, W[i], W[i + 1], cfg.experts, dtype)
+                Wr, full = init_moe(model.seed, i, W[i], W[i + 1], model.experts, dtype)
                 dense.append(Wr)
                 experts += [a for e in self.mine for a in full[e]]
             else:
-                dense += list(init_layer(cfg.seed, i, W[i], W[i + 1], dtype))
+                dense += list(init_layer(model.seed, i, W[i], W[i + 1], dtype))
         self.dense, self.dense_grads, dviews = pack(dense, dtype)
         self.expert_params, self.expert_grads, eviews = pack(experts, dtype)
         self.layers = []
         for i in range(n):
-            act = activation_of(i, n, cfg.activation)
+            act = activation_of(i, n, model.activation)
             if i in moe:
                 (Wr, dWr) = dviews.pop(0)
                 ex = {}
@@ -222,7 +224,7 @@ class ExpertParallel(Strategy):
                 self.layers.append(Linear(i, Wv, bv, dWv, dbv, act, rt=self.rt))
         # Mixed precision: ep ranks hold different experts' gradients, so the whole dp group votes on
         # skipping an overflowed step (precision.MixedPrecisionOptimizer).
-        self.optimizer = build_optimizer(cfg, self.dp, self.rt)
+        self.optimizer = build_optimizer(model, self.optimisation, self.dp, self.rt)
         self.routing = []  # per step: {layer index: (H, kept)}
 
     def loss_scale(self) -> float:
@@ -260,7 +262,7 @@ class ExpertParallel(Strategy):
             (self.edp, self.expert_grads, "expert-grad-allreduce"),
         ):
             if comm.size > 1:
-                collectives.allreduce(comm, buf, "model", op, self.cfg.collectives)
+                collectives.allreduce(comm, buf, "model", op, self.layout.collectives)
         self.optimizer.step(self.optimizer_params(), [self.dense_grads, self.expert_grads])
         return loss
 
@@ -291,15 +293,16 @@ class ExpertParallel(Strategy):
         """Per micro-step (steps x --grad-accum entries, step-major) and MoE layer: kept tokens per
         expert, drops, and kept per (dp rank, expert). `capacity`: the first micro-step's (the largest)."""
         order = sorted(self.routing[0]) if self.routing else []
-        rows = micro_rows(self.cfg.batch, self.cfg.grad_accum, 0)
+        model, opt = self.model, self.optimisation
+        rows = micro_rows(opt.batch, opt.grad_accum, 0)
         return {
-            "experts": self.cfg.experts,
-            "top_k": self.cfg.top_k,
-            "capacity_factor": self.cfg.capacity_factor,
-            "capacity": capacity(self.cfg.capacity_factor, self.cfg.top_k, rows, self.cfg.experts),
-            "grad_accum": self.cfg.grad_accum,
-            "ep": self.cfg.ep,
-            "alltoall": self.cfg.alltoall,
+            "experts": model.experts,
+            "top_k": model.top_k,
+            "capacity_factor": model.capacity_factor,
+            "capacity": capacity(model.capacity_factor, model.top_k, rows, model.experts),
+            "grad_accum": opt.grad_accum,
+            "ep": self.layout.ep,
+            "alltoall": self.layout.alltoall,
             "layers": order,
             "tokens_per_expert": [[step[i][1].sum(axis=0).tolist() for i in order] for step in self.routing],
             "routed_per_expert": [[step[i][0].sum(axis=0).tolist() for i in order] for step in self.routing],
@@ -364,8 +367,8 @@ class ExpertParallel(Strategy):
             if not isinstance(layer, MoELayer):
                 dense += [W, b]
                 continue
-            d_in, d_out = self.cfg.layers[layer.index], self.cfg.layers[layer.index + 1]
-            Wr, experts = unpack_flat(W, d_in, d_out, self.cfg.experts)
+            d_in, d_out = self.model.layers[layer.index], self.model.layers[layer.index + 1]
+            Wr, experts = unpack_flat(W, d_in, d_out, self.model.experts)
             dense.append(Wr)
             mine += [a for e in self.mine for a in experts[e]]
         flat = lambda arrays: np.concatenate([a.reshape(-1) for a in arrays]).astype(dtype)  # noqa: E731

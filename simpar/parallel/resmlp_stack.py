@@ -19,10 +19,10 @@ from ..runtime.context import PLAIN
 from .base import HeldBytes, NonFiniteWatch, SerialStack, flatten, store_views
 
 
-def model_units(cfg, rt=PLAIN) -> list:
-    """The model as units: resmlp.build_units (mlp, resmlp), or gpt.py's embedding, blocks and head;
-    `rt`: the run's runtime, which every unit gets."""
-    return gpt_units(cfg, rt) if cfg.arch == "gpt" else build_units(cfg, rt)
+def model_units(model, rt=PLAIN) -> list:
+    """The model (its section: config.sections.Model) as units: resmlp.build_units (mlp, resmlp), or
+    gpt.py's embedding, blocks and head; `rt`: the run's runtime, which every unit gets."""
+    return gpt_units(model, rt) if model.arch == "gpt" else build_units(model, rt)
 
 
 def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
@@ -49,13 +49,13 @@ def unit_store(units: list, dtype, initial) -> tuple[ParamStore, list]:
 class UnitStack:
     """The units `unit_indices` of the model (default: all), SerialStack's interface."""
 
-    def __init__(self, cfg, unit_indices: list[int] | None = None, rt=PLAIN):
+    def __init__(self, model, unit_indices: list[int] | None = None, rt=PLAIN):
         self.rt = rt
-        every = model_units(cfg, rt)
+        every = model_units(model, rt)
         self.units = every if unit_indices is None else [every[i] for i in unit_indices]
-        dtype = cfg.compute_dtype()
+        dtype = model.compute_dtype()
         # from (seed, unit) on the full shape, as every layout
-        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(model.seed, dtype))
 
     def forward(self, x, meter: HeldBytes, watch: NonFiniteWatch):
         contexts = []
@@ -125,10 +125,10 @@ def restore_selective(x, kept: list, stack) -> list:
     return contexts
 
 
-def make_stack(cfg, lo: int = 0, hi: int | None = None, rt=PLAIN):
-    """Layers (units) lo..hi-1 on this rank, default all: SerialStack for the MLP, UnitStack for resmlp;
-    `rt`: the run's runtime, which their layers get."""
-    indices = list(range(lo, cfg.n_layers if hi is None else hi))
-    if cfg.arch in ("resmlp", "gpt"):
-        return UnitStack(cfg, indices, rt)
-    return SerialStack(cfg, indices, rt)
+def make_stack(model, lo: int = 0, hi: int | None = None, rt=PLAIN):
+    """Layers (units) lo..hi-1 of the model (its section) on this rank, default all: SerialStack for the
+    MLP, UnitStack for resmlp; `rt`: the run's runtime, which their layers get."""
+    indices = list(range(lo, model.n_layers if hi is None else hi))
+    if model.arch in ("resmlp", "gpt"):
+        return UnitStack(model, indices, rt)
+    return SerialStack(model, indices, rt)

@@ -100,16 +100,17 @@ class TensorParallelStack:
     W[rows, :] and the whole (replicated) b, a replicated layer whole.
     """
 
-    def __init__(self, cfg, mesh, layer_indices: list[int]):
+    def __init__(self, model, layout, mesh, layer_indices: list[int]):
+        # model, layout: the config's sections (config.sections); the layout names the f/g algorithm.
         # --precision mixed-bf16: f and g move bfloat16 as uint16 views (precision.wire)
-        self.cfg, self.comm, self.algorithm = cfg, mesh.tp_comm, cfg.collectives
+        self.comm, self.algorithm = mesh.tp_comm, layout.collectives
         self.rt = mesh.world.runtime  # the run's kernels and clock, for its layers
         self.kinds = pair_kinds(layer_indices)
-        pieces, dtype = [], cfg.compute_dtype()  # half under --precision mixed-*, as the serial stack
+        pieces, dtype = [], model.compute_dtype()  # half under --precision mixed-*, as the serial stack
         for i, kind in zip(layer_indices, self.kinds):
-            W, b = init_layer(cfg.seed, i, cfg.layers[i], cfg.layers[i + 1], dtype)  # full, then slice
+            W, b = init_layer(model.seed, i, model.layers[i], model.layers[i + 1], dtype)  # full, then slice
             W, b = self._shard(kind, W, b)
-            pieces.append((i, W, b, activation_of(i, cfg.n_layers, cfg.activation)))
+            pieces.append((i, W, b, activation_of(i, model.n_layers, model.activation)))
         self.store = ParamStore.build(pieces, dtype, self.rt)
 
     def _shard(self, kind: str, W: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,17 +201,19 @@ class TensorParallel(Strategy):
     dp > 1 each DP all-reduce carries only this rank's shard, summed with the same-position shards
     of the other replicas; with dp = 1 that step simply sends nothing."""
 
-    def __init__(self, cfg, mesh, stack=None):
-        super().__init__(cfg, mesh)
+    def __init__(self, sections, mesh, stack=None):
+        super().__init__(sections, mesh)
         # `stack`: another split of the model with this interface (restensor.py for --arch resmlp)
-        self.stack = stack or TensorParallelStack(cfg, mesh, list(range(cfg.n_layers)))
-        self.replicas = DataParallel(cfg, mesh, stack=self.stack)
+        self.stack = stack or TensorParallelStack(
+            self.model, self.layout, mesh, list(range(self.model.n_layers))
+        )
+        self.replicas = DataParallel(sections, mesh, stack=self.stack)
         # One meter and one watch: those of the step that runs the stack; and its optimizer.
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
         self.optimizer = self.replicas.optimizer
 
     def train_step(self, micro_steps, global_batch: int) -> float:
-        if self.cfg.sp:  # sequence parallel: this rank's 1/t of each micro-step's rows, end to end
+        if self.layout.sp:  # sequence parallel: this rank's 1/t of each micro-step's rows, end to end
             t, k = self.mesh.tp, self.mesh.tp_index
             micro_steps = [
                 (x[k * len(x) // t : (k + 1) * len(x) // t], y[k * len(y) // t : (k + 1) * len(y) // t])

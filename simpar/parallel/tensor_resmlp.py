@@ -123,24 +123,25 @@ class ShardedBlock:
 
 class ResTensorStack:
     """The resmlp's units `unit_indices` (default: all; a pipeline chunk's run of units under --pp,
-    as resstack.make_stack) over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the
+    as resstack.make_stack) over mesh.tp_comm, tensor- (and with layout.sp sequence-) parallel; the
     interface of base.SerialStack. Under --sp, forward receives only this rank's rows (TensorParallel
     cuts them) and returns the logits of those rows."""
 
-    def __init__(self, cfg, mesh, unit_indices: list[int] | None = None):
-        self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
+    def __init__(self, model, layout, mesh, unit_indices: list[int] | None = None):
+        # model, layout: the config's sections (config.sections)
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, layout.sp
         t, k = self.comm.size, self.comm.rank
-        dtype = cfg.compute_dtype()
+        dtype = model.compute_dtype()
         self.rt = mesh.world.runtime  # the run's kernels and clock
-        every = build_units(cfg, self.rt)
+        every = build_units(model, self.rt)
         chosen = every if unit_indices is None else [every[i] for i in unit_indices]
         self.units = [ShardedBlock(u, t, k) if isinstance(u, BlockUnit) else u for u in chosen]
 
         def initial(u):  # the serial model's numbers, cut to this rank's share
             return (
-                u.cut(u.unit.init(cfg.seed, dtype))
+                u.cut(u.unit.init(model.seed, dtype))
                 if isinstance(u, ShardedBlock)
-                else u.init(cfg.seed, dtype)
+                else u.init(model.seed, dtype)
             )
 
         self.store, self.flats = unit_store(self.units, dtype, initial)

@@ -60,22 +60,22 @@ from .resmlp_stack import make_stack, model_units
 
 
 class ZeroDataParallel(Strategy):
-    """ZeRO stage 1, 2 or 3 over the data-parallel group (cfg.zero); the Strategy interface."""
+    """ZeRO stage 1, 2 or 3 over the data-parallel group (layout.zero); the Strategy interface."""
 
-    def __init__(self, cfg, mesh):
-        super().__init__(cfg, mesh)
-        self.stage = cfg.zero
+    def __init__(self, sections, mesh):
+        super().__init__(sections, mesh)
+        self.stage = self.layout.zero
         self.comm = mesh.dp_comm
         self.p, self.r = self.comm.size, self.comm.rank
-        self.dtype = cfg.compute_dtype()
+        self.dtype = self.model.compute_dtype()
         self.bpe = self.dtype.itemsize
         # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
-        self.units = model_units(cfg, self.rt)
+        self.units = model_units(self.model, self.rt)
         self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
         # Mixed precision: ranks hold different gradient shards, so they vote on skipping a step.
-        self.optimizer = build_optimizer(cfg, self.comm, self.rt)
+        self.optimizer = build_optimizer(self.model, self.optimisation, self.comm, self.rt)
         # Besides the activations (self.meter): gradient buffers, and stage 3's gathered layers.
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         if self.stage == 1:
@@ -86,7 +86,7 @@ class ZeroDataParallel(Strategy):
     # -- construction ------------------------------------------------------------------------------
     def _init_stage1(self) -> None:
         # The whole model and its whole gradient on every rank (as DDP); only the optimizer shrinks.
-        self.stack = make_stack(self.cfg, rt=self.rt)
+        self.stack = make_stack(self.model, rt=self.rt)
         self.store = self.stack.store
         bounds = collectives.chunk_bounds(self.P, self.p)
         self.chunk = slice(int(bounds[self.r]), int(bounds[self.r + 1]))
@@ -113,7 +113,7 @@ class ZeroDataParallel(Strategy):
             target = self.param_shard
         for i, unit in enumerate(self.units):
             # Initialise on the full shape (identical to serial), keep what this stage stores.
-            full = unit.init(self.cfg.seed, self.dtype)
+            full = unit.init(self.model.seed, self.dtype)
             if self.stage == 2:
                 target[self.offsets[i] : self.offsets[i + 1]] = full
             else:

@@ -191,7 +191,7 @@ def _check_loss(run: Run, loss: float, step: int, losses: list) -> None:
     """A non-finite or diverging loss ends the run on every rank (all see the same reduced loss)."""
     if not math.isfinite(loss) or (losses and diverged(loss, losses[0])):
         run.progress.close()  # so the error line starts a line of its own, not after the bar
-        _raise_nonfinite(loss, step, run.strategy, run.world, losses[:1])
+        _raise_nonfinite(loss, step, run.cfg, run.strategy, run.world, losses[:1])
 
 
 @dataclass
@@ -264,10 +264,10 @@ def _finish(run: Run, log: Measured) -> RunResult | None:
     return RunResult(metrics, weights, [g["trace"] for g in gathered])
 
 
-def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, first_loss=()) -> None:
+def _raise_nonfinite(loss: float, step: int, cfg, strategy, world: Communicator, first_loss=()) -> None:
     """All ranks see the same reduced loss, so all get here together; find who went bad first."""
     if math.isfinite(loss):
-        raise SimparError(divergence_message(loss, step + 1, first_loss[0], strategy.cfg.lr))
+        raise SimparError(divergence_message(loss, step + 1, first_loss[0], cfg.lr))
     mine = strategy.first_nonfinite
     first = world.allreduce_scalar(mine if mine is not None else math.inf, op=mpi_min())
     where = (
@@ -275,7 +275,6 @@ def _raise_nonfinite(loss: float, step: int, strategy, world: Communicator, firs
         if math.isfinite(first)
         else "no layer output was non-finite, so the loss itself overflowed"
     )
-    cfg = strategy.cfg
     fault = parse_inject(cfg.inject) if cfg.inject else {}
     advice = (  # a fault put there on purpose (lesson 07) is not a learning-rate problem
         f"--inject {cfg.inject} put NaN into rank {fault['rank']}'s input rows at step {fault['step']}"

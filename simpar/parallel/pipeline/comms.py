@@ -36,7 +36,7 @@ def message_tag(mb: int, chunk: int, chunks: int, direction: int) -> int:
 
 class StageMessages:
     """The four message steps of a pipeline stage (mixed into PipelineParallel, which provides
-    pp_comm, cfg, mesh, kind, S, C, bounds and dtype)."""
+    pp_comm, model and layout (config sections), mesh, kind, S, C, bounds and dtype)."""
 
     def _send(self, flight, array: np.ndarray, dest: int, op: str, tag: int, name: str) -> None:
         buf = np.ascontiguousarray(array)
@@ -82,9 +82,9 @@ class StageMessages:
     def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
         """The array that crosses the boundary before `layer`: (rows, its input width), or for --arch gpt
         the residual stream of `rows` sequences, (rows * s, h) (model/gpt.py)."""
-        if self.cfg.arch == "gpt":
-            return (rows * self.cfg.seq_len, self.cfg.hidden)
-        return (rows, self.cfg.layers[layer])
+        if self.model.arch == "gpt":
+            return (rows * self.model.seq_len, self.model.hidden)
+        return (rows, self.model.layers[layer])
 
     def _row_shard(self, rows_or_array):
         """--sp (Korthikanti et al. 2022, sec. 4.2.2): the residual stream between stages is sequence-
@@ -92,7 +92,7 @@ class StageMessages:
         each micro-batch of r rows (config.validate makes t divide r). Given a micro-batch's array (the
         first stage's inputs, the loss stage's labels): those rows; given the micro-batches' row
         counts: r/t each. Without --sp: unchanged (every tp rank holds every row)."""
-        if not self.cfg.sp:
+        if not self.layout.sp:
             return rows_or_array
         t, k = self.mesh.tp, self.mesh.tp_index
         if isinstance(rows_or_array, list):

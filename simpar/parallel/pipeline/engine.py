@@ -49,7 +49,7 @@ from ...model.mlp import deferred_weight_grads
 from ...model.precision import build_optimizer, loss_grad, vote_comm
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
-from ..base import HeldBytes, Strategy
+from ..base import HeldBytes, Strategy, joined
 from ..data import GradientBuckets
 from ..resmlp_stack import make_stack, model_units
 from . import recompute
@@ -95,31 +95,34 @@ class PipelineParallel(StageMessages, Strategy):
     """This rank's stage of the pipeline (one model chunk, or several); the Strategy interface.
     The message steps (send/receive of activations and gradients) are in pipeline_comms.py."""
 
-    def __init__(self, cfg, mesh):
-        super().__init__(cfg, mesh)
-        self.S, self.s, self.M = mesh.pp, mesh.pp_index, cfg.microbatches
-        self.kind = SCHEDULES[cfg.schedule]
-        self.V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    def __init__(self, sections, mesh):
+        super().__init__(sections, mesh)
+        model, layout = self.model, self.layout
+        self.S, self.s, self.M = mesh.pp, mesh.pp_index, layout.microbatches
+        self.kind = SCHEDULES[layout.schedule]
+        self.V = layout.virtual_stages if layout.schedule == "interleaved" else 1
         self.C = self.kind.chunks(self.S, self.V)  # model chunks; chunk c runs on rank kind.rank_of(c)
-        if cfg.arch == "gpt":  # units: embedding, blocks, head (model/gpt.py), by their parameters
-            sizes = [u.size for u in model_units(cfg)]
-            self.bounds = partition_units(sizes, self.C, cfg.stage_layers)
+        if model.arch == "gpt":  # units: embedding, blocks, head (model/gpt.py), by their parameters
+            sizes = [u.size for u in model_units(model)]
+            self.bounds = partition_units(sizes, self.C, layout.stage_layers)
         else:
-            self.bounds = partition_layers(cfg.layers, self.C, cfg.stage_layers, arch=cfg.arch)
-        self.steps = build_schedule(cfg.schedule, self.S, self.M, self.V)[self.s]
+            self.bounds = partition_layers(model.layers, self.C, layout.stage_layers, arch=model.arch)
+        self.steps = build_schedule(layout.schedule, self.S, self.M, self.V)[self.s]
         self.chunks = chunks_of(self.steps)
-        self.stacks = {c: self._stack(cfg, mesh, *self.bounds[c]) for c in self.chunks}
+        self.stacks = {c: self._stack(model, layout, mesh, *self.bounds[c]) for c in self.chunks}
         self.stores = [self.stacks[c].store for c in self.chunks]
         # This rank's layers only; --precision mixed-*: stages hold different gradients, so they vote
         # over the pp group (with --tp: the world) on skipping an overflowed step (precision.py).
-        self.optimizer = build_optimizer(cfg, vote_comm(mesh, mesh.pp_comm), self.rt)
+        self.optimizer = build_optimizer(model, self.optimisation, vote_comm(mesh, mesh.pp_comm), self.rt)
         self.pp_comm = mesh.pp_comm  # wrapped by the mesh: bfloat16 messages travel as uint16 views
         dp_comm = mesh.dp_comm  # the mesh's ONE wrapper: the tag counter all chunks' buckets share
         self.buckets = {
-            c: GradientBuckets(st.store, dp_comm, cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap)
+            c: GradientBuckets(
+                st.store, dp_comm, layout.bucket_mb * 2**20, layout.collectives, layout.overlap
+            )
             for c, st in self.stacks.items()
         }
-        self.dtype = cfg.compute_dtype()
+        self.dtype = model.compute_dtype()
         self.peak_in_flight = in_flight_peaks([self.steps])[0]
         # A chunk's gradients are final in its last backward (or W pass): that one feeds the DP buckets.
         self.last_grad_step = {
@@ -139,20 +142,22 @@ class PipelineParallel(StageMessages, Strategy):
         self._rows_cache: dict[int, list[list[int]]] = {}
 
     @staticmethod
-    def _stack(cfg, mesh, lo: int, hi: int):
-        if mesh.tp > 1 and cfg.arch == "resmlp":  # the chunk's units, blocks split (restensor.py)
+    def _stack(model, layout, mesh, lo: int, hi: int):
+        if mesh.tp > 1 and model.arch == "resmlp":  # the chunk's units, blocks split (restensor.py)
             from ..tensor_resmlp import ResTensorStack
 
-            return ResTensorStack(cfg, mesh, list(range(lo, hi)))
-        if mesh.tp > 1 and cfg.arch == "gpt":  # the chunk's units, Megatron's split (tensor_gpt.py)
+            return ResTensorStack(model, layout, mesh, list(range(lo, hi)))
+        if mesh.tp > 1 and model.arch == "gpt":  # the chunk's units, Megatron's split (tensor_gpt.py)
             from ..tensor_gpt import GptTensorStack
 
-            return GptTensorStack(cfg, mesh, list(range(lo, hi)))
+            return GptTensorStack(joined(model, layout), mesh, list(range(lo, hi)))
         if mesh.tp > 1:
             from ..tensor import TensorParallelStack
 
-            return TensorParallelStack(cfg, mesh, list(range(lo, hi)))
-        return make_stack(cfg, lo, hi, mesh.world.runtime)  # an MLP's layers, or resmlp's units (resstack.py)
+            return TensorParallelStack(model, layout, mesh, list(range(lo, hi)))
+        return make_stack(
+            model, lo, hi, mesh.world.runtime
+        )  # an MLP's layers, or resmlp's units (resstack.py)
 
     @property
     def is_first(self) -> bool:
@@ -175,7 +180,7 @@ class PipelineParallel(StageMessages, Strategy):
             shard = self._row_shard  # --sp: this tp rank's rows of each micro-batch (pipeline_comms.py)
             flight = InFlight(shard(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
             # gpt's tokens and labels stay whole: its embedding scatters the rows, its head gathers them
-            ends = (lambda part: part) if self.cfg.arch == "gpt" else shard
+            ends = (lambda part: part) if self.model.arch == "gpt" else shard
             if self.is_first:
                 assert len(x) == sum(rows[k]), "BatchFeeder and pipeline disagree on the rows"
                 flight.inputs = {(mb, 0): ends(part) for mb, part in enumerate(np.array_split(x, self.M))}
@@ -186,7 +191,7 @@ class PipelineParallel(StageMessages, Strategy):
         self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
         # Only the last stage computes the loss; its tp ranks all hold the same value (count it once),
         # or under --sp each the share of its own rows (resmlp; gpt's head gathers every row).
-        by_rows = self.cfg.sp and self.cfg.arch != "gpt"
+        by_rows = self.layout.sp and self.model.arch != "gpt"
         return loss if self.is_last and (by_rows or self.mesh.tp_index == 0) else 0.0
 
     def _micro_batch_rows(self, global_batch: int) -> list[list[int]]:
@@ -204,7 +209,7 @@ class PipelineParallel(StageMessages, Strategy):
                         distributed_sampler(m, self.mesh.dp, self.mesh.dp_index), self.M
                     )
                 ]
-                for m in micro_steps(every, self.cfg.grad_accum)
+                for m in micro_steps(every, self.optimisation.grad_accum)
             ]
         return self._rows_cache[global_batch]
 
@@ -229,9 +234,9 @@ class PipelineParallel(StageMessages, Strategy):
             stages=self.S,
             microbatches=self.M,
             virtual_stages=self.V,
-            schedule=self.cfg.schedule,
+            schedule=self.layout.schedule,
         ):
-            x, mode = flight.inputs.pop(key), self.cfg.recompute
+            x, mode = flight.inputs.pop(key), self.layout.recompute
             meter = self.meter if mode == "none" else HeldBytes()  # recompute: count what is kept
             y, flight.contexts[key] = self.stacks[step.chunk].forward(x, meter, self.watch)
             if mode != "none":
@@ -248,10 +253,11 @@ class PipelineParallel(StageMessages, Strategy):
     def _loss_grad(self, y, labels, global_batch: int):
         """(loss share, dL/dy): --arch gpt --tp: the vocabulary-parallel cross-entropy over this rank's
         columns of the logits (vocab_parallel.py); otherwise the whole softmax cross-entropy."""
-        if self.cfg.arch == "gpt" and self.mesh.tp > 1:
+        if self.model.arch == "gpt" and self.mesh.tp > 1:
             from ..vocab_parallel import vocab_loss_grad
 
-            return vocab_loss_grad(self.stacks[self.C - 1], self.optimizer, y, labels, global_batch, self.cfg)
+            last, model_layout = self.stacks[self.C - 1], joined(self.model, self.layout)
+            return vocab_loss_grad(last, self.optimizer, y, labels, global_batch, model_layout)
         return loss_grad(self.optimizer, y, labels, global_batch)
 
     def _hook(self, step, flight: InFlight):
@@ -263,10 +269,10 @@ class PipelineParallel(StageMessages, Strategy):
         """The forward's Contexts of (mb, chunk); with --recompute rebuilt now (recompute.py), the
         rebuilt bytes taken on the meter (the backward frees them all)."""
         kept = flight.contexts.pop(key)
-        if self.cfg.recompute == "none":
+        if self.layout.recompute == "none":
             return kept
         with trace.span(self.pp_comm.runtime, f"R{key[0]}", "forward", mb=key[0], chunk=key[1], stage=self.s):
-            contexts = recompute.restore(self.cfg.recompute, kept, self.stacks[key[1]])
+            contexts = recompute.restore(self.layout.recompute, kept, self.stacks[key[1]])
         self.meter.take(recompute.context_bytes(contexts) - kept.held)
         return contexts
 
@@ -299,7 +305,7 @@ class PipelineParallel(StageMessages, Strategy):
         """W: dW += x^T dz, db += sum(dz) of every layer of the chunk; then its activations go."""
         weight_passes, nbytes = flight.weight_passes.pop((step.mb, step.chunk))
         hook = self._hook(step, flight)
-        if hook is not None and self.cfg.sp:  # the W pass completes the row shards' gradients: sum them
+        if hook is not None and self.layout.sp:  # the W pass completes the row shards' gradients: sum them
             hook = self.stacks[step.chunk].sequence_synced(hook)
         with trace.span(
             self.pp_comm.runtime, f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk, stage=self.s
@@ -330,7 +336,7 @@ class PipelineParallel(StageMessages, Strategy):
         if self.mesh.world.rank != 0:
             return None
         by_layer = {index: (W, b) for part in gathered if part for index, W, b in part}
-        return [by_layer[i] for i in range(self.cfg.n_layers)]
+        return [by_layer[i] for i in range(self.model.n_layers)]
 
     def memory(self) -> dict:
         return self.memory_of(
@@ -353,7 +359,7 @@ class PipelineParallel(StageMessages, Strategy):
         if self.mesh.world.rank != 0:
             return None
         by_layer = {index: (W, b) for part in gathered if part for index, W, b in part}
-        return [by_layer[i] for i in range(self.cfg.n_layers)]
+        return [by_layer[i] for i in range(self.model.n_layers)]
 
     def slice_full(self, full, dtype=None):
         return [self.stacks[c].flat_from_full(full, dtype) for c in self.chunks]

@@ -153,7 +153,7 @@ rng = np.random.default_rng(5)
 for indices in ([1, 2], [1, 2, 3], [0, 1, 2], [2], [0, 1, 2, 3]):
     x = rng.standard_normal((5, cfg.layers[indices[0]]))
     dy = rng.standard_normal((5, cfg.layers[indices[-1] + 1]))
-    ref, tp = SerialStack(cfg, indices), TensorParallelStack(cfg, mesh, indices)
+    ref, tp = SerialStack(cfg.model, indices), TensorParallelStack(cfg.model, cfg.layout, mesh, indices)
     y_ref, c_ref = ref.forward(x, HeldBytes(), NonFiniteWatch())
     before = world.ledger.by_op[("activation", "tp-f-allreduce")][0]
     meter, done = HeldBytes(), []

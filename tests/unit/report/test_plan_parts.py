@@ -74,8 +74,9 @@ def test_the_critical_ranks_parts_add_up_to_the_step(name):
     # ZeRO's, so those parts equal the rank's op totals (priced op by op from its ledger prediction)
     ops = next(r for r in pred["comm"]["ranks"] if r["rank"] == crit["rank"])["time_s"]
     assert parts["tp"] == pytest.approx(ops["tp"], rel=1e-9)
-    if spec.zero:
-        assert parts["dp"] == pytest.approx(ops["dp"], rel=1e-9)
+    if spec.zero:  # the critical rank's time in ZeRO's rings (costmodel/zero_time.py follows every rank:
+        # a round waits for a neighbour's chunk, one element longer where dp does not divide a unit)
+        assert parts["dp"] == pytest.approx(ops["dp"], rel=1e-5)
     # the printed sum names the same parts, and the step after "="
     text = run_plan(*_argv(LAYOUTS[name]), "--hardware", "dgx-h100")
     line = next(x for x in text.splitlines() if x.startswith("time per step on dgx-h100"))

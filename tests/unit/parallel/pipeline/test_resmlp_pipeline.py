@@ -103,7 +103,7 @@ def test_selective_recompute_rebuilds_what_the_forward_kept():
     """A chunk [projection, block, block] keeps its input x (64 per row), the projection's output and
     block 1's (96 each: the next units' inputs) and both blocks' z1 (96 each); the backward's rebuilt
     Contexts equal the forward's array for array."""
-    stack = UnitStack(RunConfig(layers=LAYERS, arch="resmlp", dtype="float64"), [0, 1, 2])
+    stack = UnitStack(RunConfig(layers=LAYERS, arch="resmlp", dtype="float64").model, [0, 1, 2])
     x = np.random.default_rng(2).standard_normal((5, 64))
     _, contexts = stack.forward(x, HeldBytes(), NonFiniteWatch())
     saved = recompute.save("selective", x, contexts)
