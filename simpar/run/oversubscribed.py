@@ -93,7 +93,7 @@ def oversubscription_note(
         else f"the steps above exceed pred by a median {1e6 * gap_s:.0f} us per message round, "
     )
     return (
-        f"(pred err: {world_size} ranks on {cores} cores: {gap}while an 8-byte round alone measured "
+        f"(pred err n/a*: {world_size} ranks on {cores} cores: {gap}while an 8-byte round alone measured "
         f"{median:.0f} us (slowest tenth {p90:.0f} us; the profile's alpha {1e6 * alpha_s:.0f} us): "
         "with ranks out of step a round waits until its peer gets a core, and waiting ranks busy-poll "
         "in MPI; the cost model prices a core share, not that wait (docs/oversubscription.md), "

@@ -161,7 +161,7 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
     round_s = message_round_s(world) if oversubscribed(size, cores) else None  # every rank takes part
     if rank == 0:
         ok = print_tour_table(results, base.precision if base.mixed else base.dtype)
-        print_time_table(results, base)
+        print_time_table(results, base, cores)
         if round_s is not None:
             alpha = hardware.load(base.hardware).intra_alpha
             print(oversubscription_note(size, cores, round_s, gap_per_round_s(results), alpha))
@@ -271,10 +271,13 @@ def step_seconds(m: dict) -> float:
     return sim["step_s"] if sim else m["time"]["step_s_median"]
 
 
-def print_time_table(results, base: RunConfig) -> None:
+def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
     """Where the time goes, and whether parallelism pays: speedup = serial step / layout step on the
     same clock. Under --clock sim each step splits into compute, exposed and overlapped
-    communication and idle (averaged over ranks); the cost model's prediction stands beside it."""
+    communication and idle (averaged over ranks); the cost model's prediction stands beside it.
+    A layout with more ranks than the machine's cores (wall clock) gets no pred err: the model prices
+    a core share, not waiting for a core, so the number would mislead (run/oversubscribed.py; the
+    line under the table gives the measured reason)."""
     sim = base.clock == "sim"
     serial = step_seconds(results[0][1])
     where = f"simulated on {base.hardware}" if sim else "measured on this machine (wall clock)"
@@ -287,7 +290,10 @@ def print_time_table(results, base: RunConfig) -> None:
     for name, m in results:
         step, pred = step_seconds(m), m["predicted"]["time"]["step_s"]
         line = f"{name:<14} {1000 * step:>9.3f} {serial / step:>7.2f}x {1000 * pred:>9.3f}"
-        line += f" {pred / step - 1:>+8.1%}"
+        if oversubscribed(m["world_size"], cores):
+            line += f" {'n/a*':>8}"
+        else:
+            line += f" {pred / step - 1:>+8.1%}"
         if sim:
             s = m["time"]["sim"]
             line += "".join(

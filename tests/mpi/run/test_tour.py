@@ -25,7 +25,7 @@ def test_resmlp_bf16_tour_trains_every_layout_it_offers(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"simpar tour: {len(RESMLP_TOUR)} layouts" in res.stdout
     # 4 ranks on fewer cores: the wall-clock table says why its pred err misses (run/oversubscribed.py)
-    assert ("(pred err: 4 ranks on" in res.stdout) == ((os.cpu_count() or 1) < 4), res.stdout[-2000:]
+    assert ("(pred err n/a*: 4 ranks on" in res.stdout) == ((os.cpu_count() or 1) < 4), res.stdout[-2000:]
     metrics = {name: json.loads((out / f"{name}.json").read_text()) for name in RESMLP_TOUR}
     serial = metrics["serial"]["losses"]
     for name, m in metrics.items():
