@@ -24,8 +24,9 @@ step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula
   optimizer    ZeRO (Rajbhandari et al. 2020, sec. 3.1 and 5): (2 + 2 + K) bytes per parameter,
                K = 12 for mixed-precision Adam; ZeRO-1/2/3 divide the optimizer / + grads / + params by dp
   MFU          model FLOPs (the 72 formula: recomputation is not useful work) / (step time x devices x
-               peak), PaLM's definition (Chowdhery et al. 2022, appendix B). The GPU presets'
-               rates (hardware.py) are 50% of the datasheet's dense peak, so the peak is twice the rate.
+               peak), PaLM's definition (Chowdhery et al. 2022, appendix B); the peak is the profile's
+               datasheet dense rate (gpus.py: H100 BF16 989.4 TFLOP/s), while its time uses the
+               achievable GEMM rate (80.3% of that on H100, the MAMF table), so MFU stays below it.
 
 Nothing here imports the runtime, the model, parallel/, collectives/ or kernels/: predict_run writes
 simpar's own rules down again (units, ring chunks, gradient buckets, what each unit keeps) so that a
@@ -41,8 +42,6 @@ from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
-# The GPU presets' FLOP rates are this fraction of the datasheet's dense peak (hardware.py's comment).
-ACHIEVABLE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ def plan(
     if dp > 1:
         dp_s = 2 * (dp - 1) / dp * P_gpu * gb * dp_link.beta + 2 * (dp - 1) * dp_link.alpha
     step_s = compute_s + tp_s + dp_s
-    peak = rate / ACHIEVABLE_FRACTION if not hw.host_progress else rate  # local: its measured rate
+    peak = hw.peak_rate(precision)  # the datasheet's dense peak (local: its measured rate)
     return {
         "model": shape,
         "layout": {
@@ -225,6 +224,7 @@ def plan(
         "hardware_flops_per_step": hw_flops,
         "time": {"step_s": step_s, "compute_s": compute_s, "tp_s": tp_s, "dp_s": dp_s},
         "mfu": model_flops / (step_s * world * peak),
+        "precision": precision,
         "hardware": hw.name,
     }
 

@@ -32,6 +32,7 @@ AMPERE_PROTOCOLS = ring_protocols((87.7e9, 22.5e9, 19.0e9))
 # core), TF32 494.5, BF16/FP16 989.4 TFLOP/s; 132 SMs. Achievable: the BF16 MAMF 794.5 TFLOP/s = 80.3%
 # of 989 (MAMF table; "H200 is the same"), the same share assumed for the other precisions.
 _HOPPER_EFF = 794.5 / 989.4
+_HOPPER_PEAK = {"fp64": 67e12, "fp32": 67e12, "tf32": 494.5e12, "mixed": 989.4e12}  # datasheet, dense
 _HOPPER_FLOPS = {
     "fp64": _HOPPER_EFF * 67e12,
     "fp32": _HOPPER_EFF * 67e12,  # true FP32 on CUDA cores (PyTorch's default since 1.12, Numba's kernels)
@@ -78,6 +79,7 @@ _NDR = dict(
 
 H100 = dict(
     flops=_HOPPER_FLOPS,
+    peak_flops=_HOPPER_PEAK,
     gamma=3 / (HBM_SHARE * 3.35e12),  # 80 GB HBM3 at 3.35 TB/s (datasheet)
     memory_bytes=80e9,
     **_NVLINK4,
@@ -132,6 +134,7 @@ PRESETS = {
             "tf32": 271.2 / 312 * 156e12,
             "mixed": 271.2e12,  # the BF16 MAMF of A100 SXM (86.9% of 312)
         },
+        peak_flops={"fp64": 19.5e12, "fp32": 19.5e12, "tf32": 156e12, "mixed": 312e12},  # datasheet, dense
         gamma=3 / (HBM_SHARE * 2.039e12),  # 80 GB HBM2e at 2.039 TB/s (datasheet); measured 1500 GB/s
         memory_bytes=80e9,
         intra_alpha=RING_PROTOCOLS["LL"][0] + RING_PROTOCOLS["LL"][1],

@@ -76,6 +76,8 @@ class Hardware:
     launch_s: float = 0.0  # s per kernel launch (the host's cost)
     sms: int = 0  # streaming multiprocessors: GEMM tiles run one per SM
     gemm_tile: dict = field(default_factory=dict)  # precision -> output elements per GEMM tile
+    peak_flops: dict = field(default_factory=dict)  # precision -> the datasheet's dense FLOP/s, MFU's
+    # denominator (empty, as on `local`: the achievable rate is the only peak known)
 
     def compute_share(self, ranks_per_node: int) -> float:
         """The fraction of a device one rank gets: 1; or cores/ranks when ranks outnumber cores
@@ -96,6 +98,10 @@ class Hardware:
 
     def flop_rate(self, precision: str) -> float:
         return self.flops.get(precision) or self.flops["fp32"]
+
+    def peak_rate(self, precision: str) -> float:
+        """The dense peak MFU divides by (PaLM's definition); the achievable rate where none is known."""
+        return self.peak_flops.get(precision) or self.flop_rate(precision)
 
 
 # -- presets -----------------------------------------------------------------------------------------

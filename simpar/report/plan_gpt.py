@@ -115,7 +115,7 @@ PLAN_ARGS = (
 
 def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
-    lay, mem, t = p["layout"], p["memory_per_gpu"], p["time"]
+    lay, mem, t, prec = p["layout"], p["memory_per_gpu"], p["time"], p["precision"]
     parts = [f"dp {lay['dp']}", f"tp {lay['tp']}" + (" + sp" if lay["sp"] else ""), f"pp {lay['pp']}"]
     extra = (f", ZeRO-{lay['zero']}" if lay["zero"] else "") + (
         f", {lay['microbatches']} micro-batches" if lay["pp"] > 1 else ""
@@ -144,5 +144,6 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
         f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped)",
         f"MFU: {p['mfu']:.1%} of the dense peak (model FLOPs / (step time x GPUs x peak); {hw.name}'s "
-        f"rate is {cg.ACHIEVABLE_FRACTION:.0%} of the peak, so compute alone reaches at most that)",
+        f"achievable GEMM rate is {hw.flop_rate(prec) / hw.peak_rate(prec):.1%} of its peak, so compute alone "
+        "reaches at most that)",
     ]
