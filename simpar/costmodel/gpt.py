@@ -43,7 +43,6 @@ from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_sca
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
 
-
 @dataclass(frozen=True)
 class Shape:
     layers: int
