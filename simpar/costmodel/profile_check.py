@@ -45,7 +45,8 @@ def check_profile(hw, where: str) -> None:
 
 def _check_table(name: str, value, where: str) -> None:
     """flops: precision -> FLOP/s, 'fp32' required; peak_flops: precision -> FLOP/s; gemm_tile:
-    precision -> output elements per tile; ring_proto: protocol -> its numbers (latencies, bandwidth share, ceilings), none negative."""
+    precision -> output elements per tile; ring_proto: protocol -> its numbers (latencies, bandwidth
+    share, ceilings), none negative."""
     if not isinstance(value, dict) or (name == "flops" and "fp32" not in value):
         raise SimparError(f"{where}: {name} must map precisions to FLOP/s and include 'fp32'"
                           if name == "flops" else f"{where}: {name} must be a JSON object")  # fmt: skip
