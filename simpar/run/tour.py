@@ -285,6 +285,9 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
     head = f"{'layout':<14} {'step ms':>9} {'speedup':>8} {'pred ms':>9} {'pred err':>8}"
     if sim:
         head += f" {'compute':>8} {'exposed':>8} {'overlap':>8} {'idle':>8}"
+    mfu = sim and base.arch == "gpt"
+    if mfu:
+        head += f" {'MFU':>7}"
     print(head)
     print("-" * len(head))
     for name, m in results:
@@ -300,6 +303,8 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
                 f" {s[k] / step:>8.0%}"
                 for k in ("compute_s", "comm_exposed_s", "comm_overlapped_s", "idle_s")
             )
+        if mfu:
+            line += f" {model_flops_utilisation(base, m['world_size'], step):>7.2%}"
         print(line)
     note = (
         "compute + exposed + idle = the step (idle: waiting for a peer -- the pipeline bubble); overlap: "
@@ -309,6 +314,23 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
         "parallelism cannot pay here; try --clock sim --hardware dgx-h100"
     )
     print(f"(speedup: serial step / this layout's step; pred: the cost model on the same hardware; {note})")
+    if mfu:
+        print(
+            "(MFU: model FLOPs per step, 72 B s L h^2 (1 + s/6h + V/12Lh) (Narayanan et al. 2021 sec. 5.1), "
+            f"over step x ranks x {base.hardware}'s dense peak (Chowdhery et al. 2022 app. B); a model this "
+            "small is all latency and launches, a real one is not: `plan --arch gpt --model gpt3-175b`)"
+        )
+
+
+def model_flops_utilisation(cfg: RunConfig, ranks: int, step_s: float) -> float:
+    """MFU of a --arch gpt step as PaLM defines it (Chowdhery et al. 2022, appendix B): the model's
+    FLOPs per step (Narayanan et al. 2021's count, costmodel/gpt.py; recomputation is not useful work)
+    over the step's time x the ranks x the profile's dense peak per device."""
+    from ..costmodel.gpt import flops_per_step
+    from ..costmodel.spec import precision_of
+
+    flops = flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab)
+    return flops / (step_s * ranks * hardware.load(cfg.hardware).peak_rate(precision_of(cfg)))
 
 
 def _plots(results, out_dir):

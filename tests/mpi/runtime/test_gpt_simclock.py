@@ -55,6 +55,8 @@ def test_predict_equals_simulate_on_every_gpt_tour_layout(tmp_path, hardware, pr
     assert res.returncode == 0, res.stderr[-3000:]
     names = {p.stem for p in out.glob("*.json")} - {"trace"}
     assert TOUR_LAYOUTS <= names, names
+    table = res.stdout[res.stdout.index("time per step, simulated") :]
+    assert " MFU" in table.splitlines()[1] and "(MFU: model FLOPs per step" in table, table[:400]
     for name in sorted(names):
         m = json.loads((out / f"{name}.json").read_text())
         if precision == "mixed-fp16":  # the closed form has every step update (none skipped)
