@@ -3,7 +3,8 @@ every byte and the activation memory against closed forms written HERE, checkpoi
 
 World rank = stage * C + c (mesh.py: pp outermost, dp = 1). The stages are gpt_pipeline's split of the units
 by parameters: with L = 2, h = 16, s = 16, V = 18 the embedding (V + s) h = 544, a block 12 h^2 + 13 h = 3280,
-the head 2h + V h = 320, so stage 0 is [embedding, block 1] (P0 = 3824) and stage 1 [block 2, head] (P1 = 3600).
+the head 2h + V h = 320, so stage 0 is [embedding, block 1] (P0 = 3824) and stage 1 [block 2, head]
+(P1 = 3600).
 Cp rank c holds n = s/C = 8 tokens of each sequence (context_stage.py). Per step, per rank, elements (b summed
 over the M micro-batches is the batch B; one block per stage):
   pp-send-act    stage 0: B n h (each micro-batch's b n h: the cp rank's own residual stream)
