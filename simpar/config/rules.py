@@ -299,11 +299,12 @@ def layout_cp(cfg) -> None:
 
 
 def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: gpipe and 1f1b, no --tp, no --recompute, the wall clock (context_stage.py)."""
+    """--cp with --pp: gpipe, 1f1b, interleaved; no --tp, --recompute or --clock sim (context_stage.py)."""
     require(cfg.tp == 1, "--cp with --pp and --tp is not built yet: use --cp with --pp, or --cp with --tp")
     require(
-        cfg.schedule in ("gpipe", "1f1b"),
-        f"--cp with --pp runs --schedule gpipe or 1f1b; --schedule {cfg.schedule} is not built with --cp yet",
+        cfg.schedule in ("gpipe", "1f1b", "interleaved"),
+        f"--cp with --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is not built "
+        "with --cp yet",
     )
     require(cfg.recompute == "none", "--cp with --pp does not recompute yet: drop --recompute")
     require(cfg.clock != "sim", "--cp with --pp is not timed by --clock sim yet: use --clock wall")

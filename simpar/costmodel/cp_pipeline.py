@@ -4,13 +4,15 @@ parallel/pipeline/context_stage.py's rules written down again (nothing here call
 gpt_pipeline.py and cp.py: L blocks, hidden h, a heads, sequence s, n = s/C tokens per cp rank, b
 sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C + c) (mesh.py).
 
-  stages      gpt_pipeline.py's split of the units (embedding, L blocks, head) into S chunks
-  pp messages per chunk boundary and micro-batch, the cp rank's own residual stream: b n h
+  stages      gpt_pipeline.py's split of the units (embedding, L blocks, head) into S chunks (S V
+              under --schedule interleaved, chunk k on stage k mod S)
+  pp messages per chunk boundary between two stages and micro-batch, the cp rank's own residual stream: b n h
               forward ("pp-send-act") and b n h backward ("pp-send-grad"), to the rank with the same
               dp and cp coordinates on the neighbouring stage
   cp          per block of the rank's chunk and micro-batch, cp.py's cp_kv_bytes (ring: 2(C-1) b n h
               forward + 4(C-1) b n h backward; Ulysses: 8(C-1)/C b n h) and cp_messages
-  gradients   each chunk's buckets ring-all-reduced over the stage's dp x C ranks (place d C + c)
+  gradients   each chunk's buckets (dp_buckets over its units) ring-all-reduced over the stage's
+              dp x C ranks (place d C + c)
   activations cp.py's per-token arrays for n tokens, alive as the schedule's order says
   FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the causal scores'
               4 s^2 h, which the balanced split divides by C too: 4 s n h)
@@ -25,7 +27,7 @@ from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
 from .gpt import flops_per_step, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
-from .order import peak_alive
+from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
 
@@ -45,31 +47,24 @@ def cp_unit_kept_bytes(unit: int, L: int, h: int, a: int, s: int, C: int, algo: 
 
 def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     """predict_run's dict for --cp C --pp S: one entry per world rank (module docstring)."""
-    L, h, a, s, V, C, S, M = (
-        cfg.blocks,
-        cfg.hidden,
-        cfg.heads,
-        cfg.seq_len,
-        cfg.vocab,
-        cfg.cp,
-        cfg.pp,
-        cfg.microbatches,
-    )
+    L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
+    C, S, M, sched = cfg.cp, cfg.pp, cfg.microbatches, cfg.schedule
+    Vs = cfg.virtual_stages if sched == "interleaved" else 1
+    K = n_chunks(sched, S, Vs)
     n, algo = s // C, cfg.cp_algo
     dp = cfg.dp if cfg.dp is not None else world_size // (S * C)
     prec = PRECISIONS[precision_of(cfg)]
     bpe = prec.act
     sizes = unit_sizes(L, h, s, V)
-    counts = cfg.stage_layers or balanced_counts(sizes, S)
-    bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(S)]
+    counts = cfg.stage_layers or balanced_counts(sizes, K)
+    bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
     ranks, memory, stage_s = [], [], []
     for r in range(world_size):
         st, rest = divmod(r, dp * C)
         d, c = divmod(rest, C)
-        lo, hi = bounds[st]
-        blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
+        mine = stage_chunks(sched, S, Vs, st)
         rows = [split(chunk(k_rows, dp, d), M) for k_rows in split(cfg.batch, cfg.grad_accum)]
         ops: dict[str, Cost] = {}
 
@@ -77,22 +72,27 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             ops[op] = ops.get(op, Cost()) + Cost(sent * steps, messages * steps, 0, 0, 0)
 
         fwd = 0
-        for b in (b for step in rows for b in step):
-            if st < S - 1:
-                add("pp-send-act", b * n * h * bpe, 1)
-            if st > 0:
-                add("pp-send-grad", b * n * h * bpe, 1)
-            if blocks:
-                add(cp_op, blocks * cp_kv_bytes(b, n, h, C, algo, bpe), blocks * cp_messages(C, algo))
-            fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
         model = Cost()
-        for elems in dp_buckets(sizes[lo:hi], prec.grad, cfg.bucket_mb):
-            model = model + to_bytes(ALLREDUCE[cfg.collectives](elems, dp * C, d * C + c), prec.grad, steps)
-        P = sum(sizes[lo:hi])
+        for k in mine:
+            lo, hi = bounds[k]
+            blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
+            for b in (b for step in rows for b in step):
+                if k < K - 1 and chunk_stage(sched, S, k + 1) != st:
+                    add("pp-send-act", b * n * h * bpe, 1)
+                if k > 0 and chunk_stage(sched, S, k - 1) != st:
+                    add("pp-send-grad", b * n * h * bpe, 1)
+                if blocks:
+                    add(cp_op, blocks * cp_kv_bytes(b, n, h, C, algo, bpe), blocks * cp_messages(C, algo))
+                fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
+            for elems in dp_buckets(sizes[lo:hi], prec.grad, cfg.bucket_mb):
+                model = model + to_bytes(
+                    ALLREDUCE[cfg.collectives](elems, dp * C, d * C + c), prec.grad, steps
+                )
+        P = sum(sizes[u] for k in mine for u in range(*bounds[k]))
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
-        per_seq = sum(cp_unit_kept_bytes(u, L, h, a, s, C, algo, bpe) for u in range(lo, hi))
+        per_seq = [sum(cp_unit_kept_bytes(u, L, h, a, s, C, algo, bpe) for u in range(*bd)) for bd in bounds]
         mem["activations_peak"] = max(
-            peak_alive(cfg.schedule, S, len(step), st, 1, lambda m, _c, step=step: step[m] * per_seq)
+            peak_alive(sched, S, len(step), st, Vs, lambda m, k, step=step: step[m] * per_seq[k])
             for step in rows
         )
         memory.append(mem)

@@ -20,8 +20,9 @@ it varies edp, ep and cp, never pp), 2(dp C - 1)/(dp C) x P_chunk elements per r
 Checkpoints: every cp rank of a stage holds its chunk's full parameters, so the pipeline's full-shape
 gather (dp index 0 of each stage; cp index 0 alone, the others agree) is right as it is.
 
-Not built here (config/rules.py refuses them in one line): --tp, --recompute, schedules other than
-gpipe and 1f1b, --clock sim.
+Built for --schedule gpipe, 1f1b and interleaved (a stage's several chunks are each such a cut). Not
+built here (config/rules.py refuses them in one line): --tp, --recompute, the zero-bubble schedules
+(their split B and W halves), --clock sim.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from ..context import context_units
 from ..data import GradientBuckets
 from ..resmlp_stack import UnitStack, unit_store
 from .engine import PipelineParallel
-
-SCHEDULES_WITH_CP = ("gpipe", "1f1b")
 
 
 class ContextChunkStack(UnitStack):

@@ -1,5 +1,6 @@
-"""Context parallelism inside pipeline stages (--arch gpt --cp 2 --pp 2, 4 ranks): equal to serial in float64,
-every byte and the activation memory against closed forms written HERE, checkpoints to and from serial.
+"""Context parallelism inside pipeline stages (--arch gpt --cp 2 --pp 2, 4 ranks; gpipe, 1f1b, interleaved):
+equal to serial in float64, every byte and the activation memory against closed forms written HERE,
+checkpoints to and from serial.
 
 World rank = stage * C + c (mesh.py: pp outermost, dp = 1). The stages are gpt_pipeline's split of the units
 by parameters: with L = 2, h = 16, s = 16, V = 18 the embedding (V + s) h = 544, a block 12 h^2 + 13 h = 3280,
@@ -14,6 +15,10 @@ over the M micro-batches is the batch B; one block per stage):
 Activations kept per sequence, bytes: the embedding 8 n (int64 ids); a block (16 n h + 2 n) + scores
 (ring: the log-sum-exp a n; ulysses: P of a/C heads over s x s, a s n) elements; the head (2 n h + n).
 GPipe holds all M micro-batches of a stage at once: B sequences' worth.
+--schedule interleaved --virtual-stages 2 cuts 4 chunks of one unit each, chunk k on stage k mod 2: stage 0
+holds [embedding] and [block 2], stage 1 [block 1] and [head] (the same P0, P1 and one block a stage), so
+stage 0 sends 2 activations (chunks 0 and 2 on) and 1 gradient (chunk 2 back), stage 1 1 and 2, each
+B n h per step; each chunk's gradients are all-reduced alone (with C = 2 a ring all-reduce of P sends P).
 """
 
 from __future__ import annotations
@@ -48,13 +53,15 @@ def kept_per_sequence(stage: int, algo: str) -> int:
     return block + (8 * N if stage == 0 else (2 * N * H + N) * BPE)
 
 
-LAYOUTS = [("gpipe", "ring"), ("1f1b", "ring"), ("gpipe", "ulysses")]
+LAYOUTS = [("gpipe", "ring"), ("1f1b", "ring"), ("gpipe", "ulysses"), ("interleaved", "ring")]
+SENDS = {"interleaved": [(2, 1), (1, 2)]}  # (activations, gradients) sent by stage 0, 1; else one way each
 
 
 @pytest.mark.parametrize("schedule,algo", LAYOUTS, ids=[f"cp2xpp2-{s}-{a}" for s, a in LAYOUTS])
 def test_cp_x_pp_equals_serial_with_exact_bytes(schedule, algo, serial, tmp_path):
     ref = serial(ARGS)
     layout = ["--cp", str(C), "--pp", "2", "--schedule", schedule, "--cp-algo", algo]
+    layout += ["--virtual-stages", "2"] if schedule == "interleaved" else []
     run = train_json(4, [*ARGS, *layout], tmp_path, timeout=240)
     assert_same_model(run, ref, rtol=1e-12)
     assert run["mesh"]["cp"] == C and run["mesh"]["pp"] == 2
@@ -63,11 +70,15 @@ def test_cp_x_pp_equals_serial_with_exact_bytes(schedule, algo, serial, tmp_path
         rank, (stage, c) = run["comm"]["ranks"][w], divmod(w, C)
         assert rank["coords"]["pp"] == stage and rank["coords"]["cp"] == c
         boundary = STEPS * B * N * H * BPE
-        send = "activation/pp-send-act" if stage == 0 else "activation/pp-send-grad"
-        assert rank["by_op"][send]["sent"] == boundary, (w, rank["by_op"])
+        acts, grads = SENDS.get(schedule, [(1, 0), (0, 1)])[stage]
+        sent = {
+            op: rank["by_op"].get(f"activation/{op}", {}).get("sent", 0)
+            for op in ("pp-send-act", "pp-send-grad")
+        }
+        assert sent == {"pp-send-act": acts * boundary, "pp-send-grad": grads * boundary}, (w, rank["by_op"])
         assert rank["by_op"][op]["sent"] == STEPS * cp_per_block(algo) * BPE, (w, rank["by_op"])
-        assert rank["sent"]["activation"] == boundary + STEPS * cp_per_block(algo) * BPE
-        assert rank["sent"]["model"] == STEPS * grad_sent(STAGE_P[stage], c) * BPE
+        assert rank["sent"]["activation"] == (acts + grads) * boundary + STEPS * cp_per_block(algo) * BPE
+        assert rank["sent"]["model"] == STEPS * grad_sent(STAGE_P[stage], c) * BPE  # even P: interleaved too
         assert run["memory"]["ranks"][w]["params"] == STAGE_P[stage] * BPE
         if schedule == "gpipe":
             assert run["memory"]["ranks"][w]["activations_peak"] == B * kept_per_sequence(stage, algo)
