@@ -290,11 +290,24 @@ def layout_cp(cfg) -> None:
         f"--sp with --cp {cfg.cp} splits each rank's seq-len/cp = {n} tokens of a sequence evenly over "
         f"--tp {cfg.tp}: --seq-len {cfg.seq_len} must be a multiple of cp*tp = {cfg.cp * cfg.tp}",
     )
-    require(cfg.pp == 1, "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp")
+    if cfg.pp > 1:  # cp inside pipeline stages (parallel/pipeline/context_stage.py)
+        layout_cp_pp(cfg)
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
     )
+
+
+def layout_cp_pp(cfg) -> None:
+    """--cp with --pp: gpipe, 1f1b, interleaved; no --tp, --recompute or --clock sim (context_stage.py)."""
+    require(cfg.tp == 1, "--cp with --pp and --tp is not built yet: use --cp with --pp, or --cp with --tp")
+    require(
+        cfg.schedule in ("gpipe", "1f1b", "interleaved"),
+        f"--cp with --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is not built "
+        "with --cp yet",
+    )
+    require(cfg.recompute == "none", "--cp with --pp does not recompute yet: drop --recompute")
+    require(cfg.clock != "sim", "--cp with --pp is not timed by --clock sim yet: use --clock wall")
 
 
 def layout_zero(cfg) -> None:

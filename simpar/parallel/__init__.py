@@ -28,6 +28,10 @@ def build_strategy(cfg, mesh):
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 
         return ContextTensorParallel(cfg, mesh)
+    if cfg.cp > 1 and cfg.pp > 1:
+        from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
+
+        return ContextPipelineParallel(sections, mesh)
     if cfg.cp > 1:
         from .context import ContextParallel
 

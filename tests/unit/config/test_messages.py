@@ -155,10 +155,26 @@ CASES = [
         "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
         "heads/tp = 1: that must be divisible by 2",
     ),
+    (  # --cp with --pp (parallel/pipeline/context_stage.py): what is not built with it yet
+        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2),
+        8,
+        "--cp with --pp and --tp is not built yet: use --cp with --pp, or --cp with --tp",
+    ),
     (
-        dict(arch="gpt", dataset="text", cp=2, pp=2),
+        dict(arch="gpt", dataset="text", cp=2, pp=2, schedule="zb-h1"),
         4,
-        "--cp with --pp is not built yet: use --cp with --dp and --tp, or --pp without --cp",
+        "--cp with --pp runs --schedule gpipe, 1f1b or interleaved; --schedule zb-h1 is not built with --cp "
+        "yet",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, pp=2, recompute="full"),
+        4,
+        "--cp with --pp does not recompute yet: drop --recompute",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, pp=2, clock="sim"),
+        4,
+        "--cp with --pp is not timed by --clock sim yet: use --clock wall",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),

@@ -1,0 +1,139 @@
+"""--arch gpt --cp C --pp S [--dp D] in closed form: bytes, memory, FLOPs per rank.
+
+parallel/pipeline/context_stage.py's rules written down again (nothing here calls it). Notation as
+gpt_pipeline.py and cp.py: L blocks, hidden h, a heads, sequence s, n = s/C tokens per cp rank, b
+sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C + c) (mesh.py).
+
+  stages      gpt_pipeline.py's split of the units (embedding, L blocks, head) into S chunks (S V
+              under --schedule interleaved, chunk k on stage k mod S)
+  pp messages per chunk boundary between two stages and micro-batch, the cp rank's own residual stream: b n h
+              forward ("pp-send-act") and b n h backward ("pp-send-grad"), to the rank with the same
+              dp and cp coordinates on the neighbouring stage
+  cp          per block of the rank's chunk and micro-batch, cp.py's cp_kv_bytes (ring: 2(C-1) b n h
+              forward + 4(C-1) b n h backward; Ulysses: 8(C-1)/C b n h) and cp_messages
+  gradients   each chunk's buckets (dp_buckets over its units) ring-all-reduced over the stage's
+              dp x C ranks (place d C + c)
+  activations cp.py's per-token arrays for n tokens, alive as the schedule's order says
+  FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the causal scores'
+              4 s^2 h, which the balanced split divides by C too: 4 s n h)
+  time        compute only (FLOPs / the profile's rate, times the bubble's (M+S-1)/M): --clock sim
+              is refused for this layout (config/rules.py), so no simulated step to equal.
+"""
+
+from __future__ import annotations
+
+from ..config import layout_name
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
+from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
+from .gpt import flops_per_step, unit_sizes
+from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
+from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
+from .spec import PRECISIONS, dp_buckets, precision_of, split
+from .stages import balanced_counts
+
+CATS = ("data", "model", "activation")
+
+
+def cp_unit_kept_bytes(unit: int, L: int, h: int, a: int, s: int, C: int, algo: str, bpe: int) -> int:
+    """Bytes one SEQUENCE's forward keeps in a unit on a cp rank (cp.py's cp_activation_bytes per unit)."""
+    n = s // C
+    if unit == 0:
+        return TOKEN_BYTES * n
+    if unit <= L:
+        lse = a * n * (wide_bytes(bpe) - bpe) if algo == "ring" else 0
+        return cp_block_elems(s, 1, h, a, C, algo) * bpe + lse
+    return (2 * n * h + n) * bpe
+
+
+def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
+    """predict_run's dict for --cp C --pp S: one entry per world rank (module docstring)."""
+    L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
+    C, S, M, sched = cfg.cp, cfg.pp, cfg.microbatches, cfg.schedule
+    Vs = cfg.virtual_stages if sched == "interleaved" else 1
+    K = n_chunks(sched, S, Vs)
+    n, algo = s // C, cfg.cp_algo
+    dp = cfg.dp if cfg.dp is not None else world_size // (S * C)
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    sizes = unit_sizes(L, h, s, V)
+    counts = cfg.stage_layers or balanced_counts(sizes, K)
+    bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    ranks, memory, stage_s = [], [], []
+    for r in range(world_size):
+        st, rest = divmod(r, dp * C)
+        d, c = divmod(rest, C)
+        mine = stage_chunks(sched, S, Vs, st)
+        rows = [split(chunk(k_rows, dp, d), M) for k_rows in split(cfg.batch, cfg.grad_accum)]
+        ops: dict[str, Cost] = {}
+
+        def add(op: str, sent: int, messages: int) -> None:
+            ops[op] = ops.get(op, Cost()) + Cost(sent * steps, messages * steps, 0, 0, 0)
+
+        fwd = 0
+        model = Cost()
+        for k in mine:
+            lo, hi = bounds[k]
+            blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
+            for b in (b for step in rows for b in step):
+                if k < K - 1 and chunk_stage(sched, S, k + 1) != st:
+                    add("pp-send-act", b * n * h * bpe, 1)
+                if k > 0 and chunk_stage(sched, S, k - 1) != st:
+                    add("pp-send-grad", b * n * h * bpe, 1)
+                if blocks:
+                    add(cp_op, blocks * cp_kv_bytes(b, n, h, C, algo, bpe), blocks * cp_messages(C, algo))
+                fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
+            for elems in dp_buckets(sizes[lo:hi], prec.grad, cfg.bucket_mb):
+                model = model + to_bytes(
+                    ALLREDUCE[cfg.collectives](elems, dp * C, d * C + c), prec.grad, steps
+                )
+        P = sum(sizes[u] for k in mine for u in range(*bounds[k]))
+        mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+        per_seq = [sum(cp_unit_kept_bytes(u, L, h, a, s, C, algo, bpe) for u in range(*bd)) for bd in bounds]
+        mem["activations_peak"] = max(
+            peak_alive(sched, S, len(step), st, Vs, lambda m, k, step=step: step[m] * per_seq[k])
+            for step in rows
+        )
+        memory.append(mem)
+        stage_s.append(3 * fwd / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        by_op = {f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in ops.items()}
+        by_op["model/grad-allreduce"] = {"sent": model.sent, "messages": model.messages}
+        ranks.append(
+            {
+                "rank": r,
+                "coords": {"pp": st, "dp": d, "cp": c, "tp": 0},
+                "sent": {"data": 0, "model": model.sent, "activation": sum(x.sent for x in ops.values())},
+                "messages": {
+                    "data": 0,
+                    "model": model.messages,
+                    "activation": sum(x.messages for x in ops.values()),
+                },
+                "by_op": by_op,
+                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
+            }
+        )
+    step_s = max(stage_s) * (M + S - 1) / M
+    per_step = {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS}
+    return {
+        "steps": steps,
+        "layout": layout_name(cfg),
+        "hardware": getattr(hw, "name", None),
+        "stage_units": bounds,
+        "comm": {
+            "ranks": ranks,
+            "per_step": per_step,
+            "per_rank_per_step_max": {k: max(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
+        },
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
+        "bubble": (S - 1) / (M + S - 1),
+        "params": sum(sizes),
+        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
+        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
+        "time": {
+            "step_s": step_s,
+            "compute_s": step_s,
+            "comm_s": 0.0,
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
+    }
