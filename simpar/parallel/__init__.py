@@ -22,12 +22,12 @@ from ..config import StrategySections
 
 def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
-    model, layout, optimisation); the gpt ones (context.py, tensor_gpt.py) still get the whole RunConfig."""
+    model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
     if cfg.cp > 1 and cfg.tp > 1:
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 
-        return ContextTensorParallel(cfg, mesh)
+        return ContextTensorParallel(sections, mesh)
     if cfg.cp > 1 and cfg.pp > 1:
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
@@ -35,7 +35,7 @@ def build_strategy(cfg, mesh):
     if cfg.cp > 1:
         from .context import ContextParallel
 
-        return ContextParallel(cfg, mesh)
+        return ContextParallel(sections, mesh)
     if cfg.experts:
         from .expert import ExpertParallel
 
@@ -54,7 +54,7 @@ def build_strategy(cfg, mesh):
         if cfg.arch == "gpt":  # heads, vocabulary-parallel embedding, head and loss; --sp
             from .tensor_gpt import GptTensorParallel
 
-            return GptTensorParallel(cfg, mesh)
+            return GptTensorParallel(sections, mesh)
         if cfg.arch == "resmlp":  # residual blocks, and --sp
             from .tensor_resmlp import ResTensorStack
 

@@ -18,8 +18,7 @@ apply the same two to the parameters and to every kind of optimizer state.
 
 Shared pieces: HeldBytes (bytes held now and at the peak: activations, gathered parameters,
 gradient buffers), NonFiniteWatch (which layer went NaN first), and SerialStack (whole layers run
-with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface), and
-JoinedSections (a few config sections read flat, for the gpt pieces that do not take sections yet).
+with no communication; parallel/tensor.py has the tensor-parallel stack with the same interface).
 """
 
 from __future__ import annotations
@@ -31,27 +30,6 @@ import numpy as np
 from ..model.mlp import ParamStore, activation_of, init_layer, layer_backward, layer_forward
 from ..run.checkpoint import FullState
 from ..runtime.context import PLAIN
-
-
-class JoinedSections:
-    """Several sections' fields side by side, read-only: what a RunConfig would answer for them, and an
-    AttributeError for any other field. A bridge for code that reads a config's fields flat and does not
-    take sections yet (the gpt stacks the pipeline engine builds: tensor_gpt.GptTensorStack,
-    vocab_parallel.vocab_loss_grad); it can read no clock, output, checkpoint or reliability option."""
-
-    def __init__(self, *sections):
-        self._sections = sections
-
-    def __getattr__(self, name: str):  # only for names not set on the object itself
-        for section in self.__dict__.get("_sections", ()):
-            if hasattr(section, name):
-                return getattr(section, name)
-        names = [type(s).__name__ for s in self.__dict__.get("_sections", ())]
-        raise AttributeError(f"{name!r} is in none of the sections {names}")
-
-
-def joined(*sections) -> JoinedSections:
-    return JoinedSections(*sections)
 
 
 class HeldBytes:
@@ -101,11 +79,10 @@ class Strategy(ABC):
     """
 
     def __init__(self, sections, mesh):
-        """`sections`: config.StrategySections, the model, layout and optimisation sections. The gpt
-        strategies still hand in the whole RunConfig (it has the same three section views) and read it
-        as self.cfg (vocab_parallel.py) until they take sections too; the others never read self.cfg."""
+        """`sections`: config.StrategySections, the model, layout and optimisation sections, and no other
+        part of the run's config (no clock, output, checkpoint or reliability option)."""
         self.model, self.layout, self.optimisation = sections.model, sections.layout, sections.optimisation
-        self.cfg, self.mesh = sections, mesh
+        self.mesh = mesh
         self.rt = mesh.world.runtime  # the run's kernels and clock, for the layers it builds
         self.meter = HeldBytes()
         self.watch = NonFiniteWatch()

@@ -78,14 +78,15 @@ class ContextBlock(BlockUnit):
         )
 
 
-def context_units(cfg, comm, rt) -> list:
-    """[embedding, L blocks, head] on this cp rank's tokens: the serial model's units and shapes."""
-    L, C = cfg.blocks, comm.size
-    positions = chunk_positions(comm.rank, C, cfg.seq_len)
+def context_units(model, layout, comm, rt) -> list:
+    """[embedding, L blocks, head] on this cp rank's tokens: the serial model's units and shapes
+    (`model`, `layout`: the config's sections; the layout's cp_algo picks the attention)."""
+    L, C, s = model.blocks, comm.size, model.seq_len
+    positions = chunk_positions(comm.rank, C, s)
     units = (
-        [PositionedEmbedding(cfg.vocab, cfg.seq_len, cfg.hidden, positions)]
-        + [ContextBlock(i, cfg.hidden, cfg.heads, cfg.seq_len, L, comm, cfg.cp_algo) for i in range(1, L + 1)]
-        + [HeadUnit(L + 1, cfg.hidden, cfg.vocab, cfg.seq_len // C)]  # logits shaped (b, n, V)
+        [PositionedEmbedding(model.vocab, s, model.hidden, positions)]
+        + [ContextBlock(i, model.hidden, model.heads, s, L, comm, layout.cp_algo) for i in range(1, L + 1)]
+        + [HeadUnit(L + 1, model.hidden, model.vocab, s // C)]  # logits shaped (b, n, V)
     )
     for unit in units:
         unit.rt = rt
@@ -95,23 +96,25 @@ def context_units(cfg, comm, rt) -> list:
 class ContextStack(UnitStack):
     """UnitStack over context_units: the same flat store, buckets and checkpoints as serial's."""
 
-    def __init__(self, cfg, comm, rt):
+    def __init__(self, model, layout, comm, rt):
         self.rt = rt
-        self.units = context_units(cfg, comm, rt)
-        dtype = cfg.compute_dtype()
-        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
+        self.units = context_units(model, layout, comm, rt)
+        dtype = model.compute_dtype()
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(model.seed, dtype))
 
 
 class ContextParallel(DataParallel):
     """dp x cp: the whole model on every rank, each rank's tokens chunks (r, 2C-1-r) of its dp rows;
     gradients summed over the dp x cp group (module docstring)."""
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, sections, mesh):
         self.cp_comm = mesh.groups["cp"]
-        super().__init__(cfg, mesh, stack=ContextStack(cfg, self.cp_comm, mesh.world.runtime))
-        self.positions = chunk_positions(self.cp_comm.rank, self.cp_comm.size, cfg.seq_len)
+        stack = ContextStack(sections.model, sections.layout, self.cp_comm, mesh.world.runtime)
+        super().__init__(sections, mesh, stack=stack)
+        self.positions = chunk_positions(self.cp_comm.rank, self.cp_comm.size, self.model.seq_len)
+        layout = self.layout
         self.buckets = GradientBuckets(
-            self.store, mesh.groups["dpcp"], cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+            self.store, mesh.groups["dpcp"], layout.bucket_mb * 2**20, layout.collectives, layout.overlap
         )
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:

@@ -83,18 +83,18 @@ class ContextTensorStack(GptTensorStack):
     """GptTensorStack on this cp rank's n tokens: its blocks' attention reaches the other cp ranks'
     tokens through context_attention.py with this rank's a/T heads."""
 
-    def __init__(self, cfg, mesh):
-        super().__init__(cfg, mesh)
-        self.cp_comm, self.algo, self.full_seq = mesh.groups["cp"], cfg.cp_algo, cfg.seq_len
+    def __init__(self, model, layout, mesh):
+        super().__init__(model, layout, mesh)
+        self.cp_comm, self.algo, self.full_seq = mesh.groups["cp"], layout.cp_algo, model.seq_len
         C = self.cp_comm.size
-        self.positions = chunk_positions(self.cp_comm.rank, C, cfg.seq_len)
+        self.positions = chunk_positions(self.cp_comm.rank, C, model.seq_len)
         t, k = self.comm.size, self.comm.rank
         embedding = PositionedShardedEmbedding(self.units[0].unit, t, k, self.positions)
         embedding.stack = self
         self.units[0] = embedding  # the same pieces as the one it replaces: the store is unchanged
         for blk in self.units:
             if isinstance(blk, ShardedBlock):
-                blk.s = cfg.seq_len // C  # a block's rows per sequence: my n tokens
+                blk.s = model.seq_len // C  # a block's rows per sequence: my n tokens
                 blk.score_keys = 0  # context_attention.py charges the scores, hop by hop (--clock sim)
 
     def attend(self, blk: ShardedBlock, h1, params, batch: int):
@@ -111,10 +111,11 @@ class ContextTensorStack(GptTensorStack):
 class ContextVocabReplicas(VocabParallelReplicas):
     """The vocabulary-parallel step on this cp rank's tokens; gradients summed over dp x cp."""
 
-    def __init__(self, cfg, mesh, stack):
-        super().__init__(cfg, mesh, stack=stack)
+    def __init__(self, sections, mesh, stack):
+        super().__init__(sections, mesh, stack=stack)
+        layout = self.layout
         self.buckets = GradientBuckets(
-            self.store, mesh.groups["dpcp"], cfg.bucket_mb * 2**20, cfg.collectives, cfg.overlap
+            self.store, mesh.groups["dpcp"], layout.bucket_mb * 2**20, layout.collectives, layout.overlap
         )
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
@@ -125,10 +126,10 @@ class ContextVocabReplicas(VocabParallelReplicas):
 class ContextTensorParallel(GptTensorParallel):
     """--cp C --tp T [--dp D] on --arch gpt (module docstring)."""
 
-    def __init__(self, cfg, mesh):
-        Strategy.__init__(self, cfg, mesh)
-        self.stack = ContextTensorStack(cfg, mesh)
-        self.replicas = ContextVocabReplicas(cfg, mesh, stack=self.stack)
+    def __init__(self, sections, mesh):
+        Strategy.__init__(self, sections, mesh)
+        self.stack = ContextTensorStack(sections.model, sections.layout, mesh)
+        self.replicas = ContextVocabReplicas(sections, mesh, stack=self.stack)
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
         self.optimizer = self.replicas.optimizer
 

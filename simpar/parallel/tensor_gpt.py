@@ -68,22 +68,24 @@ class ShardedBlock(Sharded):
 
 
 class GptTensorStack:
-    """gpt's units over mesh.tp_comm, tensor- (and with cfg.sp sequence-) parallel; the interface of
+    """gpt's units over mesh.tp_comm, tensor- (and with layout.sp sequence-) parallel; the interface of
     base.SerialStack. forward takes the whole micro-batch's tokens on every tp rank and returns this
     rank's vocabulary columns of the logits for every token (vocab_parallel.py's loss takes those).
-    `indices`: only these units (one pipeline chunk's, parallel/pipeline/engine.py), default all."""
+    `model`, `layout`: the config's sections; `indices`: only these units (one pipeline chunk's,
+    parallel/pipeline/engine.py), default all."""
 
-    def __init__(self, cfg, mesh, indices=None):
-        self.comm, self.algorithm, self.sp = mesh.tp_comm, cfg.collectives, cfg.sp
+    def __init__(self, model, layout, mesh, indices=None):
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, layout.sp
         t, k = self.comm.size, self.comm.rank
-        dtype = cfg.compute_dtype()
+        dtype = model.compute_dtype()
         self.rt = mesh.world.runtime
         wrap = {EmbeddingUnit: ShardedEmbedding, BlockUnit: ShardedBlock}
-        units = [u for u in gpt_units(cfg, self.rt) if indices is None or u.index in indices]
+        units = [u for u in gpt_units(model, self.rt) if indices is None or u.index in indices]
         self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in units]
         for u in self.units:
             u.stack = self  # the units call the stack's conjugate operators
-        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.cut(u.unit.init(cfg.seed, dtype)))
+        seed = model.seed
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.cut(u.unit.init(seed, dtype)))
 
     # -- the conjugate operators: f and g, or under --sp f-bar and g-bar ----------------------------
     def f(self, h, op="sp-gather"):
@@ -247,10 +249,10 @@ class GptTensorParallel(TensorParallel):
     tp rank gets the whole micro-batch of tokens (the embedding's reduce-scatter cuts the rows under
     --sp) and computes the same loss: tp index 0 reports it."""
 
-    def __init__(self, cfg, mesh):
-        Strategy.__init__(self, cfg, mesh)
-        self.stack = GptTensorStack(cfg, mesh)
-        self.replicas = VocabParallelReplicas(cfg, mesh, stack=self.stack)
+    def __init__(self, sections, mesh):
+        Strategy.__init__(self, sections, mesh)
+        self.stack = GptTensorStack(sections.model, sections.layout, mesh)
+        self.replicas = VocabParallelReplicas(sections, mesh, stack=self.stack)
         self.meter, self.watch = self.replicas.meter, self.replicas.watch
         self.optimizer = self.replicas.optimizer
 

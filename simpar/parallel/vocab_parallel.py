@@ -145,15 +145,16 @@ def vocab_parallel_cross_entropy(
     return loss, d.astype(logits.dtype, copy=False)
 
 
-def vocab_loss_grad(stack, optimizer, logits, labels, global_batch: int, cfg):
+def vocab_loss_grad(stack, optimizer, logits, labels, global_batch: int, seq_len: int):
     """(loss share, dL/dlogits) of the stack's head (its last unit, a ShardedHead): the whole loss of
-    these rows / the global number of tokens, the same on every tp rank; scaled as the optimizer asks.
+    these rows / the global number of tokens (global_batch x seq_len), the same on every tp rank;
+    scaled as the optimizer asks; the all-reduce runs the stack's algorithm (--collectives).
     Used by the tp step below and by the last pipeline stage under --tp (pipeline/engine.py)."""
     head = stack.units[-1]
     scale = optimizer.scale if isinstance(optimizer, MixedPrecisionOptimizer) else 1.0
     v0 = head.k * head.local[2][1]
     return vocab_parallel_cross_entropy(
-        stack.comm, logits, labels, global_batch * cfg.seq_len, v0, scale, cfg.collectives, stack.rt.clock
+        stack.comm, logits, labels, global_batch * seq_len, v0, scale, stack.algorithm, stack.rt.clock
     )
 
 
@@ -162,6 +163,6 @@ class VocabParallelReplicas(DataParallel):
 
     def _forward_backward(self, x, y, global_batch, communicate) -> float:
         logits, contexts = self.stack.forward(x, self.meter, self.watch)
-        loss, grad = vocab_loss_grad(self.stack, self.optimizer, logits, y, global_batch, self.cfg)
+        loss, grad = vocab_loss_grad(self.stack, self.optimizer, logits, y, global_batch, self.model.seq_len)
         self.stack.backward(contexts, grad, self.meter, self.buckets.grads_ready if communicate else None)
         return loss

@@ -132,7 +132,7 @@ def param_count(cfg) -> int:
     if cfg.arch == "gpt":
         from ..model.gpt import gpt_param_count
 
-        return gpt_param_count(cfg)
+        return gpt_param_count(cfg.model)
     from ..model.resmlp import build_units
 
     return sum(u.size for u in build_units(cfg))

@@ -15,7 +15,7 @@ def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = No
     if cfg is not None and cfg.arch == "gpt":  # token accuracy (copy: on the copied half only)
         from ..model.gpt import gpt_logits, gpt_units, token_accuracy
 
-        logits = gpt_logits(gpt_units(cfg), weights, x)
+        logits = gpt_logits(gpt_units(cfg.model), weights, x)
         return token_accuracy(logits, data.y_val, data.val_mask)
     if x.dtype.itemsize < 4:  # half precision: NumPy's half matmul is slow; float32 holds it exactly
         x = x.astype(np.float32)

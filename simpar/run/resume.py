@@ -80,7 +80,7 @@ def _save(cfg: RunConfig, world: Communicator, strategy, step: int, n_train: int
                 "dtype": cfg.dtype,
                 "arch": cfg.arch,
                 "experts": cfg.experts,  # an MoE layer's W_i is moe.pack_flat (checkpoint.py)
-                **({"units": [u.size for u in gpt_units(cfg)]} if cfg.arch == "gpt" else {}),
+                **({"units": [u.size for u in gpt_units(cfg.model)]} if cfg.arch == "gpt" else {}),
             },
             "optimizer": cfg.optimizer,
             "sampler": sampler_position(step, n_train, cfg.batch, cfg.seed),

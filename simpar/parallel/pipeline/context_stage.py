@@ -28,7 +28,6 @@ built here (config/rules.py refuses them in one line): --tp, --recompute, the ze
 from __future__ import annotations
 
 from ...model.ring_attention import chunk_positions
-from ..base import joined
 from ..context import context_units
 from ..data import GradientBuckets
 from ..resmlp_stack import UnitStack, unit_store
@@ -39,11 +38,11 @@ class ContextChunkStack(UnitStack):
     """Units lo..hi-1 of context.py's model on this cp rank's n tokens: UnitStack's interface, the
     chunk's parameters initialised from (seed, unit) on the full shape as every layout's."""
 
-    def __init__(self, cfg, cp_comm, rt, lo: int, hi: int):
+    def __init__(self, model, layout, cp_comm, rt, lo: int, hi: int):
         self.rt = rt
-        self.units = context_units(cfg, cp_comm, rt)[lo:hi]
-        dtype = cfg.compute_dtype()
-        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(cfg.seed, dtype))
+        self.units = context_units(model, layout, cp_comm, rt)[lo:hi]
+        dtype = model.compute_dtype()
+        self.store, self.flats = unit_store(self.units, dtype, lambda u: u.init(model.seed, dtype))
 
 
 class ContextPipelineParallel(PipelineParallel):
@@ -62,7 +61,7 @@ class ContextPipelineParallel(PipelineParallel):
         }
 
     def _stack(self, model, layout, mesh, lo: int, hi: int):
-        return ContextChunkStack(joined(model, layout), mesh.groups["cp"], mesh.world.runtime, lo, hi)
+        return ContextChunkStack(model, layout, mesh.groups["cp"], mesh.world.runtime, lo, hi)
 
     def train_step(self, micro_steps_data, global_batch: int) -> float:
         def mine(tokens):  # my tokens of my dp rows: the first stage's inputs, the last's labels (else None)

@@ -49,7 +49,7 @@ from ...model.mlp import deferred_weight_grads
 from ...model.precision import build_optimizer, loss_grad, vote_comm
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
-from ..base import HeldBytes, Strategy, joined
+from ..base import HeldBytes, Strategy
 from ..data import GradientBuckets
 from ..resmlp_stack import make_stack, model_units
 from . import recompute
@@ -150,7 +150,7 @@ class PipelineParallel(StageMessages, Strategy):
         if mesh.tp > 1 and model.arch == "gpt":  # the chunk's units, Megatron's split (tensor_gpt.py)
             from ..tensor_gpt import GptTensorStack
 
-            return GptTensorStack(joined(model, layout), mesh, list(range(lo, hi)))
+            return GptTensorStack(model, layout, mesh, list(range(lo, hi)))
         if mesh.tp > 1:
             from ..tensor import TensorParallelStack
 
@@ -256,8 +256,8 @@ class PipelineParallel(StageMessages, Strategy):
         if self.model.arch == "gpt" and self.mesh.tp > 1:
             from ..vocab_parallel import vocab_loss_grad
 
-            last, model_layout = self.stacks[self.C - 1], joined(self.model, self.layout)
-            return vocab_loss_grad(last, self.optimizer, y, labels, global_batch, model_layout)
+            last = self.stacks[self.C - 1]
+            return vocab_loss_grad(last, self.optimizer, y, labels, global_batch, self.model.seq_len)
         return loss_grad(self.optimizer, y, labels, global_batch)
 
     def _hook(self, step, flight: InFlight):

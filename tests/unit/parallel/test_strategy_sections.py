@@ -1,16 +1,16 @@
 """A strategy receives the sections it needs (config.StrategySections: model, layout, optimisation), not
 the whole RunConfig: it cannot read the clock, the output paths, the checkpoints or the reliability options.
 
-In-process, no MPI: build_strategy is run with each converted strategy class replaced by a recorder, and
-the converted modules' source is read. The gpt strategies (tensor_gpt.py, vocab_parallel.py, context.py,
-context_tensor.py) still take the whole config and are not checked here yet; the pipeline engine hands
-their stacks joined(model, layout) (base.JoinedSections), never the whole config.
+In-process, no MPI: build_strategy is run with each strategy class replaced by a recorder, and the source
+of every module under parallel/ (but build_strategy's __init__.py, which takes the RunConfig to cut it) and
+of model/gpt.py (gpt_units: the model section) is read.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 from pathlib import Path
 
@@ -21,13 +21,10 @@ from simpar.config import RunConfig, StrategySections
 from simpar.config.sections import Layout, Model, Optimisation
 
 PARALLEL = Path(parallel.__file__).parent
-# The converted modules: none of them names `cfg` any more (the whole config), in code or signatures.
-# (base.py still keeps `self.cfg = sections` for the gpt strategies, which read the whole config there.)
-CONVERTED = [
-    "data.py", "zero.py", "tensor.py", "tensor_resmlp.py", "resmlp_stack.py", "expert.py",
-    "pipeline/engine.py", "pipeline/comms.py", "pipeline/partition.py", "pipeline/recompute.py",
-    "pipeline/schedules.py", "pipeline/check.py",
-]  # fmt: skip
+# Every module of parallel/ but __init__.py (build_strategy cuts the RunConfig into sections there), and
+# gpt.py, whose gpt_units the gpt strategies call: none names `cfg` (the whole config), in code or signatures.
+MODULES = sorted(str(p.relative_to(PARALLEL)) for p in PARALLEL.rglob("*.py") if p.name != "__init__.py")
+MODULES.append("../model/gpt.py")
 # (module, class, the RunConfig that build_strategy hands to it)
 BUILT = [
     ("data", "DataParallel", dict(dp=1)),
@@ -38,6 +35,10 @@ BUILT = [
     ("expert", "ExpertParallel", dict(dp=4, ep=2, experts=4)),
     ("zero", "ZeroDataParallel", dict(dp=2, zero=3, arch="gpt")),  # gpt through the converted strategies
     ("pipeline.engine", "PipelineParallel", dict(dp=1, pp=2, tp=2, arch="gpt")),
+    ("tensor_gpt", "GptTensorParallel", dict(dp=1, tp=2, arch="gpt")),
+    ("tensor_gpt", "GptTensorParallel", dict(dp=2, tp=2, sp=True, arch="gpt")),
+    ("context", "ContextParallel", dict(dp=2, cp=2, arch="gpt")),
+    ("context_tensor", "ContextTensorParallel", dict(dp=1, cp=2, tp=2, arch="gpt", cp_algo="ulysses")),
 ]
 
 
@@ -78,8 +79,13 @@ def test_build_strategy_hands_each_strategy_its_sections_not_the_config(monkeypa
         assert any(isinstance(v, (StrategySections, Model, Layout)) for v in values), (name, values)
 
 
-@pytest.mark.parametrize("path", CONVERTED)
-def test_converted_modules_never_name_the_whole_config(path):
+def test_every_strategy_module_and_base_is_checked():
+    gpt = {"tensor_gpt.py", "vocab_parallel.py", "context.py", "context_tensor.py", "../model/gpt.py"}
+    assert gpt | {"base.py", "pipeline/engine.py", "data.py", "zero.py", "expert.py"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("path", MODULES)
+def test_strategy_modules_never_name_the_whole_config(path):
     tree = ast.parse((PARALLEL / path).read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     names |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
@@ -93,16 +99,15 @@ def test_strategy_constructors_take_sections():
     for module, name, _ in BUILT:
         cls = getattr(__import__(f"simpar.parallel.{module}", fromlist=[name]), name)
         assert issubclass(cls, Strategy)
+    # Every Strategy that any module of parallel/ defines (the replicas inside the gpt ones too), and
+    # Strategy itself: built from (sections, mesh, ...).
+    strategies = {Strategy}
+    for path in MODULES[:-1]:
+        module = importlib.import_module("simpar.parallel." + path[: -len(".py")].replace("/", "."))
+        strategies |= {c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Strategy)}
+    gpt = {"GptTensorParallel", "VocabParallelReplicas", "ContextParallel", "ContextTensorParallel"}
+    assert gpt | {"ContextVocabReplicas", "PipelineParallel"} <= {c.__name__ for c in strategies}
+    for cls in strategies:
         params = list(inspect.signature(cls.__init__).parameters)
-        assert params[1:3] == ["sections", "mesh"], (name, params)
-
-
-def test_joined_sections_answer_their_fields_only():
-    from simpar.parallel.base import joined
-
-    cfg = RunConfig(layers=[8, 16, 4], tp=2, sp=True, clock="sim")
-    view = joined(cfg.model, cfg.layout)
-    assert view.layers == [8, 16, 4] and view.sp and view.n_layers == 2
-    assert view.compute_dtype() == cfg.compute_dtype()
-    with pytest.raises(AttributeError):
-        view.clock  # the time section is not joined
+        assert params[1:3] == ["sections", "mesh"], (cls.__name__, params)
+    assert not hasattr(Strategy, "cfg")
