@@ -278,7 +278,10 @@ def layout_cp(cfg) -> None:
         f"--cp-algo ulysses gives each of the --cp {cfg.cp} ranks whole heads: --heads {cfg.heads} must be "
         f"divisible by {cfg.cp}",
     )
-    require(not cfg.zero, "--cp with --zero is not built yet: use --cp with --dp")
+    require(
+        not cfg.zero or cfg.clock != "sim",
+        "--cp with --zero is not timed by --clock sim yet: use --clock wall",
+    )
     require(
         cfg.cp_algo != "ulysses" or (cfg.heads // cfg.tp) % cfg.cp == 0,
         f"--cp-algo ulysses with --tp {cfg.tp} gives each of the --cp {cfg.cp} ranks whole heads of its tp "
@@ -312,7 +315,10 @@ def layout_cp_pp(cfg) -> None:
 
 def layout_zero(cfg) -> None:
     if cfg.zero:
-        require(cfg.tp == 1 and cfg.pp == 1, "--zero shards data parallelism; combine it with --dp only")
+        require(
+            cfg.tp == 1 and cfg.pp == 1,
+            "--zero shards data parallelism (dp, or dp x cp); combine it with --dp and --cp only",
+        )
         require(
             cfg.collectives == "ring",
             f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "

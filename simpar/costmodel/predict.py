@@ -246,6 +246,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_pipeline import predict_cp_pipeline_run
 
         return predict_cp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "cp", 1) > 1 and cfg.zero:  # ZeRO over dp x cp (costmodel/cp_zero.py)
+        from .cp_zero import predict_cp_zero_run
+
+        return predict_cp_zero_run(cfg, world_size, steps, hw or hardware.load("local"))
     if getattr(cfg, "cp", 1) > 1:  # context parallelism's bytes and activations (costmodel/cp.py)
         from .cp import predict_cp_run
 

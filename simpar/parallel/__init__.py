@@ -7,7 +7,7 @@
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
-               attention (model/ring_attention.py)
+               attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
@@ -32,6 +32,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
         return ContextPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.zero:
+        from .context_zero import ContextZero  # ZeRO over the dp x cp group
+
+        return ContextZero(sections, mesh)
     if cfg.cp > 1:
         from .context import ContextParallel
 

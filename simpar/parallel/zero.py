@@ -65,12 +65,12 @@ class ZeroDataParallel(Strategy):
     def __init__(self, sections, mesh):
         super().__init__(sections, mesh)
         self.stage = self.layout.zero
-        self.comm = mesh.dp_comm
+        self.comm = self._sharding_group(mesh)
         self.p, self.r = self.comm.size, self.comm.rank
         self.dtype = self.model.compute_dtype()
         self.bpe = self.dtype.itemsize
         # Units: the MLP's layers (W then b, flat), or resmlp's projections and blocks (resmlp.py).
-        self.units = model_units(self.model, self.rt)
+        self.units = self._make_units()
         self.sizes = [u.size for u in self.units]  # n_l
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
         self.P = int(self.offsets[-1])
@@ -84,9 +84,20 @@ class ZeroDataParallel(Strategy):
             self._init_layerwise()
 
     # -- construction ------------------------------------------------------------------------------
+    # Three hooks, so that context_zero.py can shard over dp x cp with cp's units: the group the
+    # states are sharded over, the units, and stage 1's whole-model stack.
+    def _sharding_group(self, mesh):
+        return mesh.dp_comm
+
+    def _make_units(self) -> list:
+        return model_units(self.model, self.rt)
+
+    def _make_stack(self):
+        return make_stack(self.model, rt=self.rt)
+
     def _init_stage1(self) -> None:
         # The whole model and its whole gradient on every rank (as DDP); only the optimizer shrinks.
-        self.stack = make_stack(self.model, rt=self.rt)
+        self.stack = self._make_stack()
         self.store = self.stack.store
         bounds = collectives.chunk_bounds(self.P, self.p)
         self.chunk = slice(int(bounds[self.r]), int(bounds[self.r + 1]))

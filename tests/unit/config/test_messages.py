@@ -145,9 +145,9 @@ CASES = [
         "--cp-algo ulysses gives each of the --cp 2 ranks whole heads: --heads 3 must be divisible by 2",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, zero=1),
+        dict(arch="gpt", dataset="text", cp=2, zero=1, clock="sim"),
         2,
-        "--cp with --zero is not built yet: use --cp with --dp",
+        "--cp with --zero is not timed by --clock sim yet: use --clock wall",
     ),
     (  # --cp with --tp (parallel/context_tensor.py): Ulysses splits a tp rank's heads over cp
         dict(arch="gpt", dataset="text", cp=2, tp=2, cp_algo="ulysses", heads=2),
@@ -291,7 +291,11 @@ CASES = [
         "--top-k, --capacity-factor, --aux-loss-coef: " + ROUTER,
     ),
     # layout: ZeRO
-    (dict(zero=1, tp=2), 2, "--zero shards data parallelism; combine it with --dp only"),
+    (
+        dict(zero=1, tp=2),
+        2,
+        "--zero shards data parallelism (dp, or dp x cp); combine it with --dp and --cp only",
+    ),
     (
         dict(zero=1, collectives="tree"),
         2,
