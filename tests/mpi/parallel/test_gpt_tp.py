@@ -170,6 +170,7 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
         "cp2",
         "cp4",
         "dp2xcp2",
+        "dp2xcp2-zero1",
         "cp2xtp2",
         "cp2xpp2",
         "cp4-ulysses",
