@@ -12,8 +12,7 @@ g = d C + c, K = --grad-accum, chunk(n, p, g) = np.array_split's g-th size, bpe 
            params S_g + n_max, grads S_g + n_max, optimizer K_opt S_g
 A ring reduce-scatter of n sends n - chunk(n, p, g) elements, a ring all-gather n - chunk(n, p, g+1).
 Everything else -- the cp K/V traffic and the activations -- is --cp's (cp.py), unchanged.
-Time: cp.py's step (stages 1 and 2 move an all-reduce's bytes over the same ring); --clock sim is
-refused with --zero (config/rules.py), so no simulated step is claimed here.
+Time: cp_zero_time.py, as the simulated clock charges a step.
 """
 
 from __future__ import annotations
@@ -73,4 +72,15 @@ def predict_cp_zero_run(cfg, world_size: int, steps: int, hw) -> dict:
     comm["per_rank_per_step_max"]["model"] = max(r["sent"]["model"] for r in comm["ranks"]) / max(steps, 1)
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
+    from .cp_zero_time import cp_zero_step_seconds  # as the simulated clock charges a step
+
+    timed = cp_zero_step_seconds(cfg, p // C, sizes, hw, precision_of(cfg), prec.act)
+    step_s = timed["step_s"]
+    out["time"] = dict(
+        out["time"],
+        step_s=step_s,
+        compute_s=timed["compute_s"],
+        comm_s=timed["comm_s"],
+        samples_per_s=cfg.batch / step_s if step_s > 0 else float("inf"),
+    )
     return out
