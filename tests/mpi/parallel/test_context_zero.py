@@ -10,7 +10,8 @@ of 12 H^2 + 13 H, the head 2 H + H V; P = sum n_l (Rajbhandari et al. 2020, sec.
              memory: params P, grads S_g + max n_l (S_g = sum c(n_l, g)), optimizer 2 S_g
     stage 3  model: per unit, reduce-scatter n_l - c(n_l, g) + TWO all-gathers n_l - c(n_l, g+1)
              memory: params S_g + max n_l, grads S_g + max n_l, optimizer 2 S_g
-    cp-kv (ring, activation), per block: 2(C-1) b n H forward + 4(C-1) b n H backward, n = S/C.
+    cp-kv (ring, activation), per block: 2(C-1) b n H forward + 4(C-1) b n H backward, n = S/C;
+    cp-alltoall (Ulysses), per block: 8 (C-1)/C b n H.
 """
 
 from __future__ import annotations
@@ -52,13 +53,23 @@ def model_memory(stage: int, p: int, g: int) -> dict:
     }
 
 
-LAYOUTS = [(2, 1, 2, 1), (2, 1, 2, 3), (4, 2, 2, 1), (4, 2, 2, 2), (4, 2, 2, 3)]  # ranks, dp, C, stage
+LAYOUTS = [  # ranks, dp, C, stage, algo
+    (2, 1, 2, 1, "ring"),
+    (2, 1, 2, 3, "ring"),
+    (4, 2, 2, 1, "ring"),
+    (4, 2, 2, 2, "ring"),
+    (4, 2, 2, 3, "ring"),
+    (4, 2, 2, 2, "ulysses"),
+]
 
 
-@pytest.mark.parametrize("ranks,dp,C,stage", LAYOUTS, ids=[f"dp{d}xcp{k}-zero{z}" for _, d, k, z in LAYOUTS])
-def test_cp_zero_equals_serial_with_exact_bytes_and_memory(ranks, dp, C, stage, serial, tmp_path):
+@pytest.mark.parametrize(
+    "ranks,dp,C,stage,algo", LAYOUTS, ids=[f"dp{d}xcp{k}-zero{z}-{a}" for _, d, k, z, a in LAYOUTS]
+)
+def test_cp_zero_equals_serial_with_exact_bytes_and_memory(ranks, dp, C, stage, algo, serial, tmp_path):
     ref = serial(ARGS)
-    run = train_json(ranks, [*ARGS, "--dp", str(dp), "--cp", str(C), "--zero", str(stage)], tmp_path)
+    layout = ["--dp", str(dp), "--cp", str(C), "--zero", str(stage), "--cp-algo", algo]
+    run = train_json(ranks, [*ARGS, *layout], tmp_path)
     assert_same_model(run, ref, rtol=1e-12)
     p, n = dp * C, S // C
     for g in range(ranks):
@@ -66,8 +77,9 @@ def test_cp_zero_equals_serial_with_exact_bytes_and_memory(ranks, dp, C, stage, 
         rank = run["comm"]["ranks"][g]
         assert rank["sent"]["model"] == STEPS * model_sent(stage, p, g) * BPE, (g, rank["by_op"])
         assert "model/grad-allreduce" not in rank["by_op"]
-        kv = STEPS * L * 6 * (C - 1) * b * n * H * BPE
-        assert rank["sent"]["activation"] == kv == rank["by_op"]["activation/cp-kv"]["sent"]
+        per_block = 6 * (C - 1) * b * n * H if algo == "ring" else 8 * (C - 1) * b * n * H // C
+        op = "activation/cp-kv" if algo == "ring" else "activation/cp-alltoall"
+        assert rank["sent"]["activation"] == STEPS * L * per_block * BPE == rank["by_op"][op]["sent"]
         mem = run["memory"]["ranks"][g]
         assert {k: mem[k] for k in ("params", "grads", "optimizer")} == model_memory(stage, p, g), g
     assert run["prediction_mismatches"] == []
