@@ -85,12 +85,6 @@ def model_gpt(cfg) -> None:
         f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
         f"{', '.join(later)} not yet (issue 23)",
     )
-    if cfg.tp > 1 and cfg.pp > 1:  # tp inside pipeline stages, every schedule (tensor_gpt_split.py)
-        require(
-            cfg.clock != "sim" or cfg.schedule not in ("zb-h1", "zb-v"),
-            f"--arch gpt --tp with --pp --schedule {cfg.schedule} is not timed by --clock sim yet (its B/W "
-            "halves are not charged): use --clock wall",
-        )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
         cfg.heads % cfg.tp == 0,

@@ -12,6 +12,9 @@ The zero-bubble schedules (zb-h1, zb-v) split each unit's backward as model/gpt_
             (2R 12h^2) and accumulating the gradients (3 per parameter)
   head   B: dlogits Wout^T (2RhV) and LN_f's backward;  W: dWout (2RhV) and the accumulation
   embedding  no B (its input is tokens): its whole backward is the W pass
+with --tp t each matrix is this rank's shard (h x h/t, h x V/t), every tp collective is in B except
+the embedding's --sp all-gather, which is part of its W (parallel/tensor_gpt_split.py); steptime
+still counts a W pass's seconds as compute, that all-gather's too.
 --recompute full runs a chunk's forward (without the loss) again before its backward; selective
 recomputes each block's q k^T (2 R s h FLOPs: gpt_recompute.py).
 --tp t inside the stages (gpt_tp_pipeline.py): each unit's work is one tp rank's share (gpt_time.
@@ -118,17 +121,17 @@ class GptChunkCosts:
 
     def weight_layers(self, r: int) -> list[float]:
         """The W pass of each unit, the last unit first (module docstring)."""
-        R, h, V, L = r * self.cfg.seq_len, self.cfg.hidden, self.cfg.vocab, self.cfg.blocks
+        R, h, L, t = r * self.cfg.seq_len, self.cfg.hidden, self.cfg.blocks, self.cfg.tp
+        hl, Vl = h // t, self.cfg.vocab // t  # this tp rank's shares (all of it at t = 1)
         out = []
         for u in reversed(range(self.lo, self.hi)):
-            if u == 0:
-                out.append(self._units(r)[1][0])  # the embedding's whole backward
+            accumulate = ACCUMULATE * self.sizes[u] * self.bpe * self.stream
+            if u == 0:  # the embedding's whole backward, its --sp all-gather of dL/dx included
+                out.append(self._units(r)[1][0] + self._tp(r)[1][0])
             elif u <= L:
-                out.append(
-                    2 * R * 12 * h * h / self.rate + ACCUMULATE * self.sizes[u] * self.bpe * self.stream
-                )
+                out.append(2 * R * 12 * h * hl / self.rate + accumulate)
             else:
-                out.append(2 * R * h * V / self.rate + ACCUMULATE * self.sizes[u] * self.bpe * self.stream)
+                out.append(2 * R * h * Vl / self.rate + accumulate)
         return out
 
     def weight(self, r: int) -> float:

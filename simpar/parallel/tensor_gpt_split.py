@@ -23,8 +23,14 @@ block's and of the head's tp messages run in B, and W is this rank's local produ
 The halves together compute what tensor_gpt.GptTensorStack.block_backward and vocab_parallel's head
 compute fused, and send the same messages (same bytes, same order within B); under half precision each
 product is taken in float32 and rounded back as model/gpt_split.py does. The engine's W pass calls one
-closure per unit, in backward order (parallel/pipeline/engine.py). --clock sim is refused for these
-schedules on tp stages (config/rules.py), so nothing here charges a simulated clock.
+closure per unit, in backward order (parallel/pipeline/engine.py).
+
+--clock sim: each half charges its share of the fused backward's charge (tensor_gpt._charge,
+vocab_parallel's head), cut as gpt.charge_half cuts the serial one: B the dx matmuls (this rank's
+q k v o and MLP shards, the attention's four score matmuls on its heads; the head's dlogits Wout_k^T)
+and every memory pass; W the dW matmuls of the same shards and accumulating 3 per local parameter. The
+tp collectives charge themselves where they run (B; the embedding's --sp all-gather in W).
+costmodel/gpt_pipeline_time.py writes the same split.
 """
 
 from __future__ import annotations
@@ -52,12 +58,19 @@ def _head(head, flat, gflat, ctx, dlogits, pending: list):
     partial = _dot(dlogits, W.T, half)  # this rank's vocabulary columns' share of dL/dhf
     dhf = head.stack.f_back(partial, op="vocab-head-allreduce", sp_op="vocab-head-scatter")
     dx = _layernorm_dx(dhf, ctx.xh, ctx.r, g, half)
+    clock = head.rt.clock
+    if clock is not None:  # B: dlogits Wout_k^T, LN_f's backward on this rank's rows
+        clock.matmul(dlogits.shape[0], W.shape[0], W.shape[1])
+        clock.stream(10 * dx.size * dx.itemsize)
 
     def head_w():
         dg, db, dW = head.views(gflat)
         f = wide(dhf)
         pairs = ((dW, wide(ctx.hf).T @ wide(dlogits)), (dg, (f * wide(ctx.xh)).sum(0)), (db, f.sum(0)))
         _add_weight_grads(pairs, half)
+        if clock is not None:  # W: hf^T dlogits_k, accumulating the local gradients
+            clock.matmul(dlogits.shape[0], W.shape[0], W.shape[1])
+            clock.stream(3 * head.size * dx.itemsize)
 
     pending.append(head_w)
     return dx
@@ -80,6 +93,7 @@ def _block(stack, blk, flat, gflat, ctx, dy, pending: list):
     )
     dh1 = stack.f_back(_dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dvv, Wv.T, half))
     dx = dx2 + _layernorm_dx(dh1, ctx.xh1, ctx.r1, g1, half)  # the residual around attention
+    _charge_half(stack, blk, dv.shape[0], dy.shape[0], dy.itemsize, weights=False)
 
     def block_w():
         dg1, db1, dWq, dbq, dWk, dbk, dWv, dbv, dWo, dbo, dg2, db2, dW1, dc1, dW2, dc2 = blk.views(gflat)
@@ -91,6 +105,29 @@ def _block(stack, blk, flat, gflat, ctx, dy, pending: list):
             pairs += [(dW, wide(a.x).T @ wide(part)), (db, wide(part).sum(0))]
         pairs += [(dg1, (f1 * wide(ctx.xh1)).sum(0)), (db1, f1.sum(0))]
         _add_weight_grads(pairs, half)
+        _charge_half(stack, blk, dv.shape[0], dy.shape[0], dy.itemsize, weights=True)
 
     pending.append(block_w)
     return dx
+
+
+def _charge_half(stack, blk, R: int, Rl: int, bpe: int, weights: bool) -> None:
+    """One half of tensor_gpt._charge's backward (R gathered rows, Rl this rank's): the six weight
+    shards' matmuls in each half, the four score matmuls and every memory pass in B, accumulating the
+    local gradients (3 per parameter) in W."""
+    clock = stack.rt.clock
+    if clock is None:
+        return
+    h, hl, s, t = blk.h, blk.h // blk.t, blk.score_keys, blk.t
+    for _ in range(3):
+        clock.matmul(R, h, hl)
+    clock.matmul(R, hl, h)
+    for _ in range(0 if weights else 2):  # q k^T and P v, each for both inputs' gradients
+        clock.matmul(R, hl, s)
+        clock.matmul(R, s, hl)
+    clock.matmul(R, h, 4 * h // t)
+    clock.matmul(R, 4 * h // t, h)
+    if weights:
+        clock.stream(3 * blk.size * bpe)
+    else:  # LN' 20h, residuals 4h on Rl; bo, c2 sums 2h and 25h/t on R; softmax' 4 a s / t
+        clock.stream((24 * Rl * h + 2 * R * h + 25 * R * hl + 4 * R * blk.heads * s) * bpe)

@@ -8,9 +8,10 @@ overlapping their blocks; with tp, tp's all-reduces blocking), gpt_zero_time.py 
 rings) and gpt_pipeline_time.py (steptime.py's max-plus recurrences over the schedule's order and the
 pipeline's links). Both sides are deterministic, so they agree to rounding (measured ~1e-15) on every
 layout the tour runs -- serial, dp, ZeRO 1-3, tp, tp + sp, pp (GPipe, 1F1B), dp x tp, dp x pp, tp x pp
-(and + sp), cp2, cp4, dp2 x cp2, cp2 x tp2, cp4-ulysses -- in float32 and both mixed precisions, on a GPU
-node, on nodes of two devices (dp and pp groups then cross nodes) and on the CPU profile; and on every
-pipeline schedule with and without recomputation.
+(and + sp), cp2, cp4, dp2 x cp2, cp2 x tp2, cp4-ulysses -- in float32 and both mixed precisions, on a
+GPU node, on nodes of two devices (dp and pp groups then cross nodes) and on the CPU profile; on every
+pipeline schedule with and without recomputation; and on tp x pp with every schedule, the zero-bubble
+ones' B and W halves of each tp share included.
 ZeRO with chunks that differ by an element (dp 3; h = 10 on dp 4), where the ranks drift apart inside
 each ring, agrees as well: the closed form follows every rank through every round.
 """
@@ -88,12 +89,18 @@ def test_every_gpt_pipeline_schedule_agrees(tmp_path, hardware, schedule, extra)
 
 
 # tp inside pipeline stages (gpt_tp_pipeline.py, gpt_pipeline_time.py with tp): each unit's tp share and
-# its blocking tp collectives in the recurrences, --sp's 1/t boundaries and LayerNorm sums, recomputation.
+# its blocking tp collectives in the recurrences, --sp's 1/t boundaries and LayerNorm sums, recomputation;
+# the zero-bubble schedules' B and W halves of each tp share (tensor_gpt_split.py), every tp message in B
+# but the embedding's --sp all-gather in its W; zb-h1 and zb-v each with and without --sp.
 TP_PP = [
     ("dgx-h100", ["--schedule", "1f1b", "--recompute", "selective"]),
     ("local", ["--schedule", "gpipe", "--sp", "--precision", "mixed-fp16", "--grad-accum", "2"]),
     ("two-per-node", ["--schedule", "interleaved", "--virtual-stages", "2", "--recompute", "full"]),
     ("dgx-h100", ["--schedule", "naive", "--sp", "--precision", "mixed-bf16"]),
+    ("dgx-h100", ["--schedule", "zb-h1"]),
+    ("local", ["--schedule", "zb-h1", "--sp", "--precision", "mixed-bf16"]),
+    ("dgx-h100", ["--schedule", "zb-v", "--sp", "--recompute", "full"]),
+    ("local", ["--schedule", "zb-v"]),
 ]
 
 

@@ -76,12 +76,6 @@ CASES = [
         "yet (issue 23)",
     ),
     (
-        dict(arch="gpt", dataset="text", heads=4, vocab=16, tp=2, pp=2, schedule="zb-v", clock="sim"),
-        4,
-        "--arch gpt --tp with --pp --schedule zb-v is not timed by --clock sim yet (its B/W halves are not "
-        "charged): use --clock wall",
-    ),
-    (
         dict(arch="gpt", dataset="text", heads=2, tp=4),
         4,
         "--heads 2 is not divisible by --tp 4: each tp rank holds whole heads",
