@@ -302,8 +302,15 @@ def layout_cp(cfg) -> None:
 
 
 def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: gpipe, 1f1b, interleaved; no --tp, --recompute or --clock sim (context_stage.py)."""
-    require(cfg.tp == 1, "--cp with --pp and --tp is not built yet: use --cp with --pp, or --cp with --tp")
+    """--cp with --pp: gpipe, 1f1b, interleaved (with --tp: gpipe, 1f1b, no --sp); no --recompute or
+    --clock sim (context_stage.py, context_tensor_stage.py)."""
+    require(
+        cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b"),
+        f"--cp with --tp and --pp runs --schedule gpipe or 1f1b; --schedule {cfg.schedule} is not built yet",
+    )
+    require(
+        cfg.tp == 1 or not cfg.sp, "--cp with --tp and --pp does not split sequences (--sp) yet: drop --sp"
+    )
     require(
         cfg.schedule in ("gpipe", "1f1b", "interleaved"),
         f"--cp with --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is not built "

@@ -24,6 +24,10 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
+        from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
+
+        return ContextTensorPipelineParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1:
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 

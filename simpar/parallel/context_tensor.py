@@ -83,15 +83,16 @@ class ContextTensorStack(GptTensorStack):
     """GptTensorStack on this cp rank's n tokens: its blocks' attention reaches the other cp ranks'
     tokens through context_attention.py with this rank's a/T heads."""
 
-    def __init__(self, model, layout, mesh):
-        super().__init__(model, layout, mesh)
+    def __init__(self, model, layout, mesh, indices=None):
+        super().__init__(model, layout, mesh, indices)  # indices: one pipeline chunk's units (cp x tp x pp)
         self.cp_comm, self.algo, self.full_seq = mesh.groups["cp"], layout.cp_algo, model.seq_len
         C = self.cp_comm.size
         self.positions = chunk_positions(self.cp_comm.rank, C, model.seq_len)
         t, k = self.comm.size, self.comm.rank
-        embedding = PositionedShardedEmbedding(self.units[0].unit, t, k, self.positions)
-        embedding.stack = self
-        self.units[0] = embedding  # the same pieces as the one it replaces: the store is unchanged
+        if isinstance(self.units[0], ShardedEmbedding):  # a later pipeline chunk starts with a block
+            embedding = PositionedShardedEmbedding(self.units[0].unit, t, k, self.positions)
+            embedding.stack = self
+            self.units[0] = embedding  # the same pieces as the one it replaces: the store is unchanged
         for blk in self.units:
             if isinstance(blk, ShardedBlock):
                 blk.s = model.seq_len // C  # a block's rows per sequence: my n tokens

@@ -1,0 +1,146 @@
+"""--arch gpt --cp C --tp T --pp S [--dp D] in closed form: bytes, memory, FLOPs per rank.
+
+parallel/pipeline/context_tensor_stage.py's rules written down again (nothing here calls it): the
+three pairwise closed forms put together, cp_pipeline.py's stages and boundaries, cp_tp.py's work
+inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage dp + d) C + c) T + j
+(mesh.py); n = s/C tokens per cp rank, b sequences in a micro-batch, R = b n rows, bpe bytes per element.
+
+  stages      gpt_pipeline.py's split of the units (embedding, L blocks, head) by their WHOLE sizes
+  pp messages per boundary and micro-batch, every tp rank its own copy of the cp rank's residual
+              stream: b n h forward ("pp-send-act"), b n h backward ("pp-send-grad"), to the same
+              (dp, cp, tp) coordinates on the neighbouring stage
+  cp          per block of the chunk and micro-batch, cp.py's cp_kv_bytes with width h/T (the ring
+              carries the rank's a/T heads only) and cp_messages
+  tp          gpt_tp_pipeline.chunk_ops on R = b n rows: the chunk's blocks' f and g, the vocabulary
+              embedding's on the chunk holding unit 0, the head's and the loss's on the last chunk
+  gradients   each chunk's P_T shards (gpt_tp.local_unit_sizes) in dp_buckets, ring all-reduced over
+              the stage's dp x C ranks of the same tp index (place d C + c)
+  activations cp_tp.py's per-unit table on n tokens, alive as the schedule's order says
+  FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split)
+  time        compute only (FLOPs / the profile's rate, times the bubble's (M+S-1)/M): --clock sim
+              is refused for this layout (config/rules.py), so no simulated step to equal.
+"""
+
+from __future__ import annotations
+
+from ..config import layout_name
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
+from .cp import cp_kv_bytes, cp_messages, wide_bytes
+from .gpt import flops_per_step, unit_sizes
+from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
+from .gpt_tp import local_unit_sizes
+from .gpt_tp_pipeline import chunk_ops
+from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
+from .spec import PRECISIONS, dp_buckets, precision_of, split
+from .stages import balanced_counts
+
+CATS = ("data", "model", "activation")
+
+
+def kept_per_sequence(unit: int, L: int, h: int, a: int, s: int, C: int, T: int, algo: str, bpe: int) -> int:
+    """Bytes one sequence's forward keeps in a unit on a (cp, tp) rank (cp_tp.py's table)."""
+    n = s // C
+    if unit == 0:
+        return TOKEN_BYTES * n
+    if unit > L:
+        return (2 * n * h + n) * bpe
+    scores = a * n // T * wide_bytes(bpe) if algo == "ring" else a * s * n // T * bpe
+    return (4 * n * h + 12 * n * h // T + 2 * n) * bpe + scores
+
+
+def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
+    """predict_run's dict for --cp C --tp T --pp S: one entry per world rank (module docstring)."""
+    L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
+    C, T, S, M, sched = cfg.cp, cfg.tp, cfg.pp, cfg.microbatches, cfg.schedule
+    K = n_chunks(sched, S, 1)
+    n, algo = s // C, cfg.cp_algo
+    dp = cfg.dp if cfg.dp is not None else world_size // (S * C * T)
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    ce_bpe = 4 if bpe == 2 else bpe  # the loss in float32 for half logits (vocab_parallel.py)
+    sizes, local = unit_sizes(L, h, s, V), local_unit_sizes(L, h, s, V, T)
+    counts = cfg.stage_layers or balanced_counts(sizes, K)
+    bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    ranks, memory, stage_s = [], [], []
+    for r in range(world_size):
+        st, rest = divmod(r, dp * C * T)
+        g, j = divmod(rest, T)  # g = d C + c: the place in the stage's dpcp group
+        d, c = divmod(g, C)
+        rows = [split(chunk(k_rows, dp, d), M) for k_rows in split(cfg.batch, cfg.grad_accum)]
+        act: dict[str, Cost] = {}
+        model: dict[str, Cost] = {}
+
+        def add(ops: dict, op: str, cost: Cost, elem_bytes: int) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, steps)
+
+        fwd = 0
+        mine = stage_chunks(sched, S, 1, st)
+        for k in mine:
+            lo, hi = bounds[k]
+            blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
+            for b in (b for step in rows for b in step):
+                stream = b * n * h  # this cp rank's residual stream, whole on every tp rank
+                if k < K - 1 and chunk_stage(sched, S, k + 1) != st:
+                    add(act, "pp-send-act", Cost(stream, 1, 0, 1, stream), bpe)
+                if k > 0 and chunk_stage(sched, S, k - 1) != st:
+                    add(act, "pp-send-grad", Cost(stream, 1, 0, 1, stream), bpe)
+                for op, costs in chunk_ops(lo, hi, L, b * n, h, T, j, False, cfg.collectives).items():
+                    for cost in costs:
+                        add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else bpe)
+                if blocks:
+                    kv = Cost(blocks * cp_kv_bytes(b, n, h // T, C, algo, bpe), blocks * cp_messages(C, algo))
+                    act[cp_op] = act.get(cp_op, Cost()) + Cost(kv.sent * steps, kv.messages * steps)
+                fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // (C * T)
+            for elems in dp_buckets(local[lo:hi], prec.grad, cfg.bucket_mb):
+                add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](elems, dp * C, g), prec.grad)
+        P = sum(sum(local[slice(*bounds[k])]) for k in mine)
+        mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
+        per_seq = [sum(kept_per_sequence(u, L, h, a, s, C, T, algo, bpe) for u in range(*b)) for b in bounds]
+        mem["activations_peak"] = max(
+            peak_alive(sched, S, len(step), st, 1, lambda m, k, step=step: step[m] * per_seq[k])
+            for step in rows
+        )
+        memory.append(mem)
+        stage_s.append(3 * fwd / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        cats = {"model": model, "activation": act}
+        ranks.append(
+            {
+                "rank": r,
+                "coords": {"pp": st, "dp": d, "cp": c, "tp": j},
+                "sent": {"data": 0} | {cat: sum(x.sent for x in ops.values()) for cat, ops in cats.items()},
+                "messages": {"data": 0}
+                | {cat: sum(x.messages for x in ops.values()) for cat, ops in cats.items()},
+                "by_op": {
+                    f"{cat}/{op}": {"sent": x.sent, "messages": x.messages}
+                    for cat, ops in cats.items()
+                    for op, x in ops.items()
+                },
+                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
+            }
+        )
+    step_s = max(stage_s) * (M + S - 1) / M
+    return {
+        "steps": steps,
+        "layout": layout_name(cfg),
+        "hardware": getattr(hw, "name", None),
+        "stage_units": bounds,
+        "comm": {
+            "ranks": ranks,
+            "per_step": {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
+            "per_rank_per_step_max": {k: max(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
+        },
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
+        "bubble": (S - 1) / (M + S - 1),
+        "params": sum(sizes),
+        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
+        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
+        "time": {
+            "step_s": step_s,
+            "compute_s": step_s,
+            "comm_s": 0.0,
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
+    }

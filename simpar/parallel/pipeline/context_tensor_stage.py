@@ -1,0 +1,42 @@
+"""cp x tp inside pipeline stages (--arch gpt --cp C --tp T --pp S [--dp D]): pp x dp x cp x tp.
+
+The mesh (runtime/mesh.py) nests pp, dp, cp, tp from the outside in: world rank
+((stage dp + d) C + c) T + j. A stage is dp x C x T ranks; each of its chunks (context_stage.py's cut
+of the units at the pipeline's boundaries) runs as context_tensor.py runs the whole model: cp rank c
+holds n = s/C tokens of each sequence (chunks c and 2C-1-c of 2C), tp rank j of it a/T heads, h/T of
+q, k, v, 4h/T of the MLP and V/T of the vocabulary (Megatron-LM, Shoeybi et al. 2019; Korthikanti et
+al. 2022 for CP with TP). Attention's ring (or all-to-all) stays inside the stage's cp group of the
+same tp index, tp's f and g inside the cp rank's tp group.
+
+The boundary rule: what a chunk hands on is the residual stream of its cp rank's n tokens, replicated
+on every tp rank of that cp rank (g's all-reduce made it whole). So tp rank j of cp rank c sends its
+own copy, b n h elements per micro-batch of b sequences ("pp-send-act"; its gradient "pp-send-grad"
+back), to the rank with the same (dp, cp, tp) coordinates on the next stage (mesh.pp_comm varies pp
+only) -- 1/C of a tp x pp pipeline's b s h.
+
+The loss (last stage): the vocabulary-parallel cross-entropy over the tp group on the cp rank's b n
+rows, divided by the global batch's B s tokens (context_tensor.py), tp index 0 reporting each cp
+rank's share. Gradients: each chunk's shards all-reduced (SUM) over the stage's dp x C ranks of the
+same tp index (the mesh's dpcp group). Checkpoints: cp index 0's tp groups assemble the chunks
+(engine.py), the other cp ranks agree (context_stage.py).
+
+Built for --schedule gpipe and 1f1b; config/rules.py refuses in one line the other schedules, --sp,
+--recompute and --clock sim with this layout.
+"""
+
+from __future__ import annotations
+
+from ..context_tensor import ContextTensorStack
+from .context_stage import ContextPipelineParallel
+from .engine import PipelineParallel
+
+
+class ContextTensorPipelineParallel(ContextPipelineParallel):
+    """A pipeline stage whose chunks are cp x tp stacks (module docstring)."""
+
+    def _stack(self, model, layout, mesh, lo: int, hi: int):
+        return ContextTensorStack(model, layout, mesh, list(range(lo, hi)))
+
+    def _loss_grad(self, y, labels, global_batch: int):
+        # vocab_loss_grad divides by global_batch x seq_len = B s already: the cp ranks' shares add up
+        return PipelineParallel._loss_grad(self, y, labels, global_batch)
