@@ -173,11 +173,6 @@ CASES = [
         "--cp with --pp does not recompute yet: drop --recompute",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, pp=2, clock="sim"),
-        4,
-        "--cp with --pp is not timed by --clock sim yet: use --clock wall",
-    ),
-    (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
         8,
         "--sp with --cp 2 splits each rank's seq-len/cp = 2 tokens of a sequence evenly over --tp 4: "
