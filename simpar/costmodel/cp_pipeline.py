@@ -16,8 +16,8 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
   activations cp.py's per-token arrays for n tokens, alive as the schedule's order says
   FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the causal scores'
               4 s^2 h, which the balanced split divides by C too: 4 s n h)
-  time        compute only (FLOPs / the profile's rate, times the bubble's (M+S-1)/M): --clock sim
-              is refused for this layout (config/rules.py), so no simulated step to equal.
+  time        as --clock sim charges the step: cp_pipeline_time.py (steptime.py's recurrences over
+              each chunk's units, its blocks' attention priced hop by hop as cp_time.py)
 """
 
 from __future__ import annotations
@@ -113,7 +113,13 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
             }
         )
-    step_s = max(stage_s) * (M + S - 1) / M
+    compute_s = step_s = max(stage_s) * (M + S - 1) / M
+    comm_s = 0.0
+    if hw is not None and cfg.tp == 1 and cfg.recompute == "none":  # as --clock sim charges it
+        from .cp_pipeline_time import cp_pipeline_step_seconds
+
+        timed = cp_pipeline_step_seconds(cfg, dp, sizes, hw)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
     per_step = {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS}
     return {
         "steps": steps,
@@ -132,8 +138,8 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
         "time": {
             "step_s": step_s,
-            "compute_s": step_s,
-            "comm_s": 0.0,
+            "compute_s": compute_s,
+            "comm_s": comm_s,
             "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
         },
     }

@@ -22,7 +22,7 @@ gather (dp index 0 of each stage; cp index 0 alone, the others agree) is right a
 
 Built for --schedule gpipe, 1f1b and interleaved (a stage's several chunks are each such a cut). Not
 built here (config/rules.py refuses them in one line): --tp, --recompute, the zero-bubble schedules
-(their split B and W halves), --clock sim.
+(their split B and W halves). Under --clock sim costmodel/cp_pipeline_time.py prices the step.
 """
 
 from __future__ import annotations

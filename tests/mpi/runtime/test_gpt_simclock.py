@@ -29,7 +29,7 @@ SHAPE = ["--arch", "gpt", "--n-layers", "2", "--hidden", "16", "--heads", "4", "
 SHAPE += ["--vocab", "16", "--dataset", "copy", "--samples", "64", "--batch", "8", "--steps", "2"]
 TOUR_LAYOUTS = {"serial", "dp4", "dp4-zero1", "dp4-zero2", "dp4-zero3", "tp4", "tp4-sp", "dp2xtp2"}
 TOUR_LAYOUTS |= {"dp2xtp2-sp", "pp4-gpipe", "pp4-1f1b", "dp2xpp2", "cp2", "cp4", "dp2xcp2", "cp4-ulysses"}
-TOUR_LAYOUTS |= {"tp2xpp2", "tp2xpp2-sp", "cp2xtp2", "dp2xcp2-zero1"}
+TOUR_LAYOUTS |= {"tp2xpp2", "tp2xpp2-sp", "cp2xtp2", "dp2xcp2-zero1", "cp2xpp2"}
 
 
 def hardware_option(tmp_path, hardware: str) -> str:

@@ -1,0 +1,120 @@
+"""The step time of `simpar train --arch gpt --cp C --pp S [--dp D]` in closed form, as the simulated
+clock charges it (parallel/pipeline/context_stage.py run under --clock sim). Nothing here imports the
+model, the runtime or the code that moves bytes.
+
+It is gpt_pipeline_time.py's step -- steptime.py's max-plus recurrences over the schedule's order, the
+pipeline's send/recv links, each chunk's gradient buckets overlapping its last backward -- with three
+things changed, all from context_stage.py's rules:
+
+  work     a cp rank's units run on its R = b n rows (n = s/C): gpt_time.unit_seconds with no score
+           work (s = 0), and each block's attention priced as cp_time.py prices it: the ring's hops
+           (ring_seconds: every hop max(blocks, transfer), its K/V posted before the blocks), or
+           Ulysses' blocking all-to-alls (ulysses_seconds), on the cp group's link. Every cp rank of a
+           stage does the same work at the same time (its pipeline neighbours are the same for all),
+           so its hops line up.
+  links    a stage boundary carries the cp rank's own residual stream, b n h elements, on the pp
+           group's link (world rank ((stage dp + d) C + c): pp has stride dp C).
+  buckets  each chunk's gradients all-reduced over the stage's dp x C ranks (place d C + c), on that
+           group's link (stride 1, size dp C).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from .chunktime import collective_gamma, seconds
+from .collectives import ALLREDUCE, to_bytes
+from .cp_time import ring_seconds, ulysses_seconds
+from .gpt_pipeline_time import GptChunkCosts
+from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
+from .order import n_chunks, stage_chunks
+from .spec import PRECISIONS, dp_bucket_layers, precision_of
+from .stages import balanced_counts
+from .steptime import step_time
+
+
+class CpChunkCosts(GptChunkCosts):
+    """GptChunkCosts on cp rank c's n = s/C tokens: its blocks' attention is cp_time.py's hops."""
+
+    def __init__(self, cfg, spec, hw, links, bounds, sizes, optimizer_s, c: int):
+        super().__init__(cfg, spec, hw, links, bounds, sizes, optimizer_s)
+        self.c = c
+        # the units without their score work (s = 0): the attention's hops are added per block
+        self.local = SimpleNamespace(
+            hidden=cfg.hidden, heads=cfg.heads, seq_len=0, vocab=cfg.vocab, tp=1, sp=False,
+            blocks=cfg.blocks, collectives=cfg.collectives,
+        )  # fmt: skip
+
+    def _units(self, r: int):
+        if r not in self._memo:
+            C, s, L = self.cfg.cp, self.cfg.seq_len, self.cfg.blocks
+            n = s // C
+            fwd, bwd, loss = unit_seconds(
+                self.local, r * n, self.sizes, self.bpe, self.rate, self.stream, self.overhead
+            )
+            attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
+            h, a = self.cfg.hidden, self.cfg.heads
+            attn_f, attn_b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
+            fwd = [t + (attn_f if 0 < u <= L else 0.0) for u, t in enumerate(fwd)]
+            bwd = [t + (attn_b if 0 < u <= L else 0.0) for u, t in enumerate(bwd)]
+            self._memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss
+        return self._memo[r]
+
+    def bucket_seconds(self, s_sizes: list, d: int) -> list[tuple[list[int], float]]:
+        """This chunk's buckets, each all-reduced over the stage's dp x C ranks from place d C + c."""
+        p, cfg, grad = self.spec.dp * self.cfg.cp, self.cfg, self.spec.prec.grad
+        if p == 1:
+            return []
+        out = []
+        for layers in dp_bucket_layers(s_sizes, grad, cfg.bucket_mb):
+            cost = to_bytes(
+                ALLREDUCE[cfg.collectives](sum(s_sizes[i] for i in layers), p, d * cfg.cp + self.c), grad
+            )
+            out.append((layers, seconds(cost, self.links["dp"], collective_gamma(self.hw), True, False)))
+        return out
+
+
+def cp_pipeline_step_seconds(cfg, dp: int, sizes: list[int], hw) -> dict:
+    """{step_s, compute_s, comm_s, bubble_s} of one --cp C --pp S step on dp x C ranks per stage: the
+    slowest (dp, cp) place's pipeline chain (steptime.step_time)."""
+    from .hardware import group_link
+
+    S, C, sched = cfg.pp, cfg.cp, cfg.schedule
+    Vs = cfg.virtual_stages if sched == "interleaved" else 1
+    prec = PRECISIONS[precision_of(cfg)]
+    K = n_chunks(sched, S, Vs)
+    counts = cfg.stage_layers or balanced_counts(sizes, K)
+    bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
+    spec = SimpleNamespace(
+        pp=S, dp=dp, tp=1, sp=False, world=dp * C * S, batch=cfg.batch, grad_accum=cfg.grad_accum,
+        microbatches_used=cfg.microbatches, virtual_stages=Vs, schedule=sched, overlap=cfg.overlap,
+        prec=prec, widths=[cfg.seq_len // C * cfg.hidden] * (len(sizes) + 1),
+    )  # fmt: skip
+    links = {
+        "cp": group_link(hw, "dp", C, 1, 1),
+        "dp": group_link(hw, "dp", dp * C, 1, S),
+        "pp": group_link(hw, "pp", dp * C, 1, S),
+        "tp": group_link(hw, "tp", dp * C, 1, S),
+    }
+    _, stream, _ = clock_rates(hw, precision_of(cfg), min(dp * C * S, hw.devices_per_node))
+    best = None
+    for d in range(dp):
+        for c in range(C):
+            stages = {}
+            for s in range(S):
+                mine = stage_chunks(sched, S, Vs, s)
+                opt_s = optimizer_seconds(
+                    cfg, sum(sum(sizes[slice(*bounds[k])]) for k in mine), prec.act, stream
+                )
+                costs = {k: CpChunkCosts(cfg, spec, hw, links, bounds[k], sizes, opt_s, c) for k in mine}
+                stages[s] = (costs, d, {k: sizes[slice(*bounds[k])] for k in mine})
+            timed = step_time(spec, hw, links, stages, 0.0, [0.0] * S)
+            if best is None or timed["makespan"] > best["makespan"]:
+                best = timed
+    parts = best["parts"]
+    return {
+        "step_s": best["makespan"],
+        "compute_s": parts["compute"],
+        "comm_s": parts["pp"] + parts["dp"],
+        "bubble_s": parts["bubble"],
+    }
