@@ -142,26 +142,3 @@ def test_cp_needs_a_token_sequence():
     assert (
         res.stderr.strip() == "simpar: error: --cp splits a token sequence over ranks: use it with --arch gpt"
     )
-
-
-def test_tour_on_four_ranks_shows_the_cp_layouts_equal_with_exact_bytes(tmp_path):
-    """`tour --arch gpt` on 4 ranks runs cp2 (on 2 of them), cp4, dp2 x cp2 (and with --zero 1), cp2 x
-    tp2 (--vocab 18: tp splits it), cp2 x pp2 and cp4 with Ulysses, each equal to serial (the tour fails
-    otherwise) with every rank's bytes = the cost model's."""
-    args = ["tour", *SHAPE, "--vocab", "18", "--batch", str(B), "--steps", "2", "--out", str(tmp_path)]
-    res = run_mpi(4, args, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = {
-        line.split()[0]: line.split() for line in res.stdout.splitlines() if line.split()[-1:] == ["exact"]
-    }
-    layouts = (
-        ("cp2", "2"),
-        ("cp4", "4"),
-        ("dp2xcp2", "4"),
-        ("dp2xcp2-zero1", "4"),
-        ("cp2xtp2", "4"),
-        ("cp2xpp2", "4"),
-        ("cp4-ulysses", "4"),
-    )
-    for name, ranks in layouts:
-        assert rows[name][1] == ranks and float(rows[name][3]) <= 1e-10, rows.get(name)

@@ -148,8 +148,10 @@ def test_shapes_tp_cannot_split_are_refused_in_one_line(extra, message):
 
 def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path):
     """`tour --arch gpt` on 4 ranks adds tp4, tp4-sp, dp2xtp2, dp2xtp2-sp, tp2xpp2 and tp2xpp2-sp
-    (pipeline/test_gpt_tp_pipeline.py) to the data-parallel and pipeline layouts, each equal to serial
-    with bytes = prediction exactly."""
+    (pipeline/test_gpt_tp_pipeline.py) and the context-parallel layouts (cp2 on 2 of the ranks, cp4,
+    dp2 x cp2 and with --zero 1, cp2 x tp2, cp2 x pp2, cp4 with Ulysses: test_context*.py) to the
+    data-parallel and pipeline layouts, each equal to serial (the tour fails otherwise) with every rank's
+    bytes = the cost model's. The issue-24 done-when, as a test."""
     args = ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)]
     res = run_mpi(4, args, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -175,6 +177,9 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
         "cp2xpp2",
         "cp4-ulysses",
     ], res.stdout
+    by_name = {r[0]: r for r in rows}  # layout, ranks, final loss, max|dloss| ...
+    assert by_name["cp2"][1] == "2" and all(by_name[n][1] == "4" for n in names[5:] if n != "cp2")
+    assert all(float(r[3]) <= 1e-10 for r in rows), rows
 
 
 def test_checkpoint_from_tp_sp_resumes_on_other_layouts(tmp_path):
