@@ -18,6 +18,8 @@ R = b n rows, elements, ring collectives (an all-reduce of N over t ranks sends 
   P_T         embedding V h/T + s h, block 12 h^2/T + 7h/T + 6h, head 2h + V h/T.
 Activations kept per sequence, bytes: embedding 8 n; block (4 n h + 12 n h/T + 2 n) + the log-sum-exp
 a n/T; head 2 n h + n. 1f1b keeps S - stage micro-batches alive, gpipe all M.
+The same launches run under --clock sim: costmodel/cp_tp_pipeline_time.py's closed form of the step
+(never calling the run's code) equals the simulated clock's to 1e-6, on the CPU profile and a GPU node.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import assert_same_model, train_json
+from tests.mpi.runtime.test_gpt_simclock import assert_agrees
 from tests.mpiutil import run_mpi
 
 L, H, A, S, V, B, M, STEPS = 2, 16, 4, 16, 18, 4, 2, 2
@@ -55,11 +58,13 @@ KEPT_BLOCK = (4 * N * H + 12 * N * H // T + 2 * N) * BPE + A * N // T * BPE
 KEPT = (8 * N + KEPT_BLOCK, KEPT_BLOCK + (2 * N * H + N) * BPE)  # per sequence, bytes
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_cp_x_tp_x_pp_equals_serial_with_exact_bytes_and_memory(schedule, serial, tmp_path):
+@pytest.mark.parametrize("schedule, hardware", [("gpipe", "local"), ("1f1b", "dgx-h100")])
+def test_cp_x_tp_x_pp_equals_serial_with_exact_bytes_memory_and_time(schedule, hardware, serial, tmp_path):
     ref = serial(ARGS)
-    run = train_json(C * T * PP, [*ARGS, *LAYOUT, "--schedule", schedule], tmp_path, timeout=240)
+    sim = ["--clock", "sim", "--hardware", hardware]
+    run = train_json(C * T * PP, [*ARGS, *LAYOUT, "--schedule", schedule, *sim], tmp_path, timeout=420)
     assert_same_model(run, ref, rtol=1e-12)
+    assert_agrees(run, (schedule, hardware))  # predict == simulate (cp_tp_pipeline_time.py)
     assert run["predicted"]["stage_units"] == [[0, 2], [2, 4]]
     for w in range(C * T * PP):
         rank = run["comm"]["ranks"][w]
@@ -81,5 +86,5 @@ def test_unbuilt_cp_x_tp_x_pp_schedule_is_refused_in_one_line_on_every_rank():
     res = run_mpi(8, ["train", *ARGS, *LAYOUT, "--schedule", "zb-h1", "--quiet"], timeout=60)
     assert res.returncode == 2, res.stderr
     lines = [x for x in res.stderr.splitlines() if x.strip()]
-    want = "simpar: error: --cp with --tp and --pp runs --schedule gpipe or 1f1b"
+    want = "simpar: error: --cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved without"
     assert len(lines) == 1 and lines[0].startswith(want), res.stderr
