@@ -142,3 +142,20 @@ def test_unbuilt_cp_x_tp_x_pp_schedule_is_refused_in_one_line_on_every_rank():
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     want = "simpar: error: --cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved without"
     assert len(lines) == 1 and lines[0].startswith(want), res.stderr
+
+
+def test_cp_x_tp_x_pp_checkpoints_resume_serially_and_back(tmp_path):
+    """A cp2 x tp2 x pp2 checkpoint (interleaved, --sp: four chunks, row shards) is full-shape: it resumes
+    serially, and a serial one resumes under that layout; the last step and the final weights (Adam's
+    moments resharded too) are those of the uninterrupted run."""
+    layout = [*LAYOUT, "--schedule", "interleaved", "--virtual-stages", "2", "--sp"]
+    for (n_write, writer), (n_read, reader) in (
+        ((C * T * PP, layout), (1, [])),
+        ((1, []), (C * T * PP, layout)),
+    ):
+        ckpt = tmp_path / f"ckpt-{n_write}"
+        every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+        full = train_json(n_write, [*ARGS, *writer, *every], tmp_path, f"full{n_write}", timeout=420)
+        resume = [*ARGS, *reader, "--resume", str(ckpt / "step-000001")]
+        res = train_json(n_read, resume, tmp_path, f"res{n_read}", timeout=420)
+        assert_same_model(res, {"losses": full["losses"][1:], "weights": full["weights"]}, rtol=1e-12)
