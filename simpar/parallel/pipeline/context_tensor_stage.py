@@ -45,11 +45,6 @@ class ContextTensorPipelineParallel(ContextPipelineParallel):
         # vocab_loss_grad divides by global_batch x seq_len = B s already: the cp ranks' shares add up
         return PipelineParallel._loss_grad(self, y, labels, global_batch)
 
-    def _row_shard(self, rows_or_array):
-        """Micro-batches stay whole sequences here (tokens, labels, row counts): --sp cuts a micro-batch's
-        b n token rows, not its sequences (_boundary_shape)."""
-        return rows_or_array
-
     def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
         """The cp rank's residual stream of `rows` sequences, (rows n, h); --sp: this tp rank's
         contiguous shard of those rows, (rows n / T, h) (config/rules.py makes T divide n)."""
