@@ -27,7 +27,8 @@ gpipe keeps all M micro-batches alive, 1f1b S - stage; interleaved (Megatron's w
 first chunk and one of its second.
 The same launches run under --clock sim: costmodel/cp_tp_pipeline_time.py's closed form of the step
 (never calling the run's code) equals the simulated clock's to 1e-6, on the CPU profile, a GPU node
-and nodes of two devices (there the cp ring and the pipeline leave the node).
+and nodes of two devices (there the cp ring and the pipeline leave the node); and they write a
+checkpoint after step 1 that resumes serially (a serial one resumes under cp x tp x pp: the last test).
 """
 
 from __future__ import annotations
@@ -104,10 +105,13 @@ def test_cp_x_tp_x_pp_equals_serial_with_exact_bytes_memory_and_time(
     ref = serial(ARGS)
     sp, K = "--sp" in extra, len(chunks)
     sim = ["--clock", "sim", "--hardware", hardware_option(tmp_path, hardware)]
-    run = train_json(
-        C * T * PP, [*ARGS, *LAYOUT, "--schedule", schedule, *extra, *sim], tmp_path, timeout=420
-    )
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1"]
+    layout = [*LAYOUT, "--schedule", schedule, *extra]
+    run = train_json(C * T * PP, [*ARGS, *layout, *sim, *ckpt], tmp_path, timeout=420)
     assert_same_model(run, ref, rtol=1e-12)
+    # its step-1 checkpoint is full-shape: it resumes serially into the run's last step and weights
+    res = train_json(1, [*ARGS, "--resume", str(tmp_path / "ckpt" / "step-000001")], tmp_path, "res")
+    assert_same_model(res, {"losses": run["losses"][1:], "weights": run["weights"]}, rtol=1e-12)
     assert run["predicted"]["stage_units"] == [list(x) for x in chunks]
     stream = b * N * H // T if sp else b * N * H  # the boundary rule's message (--sp: my rows)
     for w in range(C * T * PP):
@@ -144,18 +148,13 @@ def test_unbuilt_cp_x_tp_x_pp_schedule_is_refused_in_one_line_on_every_rank():
     assert len(lines) == 1 and lines[0].startswith(want), res.stderr
 
 
-def test_cp_x_tp_x_pp_checkpoints_resume_serially_and_back(tmp_path):
-    """A cp2 x tp2 x pp2 checkpoint (interleaved, --sp: four chunks, row shards) is full-shape: it resumes
-    serially, and a serial one resumes under that layout; the last step and the final weights (Adam's
-    moments resharded too) are those of the uninterrupted run."""
+def test_a_serial_checkpoint_resumes_under_cp_x_tp_x_pp(tmp_path):
+    """The other way round (each case above resumes its own checkpoint serially): a serial step-1
+    checkpoint, sliced into cp2 x tp2 x pp2's interleaved --sp chunks and shards (Adam's moments too),
+    resumes into the uninterrupted run's last step and final weights."""
+    ckpt = tmp_path / "ckpt"
+    full = train_json(1, [*ARGS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"], tmp_path, "full")
     layout = [*LAYOUT, "--schedule", "interleaved", "--virtual-stages", "2", "--sp"]
-    for (n_write, writer), (n_read, reader) in (
-        ((C * T * PP, layout), (1, [])),
-        ((1, []), (C * T * PP, layout)),
-    ):
-        ckpt = tmp_path / f"ckpt-{n_write}"
-        every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
-        full = train_json(n_write, [*ARGS, *writer, *every], tmp_path, f"full{n_write}", timeout=420)
-        resume = [*ARGS, *reader, "--resume", str(ckpt / "step-000001")]
-        res = train_json(n_read, resume, tmp_path, f"res{n_read}", timeout=420)
-        assert_same_model(res, {"losses": full["losses"][1:], "weights": full["weights"]}, rtol=1e-12)
+    resume = [*ARGS, *layout, "--resume", str(ckpt / "step-000001")]
+    res = train_json(C * T * PP, resume, tmp_path, "res", timeout=420)
+    assert_same_model(res, {"losses": full["losses"][1:], "weights": full["weights"]}, rtol=1e-12)
