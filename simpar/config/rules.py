@@ -302,19 +302,13 @@ def layout_cp(cfg) -> None:
 
 
 def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: every schedule, --recompute (context_stage.py); with --tp: gpipe, 1f1b, no --sp, no
-    --clock sim, no --recompute (context_tensor_stage.py). --clock sim is timed in closed form by
-    costmodel/cp_pipeline_time.py."""
+    """--cp with --pp: every schedule, --recompute (context_stage.py); with --tp [--sp]: gpipe, 1f1b,
+    interleaved, no --recompute (context_tensor_stage.py). --clock sim is timed in closed form by
+    costmodel/cp_pipeline_time.py (cp_tp_pipeline_time.py with --tp)."""
     require(
-        cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b"),
-        f"--cp with --tp and --pp runs --schedule gpipe or 1f1b; --schedule {cfg.schedule} is not built yet",
-    )
-    require(
-        cfg.tp == 1 or not cfg.sp, "--cp with --tp and --pp does not split sequences (--sp) yet: drop --sp"
-    )
-    require(
-        cfg.tp == 1 or cfg.clock != "sim",
-        "--cp with --tp and --pp is not timed by --clock sim yet: use --clock wall",
+        cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b", "interleaved"),
+        f"--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is "
+        "not built yet",
     )
     require(
         cfg.tp == 1 or cfg.recompute == "none",

@@ -6,19 +6,24 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
 (mesh.py); n = s/C tokens per cp rank, b sequences in a micro-batch, R = b n rows, bpe bytes per element.
 
   stages      gpt_pipeline.py's split of the units (embedding, L blocks, head) by their WHOLE sizes
-  pp messages per boundary and micro-batch, every tp rank its own copy of the cp rank's residual
-              stream: b n h forward ("pp-send-act"), b n h backward ("pp-send-grad"), to the same
-              (dp, cp, tp) coordinates on the neighbouring stage
+              into S chunks (S V under --schedule interleaved, chunk k on stage k mod S)
+  pp messages per chunk boundary between two stages and micro-batch, every tp rank its own copy of
+              the cp rank's residual stream: b n h forward ("pp-send-act"), b n h backward
+              ("pp-send-grad"), to the same (dp, cp, tp) coordinates on the neighbouring stage;
+              --sp: only the tp rank's contiguous shard of the b n rows, b n h / T each way
   cp          per block of the chunk and micro-batch, cp.py's cp_kv_bytes with width h/T (the ring
               carries the rank's a/T heads only) and cp_messages
   tp          gpt_tp_pipeline.chunk_ops on R = b n rows: the chunk's blocks' f and g, the vocabulary
               embedding's on the chunk holding unit 0, the head's and the loss's on the last chunk
+              (--sp: their all-gathers and reduce-scatters, the same bytes as the all-reduces)
   gradients   each chunk's P_T shards (gpt_tp.local_unit_sizes) in dp_buckets, ring all-reduced over
-              the stage's dp x C ranks of the same tp index (place d C + c)
-  activations cp_tp.py's per-unit table on n tokens, alive as the schedule's order says
+              the stage's dp x C ranks of the same tp index (place d C + c); --sp: each of the
+              chunk's units' LayerNorm gradients (4h a block, 2h the head) all-reduced over tp
+  activations cp_tp.py's per-unit table on n tokens (its --sp rows too), alive as the schedule's
+              order says
   FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split)
-  time        compute only (FLOPs / the profile's rate, times the bubble's (M+S-1)/M): --clock sim
-              is refused for this layout (config/rules.py), so no simulated step to equal.
+  time        as --clock sim charges the step: cp_tp_pipeline_time.py (steptime.py's recurrences over
+              cp_time.py's hops of a/T heads and gpt_time.py's tp units and blocking tp collectives)
 """
 
 from __future__ import annotations
@@ -37,14 +42,18 @@ from .stages import balanced_counts
 CATS = ("data", "model", "activation")
 
 
-def kept_per_sequence(unit: int, L: int, h: int, a: int, s: int, C: int, T: int, algo: str, bpe: int) -> int:
+def kept_per_sequence(
+    unit: int, L: int, h: int, a: int, s: int, C: int, T: int, algo: str, bpe: int, sp: bool = False
+) -> int:
     """Bytes one sequence's forward keeps in a unit on a (cp, tp) rank (cp_tp.py's table)."""
     n = s // C
     if unit == 0:
         return TOKEN_BYTES * n
     if unit > L:
-        return (2 * n * h + n) * bpe
+        return ((n * h + n * h // T + n // T) if sp else (2 * n * h + n)) * bpe
     scores = a * n // T * wide_bytes(bpe) if algo == "ring" else a * s * n // T * bpe
+    if sp:  # LayerNorms and residuals on the tp rank's n/T rows
+        return (2 * n * h + 14 * n * h // T + 2 * n // T) * bpe + scores
     return (4 * n * h + 12 * n * h // T + 2 * n) * bpe + scores
 
 
@@ -52,7 +61,8 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     """predict_run's dict for --cp C --tp T --pp S: one entry per world rank (module docstring)."""
     L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
     C, T, S, M, sched = cfg.cp, cfg.tp, cfg.pp, cfg.microbatches, cfg.schedule
-    K = n_chunks(sched, S, 1)
+    Vs = cfg.virtual_stages if sched == "interleaved" else 1
+    K = n_chunks(sched, S, Vs)
     n, algo = s // C, cfg.cp_algo
     dp = cfg.dp if cfg.dp is not None else world_size // (S * C * T)
     prec = PRECISIONS[precision_of(cfg)]
@@ -77,17 +87,17 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, steps)
 
         fwd = 0
-        mine = stage_chunks(sched, S, 1, st)
+        mine = stage_chunks(sched, S, Vs, st)
         for k in mine:
             lo, hi = bounds[k]
             blocks = sum(1 for u in range(lo, hi) if 0 < u <= L)
             for b in (b for step in rows for b in step):
-                stream = b * n * h  # this cp rank's residual stream, whole on every tp rank
+                stream = b * n * h // T if cfg.sp else b * n * h  # the cp rank's residual stream
                 if k < K - 1 and chunk_stage(sched, S, k + 1) != st:
                     add(act, "pp-send-act", Cost(stream, 1, 0, 1, stream), bpe)
                 if k > 0 and chunk_stage(sched, S, k - 1) != st:
                     add(act, "pp-send-grad", Cost(stream, 1, 0, 1, stream), bpe)
-                for op, costs in chunk_ops(lo, hi, L, b * n, h, T, j, False, cfg.collectives).items():
+                for op, costs in chunk_ops(lo, hi, L, b * n, h, T, j, cfg.sp, cfg.collectives).items():
                     for cost in costs:
                         add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else bpe)
                 if blocks:
@@ -96,11 +106,21 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // (C * T)
             for elems in dp_buckets(local[lo:hi], prec.grad, cfg.bucket_mb):
                 add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](elems, dp * C, g), prec.grad)
+            for u in range(max(lo, 1), hi) if cfg.sp else ():  # LayerNorm gradients of my rows
+                add(
+                    model,
+                    "sp-grad-allreduce",
+                    ALLREDUCE[cfg.collectives](4 * h if u <= L else 2 * h, T, j),
+                    prec.grad,
+                )
         P = sum(sum(local[slice(*bounds[k])]) for k in mine)
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
-        per_seq = [sum(kept_per_sequence(u, L, h, a, s, C, T, algo, bpe) for u in range(*b)) for b in bounds]
+        per_seq = [
+            sum(kept_per_sequence(u, L, h, a, s, C, T, algo, bpe, cfg.sp) for u in range(*bd))
+            for bd in bounds
+        ]
         mem["activations_peak"] = max(
-            peak_alive(sched, S, len(step), st, 1, lambda m, k, step=step: step[m] * per_seq[k])
+            peak_alive(sched, S, len(step), st, Vs, lambda m, k, step=step: step[m] * per_seq[k])
             for step in rows
         )
         memory.append(mem)
@@ -121,7 +141,13 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
             }
         )
-    step_s = max(stage_s) * (M + S - 1) / M
+    compute_s = step_s = max(stage_s) * (M + S - 1) / M
+    comm_s = 0.0
+    if hw is not None and cfg.recompute == "none":  # as --clock sim charges it
+        from .cp_tp_pipeline_time import cp_tp_pipeline_step_seconds
+
+        timed = cp_tp_pipeline_step_seconds(cfg, dp, sizes, local, hw)
+        step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
     return {
         "steps": steps,
         "layout": layout_name(cfg),
@@ -139,8 +165,8 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
         "time": {
             "step_s": step_s,
-            "compute_s": step_s,
-            "comm_s": 0.0,
+            "compute_s": compute_s,
+            "comm_s": comm_s,
             "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
         },
     }

@@ -81,9 +81,12 @@ class StageMessages:
 
     def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
         """The array that crosses the boundary before `layer`: (rows, its input width), or for --arch gpt
-        the residual stream of `rows` sequences, (rows * s, h) (model/gpt.py)."""
+        the residual stream of `rows` sequences, (rows * s, h) (model/gpt.py); under --sp this tp rank's
+        contiguous shard of those token rows, rows * s / t (a shard may cut a sequence: t divides s,
+        not necessarily the micro-batch's sequences)."""
         if self.model.arch == "gpt":
-            return (rows * self.model.seq_len, self.model.hidden)
+            rows_s = rows * self.model.seq_len
+            return (rows_s // self.mesh.tp if self.layout.sp else rows_s, self.model.hidden)
         return (rows, self.model.layers[layer])
 
     def _row_shard(self, rows_or_array):

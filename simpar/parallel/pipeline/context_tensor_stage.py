@@ -10,9 +10,12 @@ same tp index, tp's f and g inside the cp rank's tp group.
 
 The boundary rule: what a chunk hands on is the residual stream of its cp rank's n tokens, replicated
 on every tp rank of that cp rank (g's all-reduce made it whole). So tp rank j of cp rank c sends its
-own copy, b n h elements per micro-batch of b sequences ("pp-send-act"; its gradient "pp-send-grad"
-back), to the rank with the same (dp, cp, tp) coordinates on the next stage (mesh.pp_comm varies pp
-only) -- 1/C of a tp x pp pipeline's b s h.
+own copy, b n h elements per micro-batch ("pp-send-act"; its gradient "pp-send-grad" back), to the rank
+with the same (dp, cp, tp) coordinates on the next stage (mesh.pp_comm varies pp only) -- 1/C of a
+tp x pp pipeline's b s h. Under --sp (Korthikanti et al. 2022, sec. 4.2.2) the stream between stages is
+sequence-sharded as inside the chunk: tp rank j sends only rows j R/T .. (j+1) R/T of the cp rank's
+R = b n rows, b n h / T (config/rules.py makes T divide n); micro-batches stay whole sequences
+(tokens, labels), the shard is cut inside the chunk (context_tensor.py), not over sequences.
 
 The loss (last stage): the vocabulary-parallel cross-entropy over the tp group on the cp rank's b n
 rows, divided by the global batch's B s tokens (context_tensor.py), tp index 0 reporting each cp
@@ -20,8 +23,9 @@ rank's share. Gradients: each chunk's shards all-reduced (SUM) over the stage's 
 same tp index (the mesh's dpcp group). Checkpoints: cp index 0's tp groups assemble the chunks
 (engine.py), the other cp ranks agree (context_stage.py).
 
-Built for --schedule gpipe and 1f1b; config/rules.py refuses in one line the other schedules, --sp,
---recompute and --clock sim with this layout.
+Built for --schedule gpipe, 1f1b and interleaved (a stage's several chunks are each such a stack),
+with or without --sp; under --clock sim costmodel/cp_tp_pipeline_time.py prices the step. Refused in
+one line (config/rules.py): --recompute and the zero-bubble schedules with this layout.
 """
 
 from __future__ import annotations
@@ -40,3 +44,9 @@ class ContextTensorPipelineParallel(ContextPipelineParallel):
     def _loss_grad(self, y, labels, global_batch: int):
         # vocab_loss_grad divides by global_batch x seq_len = B s already: the cp ranks' shares add up
         return PipelineParallel._loss_grad(self, y, labels, global_batch)
+
+    def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
+        """The cp rank's residual stream of `rows` sequences, (rows n, h); --sp: this tp rank's
+        contiguous shard of those rows, (rows n / T, h) (config/rules.py makes T divide n)."""
+        rows_n = rows * (self.model.seq_len // self.cp_comm.size)
+        return (rows_n // self.mesh.tp if self.layout.sp else rows_n, self.model.hidden)

@@ -178,9 +178,10 @@ class PipelineParallel(StageMessages, Strategy):
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps_data):
             shard = self._row_shard  # --sp: this tp rank's rows of each micro-batch (pipeline_comms.py)
-            flight = InFlight(shard(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
-            # gpt's tokens and labels stay whole: its embedding scatters the rows, its head gathers them
+            # gpt's tokens, labels and sequence counts stay whole: its embedding scatters the b s token
+            # rows, its head gathers them, its boundaries carry a shard of them (_boundary_shape)
             ends = (lambda part: part) if self.model.arch == "gpt" else shard
+            flight = InFlight(ends(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
             if self.is_first:
                 assert len(x) == sum(rows[k]), "BatchFeeder and pipeline disagree on the rows"
                 flight.inputs = {(mb, 0): ends(part) for mb, part in enumerate(np.array_split(x, self.M))}

@@ -42,7 +42,7 @@ LAYOUTS = {  # name: (dp, M, schedule options, --sp, --recompute)
     "gpipe": (1, 2, ["--schedule", "gpipe"], False, "none"),
     "1f1b": (1, 4, ["--schedule", "1f1b"], False, "none"),
     "interleaved": (1, 2, ["--schedule", "interleaved", "--virtual-stages", "2"], False, "none"),
-    "naive-sp": (1, 2, ["--schedule", "naive"], True, "none"),
+    "naive-sp": (1, 8, ["--schedule", "naive"], True, "none"),  # b = 1 < t: a shard cuts a sequence
     "1f1b-sp-full": (1, 2, ["--schedule", "1f1b"], True, "full"),
     "interleaved-full": (1, 2, ["--schedule", "interleaved", "--virtual-stages", "2"], False, "full"),
     "gpipe-selective": (1, 2, ["--schedule", "gpipe"], False, "selective"),
