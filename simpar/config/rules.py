@@ -317,10 +317,22 @@ def layout_cp_pp(cfg) -> None:
 
 
 def layout_zero(cfg) -> None:
-    if cfg.zero:
+    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards on gpt (parallel/zero_mesh.py)."""
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):
         require(
-            cfg.tp == 1 and cfg.pp == 1,
-            "--zero shards data parallelism (dp, or dp x cp); combine it with --dp and --cp only",
+            cfg.arch == "gpt",
+            f"--zero with --tp or --pp is built for --arch gpt so far; --arch {cfg.arch} combines --zero "
+            "with --dp only",
+        )
+        require(  # DeepSpeed's pipeline engine asserts the same (deepspeed/runtime/pipe/engine.py)
+            cfg.pp == 1 or cfg.zero == 1,
+            f"--zero {cfg.zero} with --pp: gradient (and parameter) partitioning does not fit the "
+            "pipeline's accumulation over micro-batches (DeepSpeed refuses it too); use --zero 1",
+        )
+        require(
+            cfg.zero == 1,
+            f"--zero {cfg.zero} with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer "
+            "state); use --zero 1",
         )
         require(
             cfg.collectives == "ring",

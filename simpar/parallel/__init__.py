@@ -24,6 +24,10 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
+        from . import zero_mesh
+
+        return zero_mesh.strategy(cfg, sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 
