@@ -238,6 +238,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     steps = steps if steps is not None else (cfg.steps or 1)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 inside tp/pp shards (costmodel/zero_mesh.py)
+        from .zero_mesh import predict_zero_mesh_run
+
+        return predict_zero_mesh_run(cfg, world_size, steps, hw)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.pp > 1:  # pp x dp x cp x tp (cp_tp_pipeline.py)
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 
