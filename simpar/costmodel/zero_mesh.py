@@ -96,4 +96,16 @@ def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw) -> dict:
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)
+    if hw is not None and C == 1:  # the step's time, as the simulated clock charges it (zero_mesh_time.py)
+        from .zero_mesh_time import zero1_pipeline_seconds, zero1_tp_seconds
+
+        timed = (zero1_pipeline_seconds if S > 1 else zero1_tp_seconds)(cfg, D, hw)
+        step_s = timed["step_s"]
+        out["time"] = dict(
+            out["time"],
+            step_s=step_s,
+            compute_s=timed["compute_s"],
+            comm_s=timed["comm_s"],
+            samples_per_s=cfg.batch / step_s if step_s > 0 else float("inf"),
+        )
     return out
