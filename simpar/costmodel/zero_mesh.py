@@ -10,7 +10,7 @@ whole for T = 1); with --pp one per model chunk k it runs (order.stage_chunks), 
 units' local sizes (the chunk bounds are the base prediction's `stage_units`).
 
 Per rank per step (model category; chunk(n, p, g) = np.array_split's g-th size):
-    grad-reduce-scatter  sum_k  n_k - chunk(n_k, p, g)      elements of the gradient's bytes, p - 1 messages each
+    grad-reduce-scatter  sum_k  n_k - chunk(n_k, p, g)      elements of gradient bytes, p - 1 messages each
     param-all-gather     sum_k  n_k - chunk(n_k, p, g + 1)  elements of the parameters' bytes
                          together 2(p-1)/p P_shard (P_shard = sum_k n_k), to a chunk's rounding
 in place of the gradient all-reduce's buckets; --sp's "sp-grad-allreduce" over tp is unchanged.
@@ -92,11 +92,13 @@ def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw) -> dict:
         mem["optimizer"] = sum(chunk(n, p, g) for n in stores) * opt_bpp
     comm, cats = out["comm"], ("data", "model", "activation")
     comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
-    comm["per_rank_per_step_max"] = {k: max(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
+    comm["per_rank_per_step_max"] = {
+        k: max(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats
+    }
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)
-    if hw is not None and C == 1:  # the step's time, as the simulated clock charges it (zero_mesh_time.py)
+    if hw is not None:  # the step's time, as the simulated clock charges it (zero_mesh_time.py)
         from .zero_mesh_time import zero1_pipeline_seconds, zero1_tp_seconds
 
         timed = (zero1_pipeline_seconds if S > 1 else zero1_tp_seconds)(cfg, D, hw)
