@@ -334,6 +334,7 @@ def layout_zero(cfg) -> None:
             f"--zero {cfg.zero} with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer "
             "state); use --zero 1",
         )
+    if cfg.zero:
         require(
             cfg.collectives == "ring",
             f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "
