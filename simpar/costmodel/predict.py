@@ -239,9 +239,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     """
     steps = steps if steps is not None else (cfg.steps or 1)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 inside tp/pp shards (costmodel/zero_mesh.py)
-        from .zero_mesh import predict_zero_mesh_run
+        from .zero_mesh import predict_zero_mesh_run, without_zero
 
-        return predict_zero_mesh_run(cfg, world_size, steps, hw)
+        plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
+        return predict_zero_mesh_run(cfg, world_size, steps, hw, plain)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.pp > 1:  # pp x dp x cp x tp (cp_tp_pipeline.py)
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 

@@ -58,7 +58,8 @@ def zero1_costs(stores: list[int], p: int, g: int, prec) -> tuple[Cost, Cost]:
     return rs, ag
 
 
-def _without_zero(cfg):
+def without_zero(cfg):
+    """The same configuration without --zero: the layout whose prediction ZeRO-1 edits."""
     if dataclasses.is_dataclass(cfg):
         return dataclasses.replace(cfg, zero=0)
     plain = copy.copy(cfg)
@@ -66,11 +67,9 @@ def _without_zero(cfg):
     return plain
 
 
-def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw) -> dict:
-    """The layout's prediction without --zero, its gradient all-reduce replaced by ZeRO-1's."""
-    from .predict import predict_from_config
-
-    out = predict_from_config(_without_zero(cfg), world_size, steps, hw)
+def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw, out: dict) -> dict:
+    """`out`, the layout's prediction without --zero (predict.py makes it), edited in place: its
+    gradient all-reduce replaced by ZeRO-1's halves, its optimizer state by this rank's chunks."""
     S, C, T = cfg.pp, getattr(cfg, "cp", 1), cfg.tp
     D = cfg.dp if cfg.dp is not None else world_size // (S * C * T)
     p = D * C

@@ -207,13 +207,10 @@ class ZeroContextTensorPipelineParallel(ZeroPipelineMixin, ContextTensorPipeline
         self._zero_init(mesh)
 
 
-def strategy(cfg, sections, mesh):
-    """parallel.build_strategy's pick for --zero 1 with --tp and/or --pp (and --cp)."""
-    if cfg.pp > 1:
-        if cfg.cp > 1:
-            cls = ZeroContextTensorPipelineParallel if cfg.tp > 1 else ZeroContextPipelineParallel
-        else:
-            cls = ZeroPipelineParallel
-    else:
-        cls = ZeroContextTensorParallel if cfg.cp > 1 else ZeroGptTensorParallel
-    return cls(sections, mesh)
+def strategy_class(pp: bool, cp: bool, tp: bool):
+    """parallel.build_strategy's pick for --zero 1 with --tp and/or --pp (and --cp): which axes are > 1."""
+    if pp and cp:
+        return ZeroContextTensorPipelineParallel if tp else ZeroContextPipelineParallel
+    if pp:
+        return ZeroPipelineParallel
+    return ZeroContextTensorParallel if cp else ZeroGptTensorParallel
