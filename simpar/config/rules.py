@@ -324,7 +324,8 @@ def layout_zero(cfg) -> None:
             f"--zero with --tp or --pp is built for --arch gpt so far; --arch {cfg.arch} combines --zero "
             "with --dp only",
         )
-        require(  # DeepSpeed's pipeline engine asserts the same (deepspeed/runtime/pipe/engine.py)
+        require(  # DeepSpeed's PipelineEngine asserts the same (deepspeed/runtime/pipe/engine.py,
+            # https://github.com/deepspeedai/DeepSpeed/issues/4164): docs/strategies.md says why
             cfg.pp == 1 or cfg.zero == 1,
             f"--zero {cfg.zero} with --pp: gradient (and parameter) partitioning does not fit the "
             "pipeline's accumulation over micro-batches (DeepSpeed refuses it too); use --zero 1",

@@ -29,8 +29,10 @@ Checkpoints: a store's chunks in dpcp-rank order concatenate back to the store (
 traffic onto the group's rank 0, which has dp index 0 and cp index 0); from there the tp/pp layout's
 own gather_full assembles the full model, so a checkpoint reshards to serial and back.
 
-Not built: ZeRO-2/3 with --pp (DeepSpeed refuses them with its pipeline engine too: gradient
-partitioning does not fit pipeline's gradient accumulation over micro-batches; config/rules.py).
+Not built: ZeRO-2/3 with --pp -- DeepSpeed's PipelineEngine refuses them too ("ZeRO-2 and ZeRO-3 are
+incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py): partitioned gradients
+would be reduced on every micro-batch's backward, which a pipeline runs many of per step
+(deepspeedai/DeepSpeed issues #823, #4164) -- and ZeRO-2/3 with --tp; config/rules.py refuses both.
 """
 
 from __future__ import annotations
