@@ -320,9 +320,9 @@ def layout_zero(cfg) -> None:
     """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards on gpt (parallel/zero_mesh.py)."""
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):
         require(
-            cfg.arch == "gpt",
-            f"--zero with --tp or --pp is built for --arch gpt so far; --arch {cfg.arch} combines --zero "
-            "with --dp only",
+            cfg.arch in ("gpt", "mlp"),
+            f"--zero with --tp or --pp is built for --arch gpt and mlp so far; --arch {cfg.arch} combines "
+            "--zero with --dp only",
         )
         require(  # DeepSpeed's PipelineEngine asserts the same (deepspeed/runtime/pipe/engine.py,
             # https://github.com/deepspeedai/DeepSpeed/issues/4164): docs/strategies.md says why

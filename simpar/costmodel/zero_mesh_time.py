@@ -44,19 +44,25 @@ def _no_buckets(costs_class):
     )
 
 
-def _tail(cfg, hw, stores: list[int], ready: list[float], link) -> list[float]:
-    """Each of the group's p ranks' end: reduce-scatters, the optimizer on its chunks, all-gathers."""
-    p, prec = len(ready), PRECISIONS[precision_of(cfg)]
-    world = p * cfg.tp * cfg.pp
-    _, stream, _ = clock_rates(hw, precision_of(cfg), min(world, hw.devices_per_node))
+def _tail(hw, prec, stores: list[int], ready: list[float], optimizer_s: list[float], link) -> list[float]:
+    """Each of the group's p ranks' end: reduce-scatters, the optimizer on its chunks (optimizer_s[g]
+    seconds), all-gathers."""
+    p = len(ready)
     clock, free, gamma = list(ready), [0.0] * p, collective_gamma(hw)
     for n in stores if p > 1 else ():
         clock = ring_ends("reduce-scatter", n, prec.grad, clock, free, link, gamma)
-    for g in range(p):
-        clock[g] += optimizer_seconds(cfg, sum(chunk(n, p, g) for n in stores), prec.act, stream)
+    clock = [c + o for c, o in zip(clock, optimizer_s)]
     for n in stores if p > 1 else ():
         clock = ring_ends("all-gather", n, prec.param, clock, free, link, gamma)
     return clock
+
+
+def _gpt_tail(cfg, hw, stores: list[int], ready: list[float], link) -> list[float]:
+    """_tail with gpt_time's optimizer sweep over each rank's chunks."""
+    p, prec = len(ready), PRECISIONS[precision_of(cfg)]
+    _, stream, _ = clock_rates(hw, precision_of(cfg), min(p * cfg.tp * cfg.pp, hw.devices_per_node))
+    sweep = [optimizer_seconds(cfg, sum(chunk(n, p, g) for n in stores), prec.act, stream) for g in range(p)]
+    return _tail(hw, prec, stores, ready, sweep, link)
 
 
 def _result(ends: list[float], computes: list[float]) -> dict:
@@ -77,7 +83,7 @@ def zero1_tp_seconds(cfg, dp: int, hw) -> dict:
     link = group_link(hw, "dp", p, T, 1)
     ends = []
     for j in range(T):
-        ends += _tail(cfg, hw, [sum(local)], [base[g * T + j][0] for g in range(p)], link)
+        ends += _gpt_tail(cfg, hw, [sum(local)], [base[g * T + j][0] for g in range(p)], link)
     return _result(ends, [b[1] for b in base])
 
 
@@ -125,5 +131,33 @@ def zero1_pipeline_seconds(cfg, dp: int, hw) -> dict:
     ends = []
     for s in range(S):
         stores = [sum(local[slice(*bounds[k])]) for k in stage_chunks(sched, S, Vs, s)]
-        ends += _tail(cfg, hw, stores, ready[s], links["dp"])
+        ends += _gpt_tail(cfg, hw, stores, ready[s], links["dp"])
     return _result(ends, computes)
+
+
+def zero1_mesh_steps(spec, hw, link, stages_of: dict, timed: dict, zero_s: float) -> dict:
+    """--arch mlp --zero 1 with --tp/--pp: predict.py's chains (steptime.step_time per dp index d, whose
+    `ends` hold ZeRO's blocking seconds `zero_s` and the optimizer sweep), re-ended: each stage's dp
+    ranks reach `ready` (the end less both), then _tail over the dp group. Returns {d: step_time's
+    shape} with the ring time and the waiting in `dp`, so a stage's parts still add up to its end."""
+    S, p, out = spec.pp, spec.dp, {}
+    ends = {}
+    for s in range(S):
+        costs = [next(iter(stages_of[d][s][0].values())) for d in range(p)]
+        sizes = stages_of[0][s][2]
+        stores = [sum(sizes[c]) for c in stages_of[0][s][0]]  # the stage's chunks, in order
+        ready = [timed[d]["ends"][s] - zero_s - costs[d].optimizer_s for d in range(p)]
+        for d, end in enumerate(_tail(hw, spec.prec, stores, ready, [c.optimizer_s for c in costs], link)):
+            ends[s, d] = end
+    for d in range(p):
+        last = max(range(S), key=lambda s: ends[s, d])
+        waited = [ends[s, d] - (timed[d]["ends"][s] - zero_s) for s in range(S)]
+        parts = dict(timed[d]["stage_parts"][last])
+        parts["dp"] += waited[last] - zero_s
+        out[d] = {
+            "makespan": ends[last, d],
+            "dp_exposed": timed[d]["dp_exposed"] - zero_s + max(waited),
+            "critical_stage": last,
+            "parts": parts,
+        }
+    return out

@@ -27,7 +27,7 @@ def build_strategy(cfg, mesh):
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
         from . import zero_mesh
 
-        return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1)(sections, mesh)
+        return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1, cfg.arch == "gpt")(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 

@@ -42,9 +42,11 @@ import numpy as np
 from .. import collectives
 from ..model.precision import build_optimizer
 from .context_tensor import ContextTensorParallel, ContextVocabReplicas
+from .data import DataParallel
 from .pipeline.context_stage import ContextPipelineParallel
 from .pipeline.context_tensor_stage import ContextTensorPipelineParallel
 from .pipeline.engine import PipelineParallel
+from .tensor import TensorParallel
 from .tensor_gpt import GptTensorParallel
 from .vocab_parallel import VocabParallelReplicas
 
@@ -106,9 +108,8 @@ class _ShardedCheckpoints:
             st.params[...] = flat  # ZeRO-1 holds every parameter of its shard
 
 
-class ZeroVocabReplicas(VocabParallelReplicas):
-    """The vocabulary-parallel step with ZeRO-1 in place of the dp all-reduce (ZeroContextVocabReplicas
-    puts context_tensor.py's replicas, on the cp rank's tokens, under it)."""
+class _ZeroReplicasStep:
+    """DataParallel's step (parallel/data.py) with ZeRO-1 in place of the dp all-reduce of its store."""
 
     def __init__(self, sections, mesh, stack):
         super().__init__(sections, mesh, stack=stack)
@@ -131,24 +132,41 @@ class ZeroVocabReplicas(VocabParallelReplicas):
         return self.shards.params()
 
 
+class ZeroReplicas(_ZeroReplicasStep, DataParallel):
+    """--arch mlp: the tensor-parallel stack's replicas (tensor.py)."""
+
+
+class ZeroVocabReplicas(_ZeroReplicasStep, VocabParallelReplicas):
+    """--arch gpt: the vocabulary-parallel step (ZeroContextVocabReplicas puts context_tensor.py's
+    replicas, on the cp rank's tokens, under it)."""
+
+
 def _no_bucket(layer_index: int) -> None:
     """A layer's gradients are final: ZeRO-1 waits for the step's end to reduce-scatter them."""
+
+
+def _use_zero_replicas(strategy, sections, mesh, replicas_class) -> None:
+    """A tensor-parallel strategy (tensor.py's shape) runs its stack in ZeRO-1 replicas instead."""
+    strategy.replicas = replicas_class(sections, mesh, stack=strategy.stack)
+    strategy.meter, strategy.watch = strategy.replicas.meter, strategy.replicas.watch
+    strategy.optimizer = strategy.replicas.optimizer
+    strategy.shards = strategy.replicas.shards
 
 
 class ZeroGptTensorParallel(_ShardedCheckpoints, GptTensorParallel):
     """--arch gpt --tp T --dp D --zero 1 [--sp] (module docstring)."""
 
-    replicas_class = ZeroVocabReplicas
+    def __init__(self, sections, mesh):
+        super().__init__(sections, mesh)
+        _use_zero_replicas(self, sections, mesh, ZeroVocabReplicas)
+
+
+class ZeroTensorParallel(_ShardedCheckpoints, TensorParallel):
+    """--arch mlp --tp T --dp D --zero 1 (module docstring; tensor.py's column/row shards)."""
 
     def __init__(self, sections, mesh):
         super().__init__(sections, mesh)
-        self._zero_replicas(sections, mesh)
-
-    def _zero_replicas(self, sections, mesh) -> None:
-        self.replicas = self.replicas_class(sections, mesh, stack=self.stack)
-        self.meter, self.watch = self.replicas.meter, self.replicas.watch
-        self.optimizer = self.replicas.optimizer
-        self.shards = self.replicas.shards
+        _use_zero_replicas(self, sections, mesh, ZeroReplicas)
 
 
 class ZeroPipelineMixin(_ShardedCheckpoints):
@@ -186,11 +204,9 @@ class ZeroContextVocabReplicas(ZeroVocabReplicas, ContextVocabReplicas):
 class ZeroContextTensorParallel(_ShardedCheckpoints, ContextTensorParallel):
     """--arch gpt --cp C --tp T --dp D --zero 1 [--sp] (module docstring)."""
 
-    replicas_class = ZeroContextVocabReplicas
-
     def __init__(self, sections, mesh):
         super().__init__(sections, mesh)
-        ZeroGptTensorParallel._zero_replicas(self, sections, mesh)
+        _use_zero_replicas(self, sections, mesh, ZeroContextVocabReplicas)
 
 
 class ZeroContextPipelineParallel(ZeroPipelineMixin, ContextPipelineParallel):
@@ -209,8 +225,11 @@ class ZeroContextTensorPipelineParallel(ZeroPipelineMixin, ContextTensorPipeline
         self._zero_init(mesh)
 
 
-def strategy_class(pp: bool, cp: bool, tp: bool):
-    """parallel.build_strategy's pick for --zero 1 with --tp and/or --pp (and --cp): which axes are > 1."""
+def strategy_class(pp: bool, cp: bool, tp: bool, gpt: bool = True):
+    """parallel.build_strategy's pick for --zero 1 with --tp and/or --pp (and --cp): which axes are > 1;
+    --arch mlp (gpt False) runs tensor.py's stack, or the pipeline engine's MLP stages."""
+    if not gpt and not pp:
+        return ZeroTensorParallel
     if pp and cp:
         return ZeroContextTensorPipelineParallel if tp else ZeroContextPipelineParallel
     if pp:
