@@ -105,3 +105,39 @@ def test_a_serial_checkpoint_resumes_in_zero1_x_tp_and_x_pp(tmp_path):
     for layout in (["--dp", "2", "--tp", "2"], ["--dp", "2", "--pp", "2"]):
         run = train_json(4, [*ARGS, *layout, "--zero", "1", *resume], tmp_path, "run", timeout=240)
         assert_same_model(run, {"losses": ref["losses"][1:], "weights": ref["weights"]}, rtol=1e-12)
+
+
+# --arch mlp: tensor.py's shards, column then row on each stage (a column layer's rank holds in x out/T
+# and out/T of b, a row layer's in/T x out and the whole b); stage 1's 199 elements split 100/99 over dp.
+MLP = [64, 24, 16, 14, 10]
+MLP_ARGS = ["--layers", ",".join(map(str, MLP)), "--batch", "16", "--samples", "128", "--steps", str(STEPS)]
+MLP_ARGS += ["--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--kernels", "numpy"]
+
+
+def mlp_stage_store(stage: int, T: int) -> int:
+    (a, b), (_, c) = zip(MLP[2 * stage : 2 * stage + 2], MLP[2 * stage + 1 : 2 * stage + 3])
+    return (a * b // T + b // T) + (b * c // T + c)  # the stage's column layer, then its row layer
+
+
+def test_mlp_zero1_with_tp_and_pp_equals_serial_with_exact_bytes(serial, tmp_path):
+    D, T, Sp = 2, 2, 2
+    ref = serial(MLP_ARGS)
+    layout = ["--dp", str(D), "--tp", str(T), "--pp", str(Sp), "--zero", "1", "--stage-layers", "2,2"]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1"]
+    run = train_json(8, [*MLP_ARGS, *layout, *ckpt, "--clock", "sim"], tmp_path, "run", timeout=240)
+    assert_same_model(run, ref, rtol=1e-12)
+    assert mlp_stage_store(1, T) % D, "stage 1 must split unevenly"
+    for r in range(8):
+        st, d = r // (D * T), (r // T) % D
+        n = mlp_stage_store(st, T)
+        by_op = run["comm"]["ranks"][r]["by_op"]
+        assert "model/grad-allreduce" not in by_op
+        assert by_op["model/grad-reduce-scatter"]["sent"] == (n - c(n, D, d)) * BPE * STEPS, r
+        assert by_op["model/param-all-gather"]["sent"] == (n - c(n, D, d + 1)) * BPE * STEPS, r
+        mem = run["memory"]["ranks"][r]
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == (n * BPE, n * BPE, 2 * c(n, D, d) * BPE)
+    assert run["prediction_mismatches"] == []
+    sim, pred = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
+    assert abs(pred / sim - 1) <= 1e-6, (sim, pred)
+    res = train_json(1, [*MLP_ARGS, "--resume", str(tmp_path / "ckpt" / "step-000001")], tmp_path, "res")
+    assert_same_model(res, {"losses": run["losses"][1:], "weights": run["weights"]}, rtol=1e-12)
