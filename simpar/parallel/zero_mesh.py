@@ -1,4 +1,5 @@
-"""ZeRO-1 inside a model-parallel mesh: --zero 1 with --tp, --pp (both, and --cp) on --arch gpt.
+"""ZeRO-1 inside a model-parallel mesh: --zero 1 with --tp, --pp (both, and --cp) on --arch gpt; with
+--tp, --pp (and both) on --arch mlp.
 
 Megatron-LM's distributed optimizer (Shoeybi et al. 2019; its `--use-distributed-optimizer`, the ZeRO-1
 of Rajbhandari et al. 2020, sec. 5.1) shards the optimizer states of each MODEL SHARD over the
