@@ -124,7 +124,7 @@ def test_checkpoints_move_between_cp_and_serial(tmp_path):
             ["--cp", "3", "--seq-len", "12", "--hidden", "16", "--zero", "3", "--clock", "sim"],
             "(uneven chunks are not timed yet)",
         ),
-        (4, ["--cp", "2", "--pp", "2", "--zero", "2"], "--zero 2 with --pp: gradient (and parameter) partitioning"),
+        (4, ["--cp", "2", "--pp", "2", "--zero", "2"], "--zero 2 with --pp: gradient (and parameter)"),
         (1, ["--cp-algo", "ulysses"], "--cp-algo ulysses picks context parallelism's attention: add --cp C"),
     ],
     ids=["ulysses-heads", "seq-chunks", "world", "zero-sim", "zero2-pp", "algo-without-cp"],
