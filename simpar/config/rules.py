@@ -317,13 +317,8 @@ def layout_cp_pp(cfg) -> None:
 
 
 def layout_zero(cfg) -> None:
-    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards on gpt (parallel/zero_mesh.py)."""
+    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards, any arch (parallel/zero_mesh.py)."""
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):
-        require(
-            cfg.arch in ("gpt", "mlp"),
-            f"--zero with --tp or --pp is built for --arch gpt and mlp so far; --arch {cfg.arch} combines "
-            "--zero with --dp only",
-        )
         require(  # DeepSpeed's PipelineEngine asserts the same (deepspeed/runtime/pipe/engine.py,
             # https://github.com/deepspeedai/DeepSpeed/issues/4164): docs/strategies.md says why
             cfg.pp == 1 or cfg.zero == 1,

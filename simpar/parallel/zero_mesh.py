@@ -1,5 +1,5 @@
 """ZeRO-1 inside a model-parallel mesh: --zero 1 with --tp, --pp (both, and --cp) on --arch gpt; with
---tp, --pp (and both) on --arch mlp.
+--tp, --pp (and both) on --arch mlp and resmlp.
 
 Megatron-LM's distributed optimizer (Shoeybi et al. 2019; its `--use-distributed-optimizer`, the ZeRO-1
 of Rajbhandari et al. 2020, sec. 5.1) shards the optimizer states of each MODEL SHARD over the
@@ -163,10 +163,16 @@ class ZeroGptTensorParallel(_ShardedCheckpoints, GptTensorParallel):
 
 
 class ZeroTensorParallel(_ShardedCheckpoints, TensorParallel):
-    """--arch mlp --tp T --dp D --zero 1 (module docstring; tensor.py's column/row shards)."""
+    """--arch mlp|resmlp --tp T --dp D --zero 1 (module docstring; tensor.py's column/row shards, or
+    tensor_resmlp.py's blocks)."""
 
     def __init__(self, sections, mesh):
-        super().__init__(sections, mesh)
+        stack = None
+        if sections.model.arch == "resmlp":  # residual blocks split over tp, and --sp (tensor_resmlp.py)
+            from .tensor_resmlp import ResTensorStack
+
+            stack = ResTensorStack(sections.model, sections.layout, mesh)
+        super().__init__(sections, mesh, stack=stack)
         _use_zero_replicas(self, sections, mesh, ZeroReplicas)
 
 
@@ -228,7 +234,7 @@ class ZeroContextTensorPipelineParallel(ZeroPipelineMixin, ContextTensorPipeline
 
 def strategy_class(pp: bool, cp: bool, tp: bool, gpt: bool = True):
     """parallel.build_strategy's pick for --zero 1 with --tp and/or --pp (and --cp): which axes are > 1;
-    --arch mlp (gpt False) runs tensor.py's stack, or the pipeline engine's MLP stages."""
+    --arch mlp|resmlp (gpt False) runs tensor.py's (or tensor_resmlp.py's) stack, or the engine's stages."""
     if not gpt and not pp:
         return ZeroTensorParallel
     if pp and cp:

@@ -141,3 +141,20 @@ def test_mlp_zero1_with_tp_and_pp_equals_serial_with_exact_bytes(serial, tmp_pat
     assert abs(pred / sim - 1) <= 1e-6, (sim, pred)
     res = train_json(1, [*MLP_ARGS, "--resume", str(tmp_path / "ckpt" / "step-000001")], tmp_path, "res")
     assert_same_model(res, {"losses": run["losses"][1:], "weights": run["weights"]}, rtol=1e-12)
+
+
+def test_resmlp_zero1_with_tp_sp_equals_serial_and_shards_what_it_holds(serial, tmp_path):
+    """resmlp's blocks under --tp --sp (tensor_resmlp.py): each rank's ZeRO bytes and optimizer state
+    follow from the shard it measurably holds (params / bpe = P_shard, one store), as the closed form says."""
+    args = [*MLP_ARGS, "--arch", "resmlp", "--layers", "64,32,32,32,10", "--clock", "sim"]
+    ref = serial([a for a in args if a not in ("--clock", "sim")])
+    run = train_json(4, [*args, "--dp", "2", "--tp", "2", "--sp", "--zero", "1"], tmp_path, timeout=240)
+    assert_same_model(run, ref, rtol=1e-12)
+    for r in range(4):
+        d, n = r // 2, run["memory"]["ranks"][r]["params"] // BPE
+        by_op = run["comm"]["ranks"][r]["by_op"]
+        assert by_op["model/grad-reduce-scatter"]["sent"] == (n - c(n, 2, d)) * BPE * STEPS
+        assert by_op["model/param-all-gather"]["sent"] == (n - c(n, 2, d + 1)) * BPE * STEPS
+        assert run["memory"]["ranks"][r]["optimizer"] == 2 * c(n, 2, d) * BPE
+    assert run["prediction_mismatches"] == []
+    assert abs(run["predicted"]["time"]["step_s"] / run["time"]["sim"]["step_s"] - 1) <= 1e-6

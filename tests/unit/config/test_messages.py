@@ -277,12 +277,6 @@ CASES = [
     ),
     # layout: ZeRO
     (
-        dict(zero=1, tp=2, arch="resmlp", layers=[64, 32, 32, 10]),
-        2,
-        "--zero with --tp or --pp is built for --arch gpt and mlp so far; --arch resmlp combines --zero with "
-        "--dp only",
-    ),
-    (
         dict(arch="gpt", dataset="text", zero=2, pp=2, batch=8),
         2,
         "--zero 2 with --pp: gradient (and parameter) partitioning does not fit the pipeline's accumulation "
