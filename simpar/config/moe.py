@@ -69,7 +69,8 @@ def expert_rules(cfg) -> None:
     ]
     require(
         not unsupported,
-        f"--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with {', '.join(unsupported)}",
+        "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
+        + ", ".join(unsupported),
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
         later = [
@@ -82,4 +83,7 @@ def expert_rules(cfg) -> None:
             )
             if on
         ]
-        require(not later, f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}")
+        require(
+            not later,
+            f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}",
+        )

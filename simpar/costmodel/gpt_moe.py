@@ -86,7 +86,9 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     elems = 2 * n * h + n
     for kept in kept_blocks:
         elems += n * (7 * h + a * s + 2) + n * h + n * E + sum(kept[d]) * h
-        elems += sum(9 * h * sum(kept[q][e] for q in range(d - j, d - j + P)) for e in range(j * per, (j + 1) * per))
+        elems += sum(
+            9 * h * sum(kept[q][e] for q in range(d - j, d - j + P)) for e in range(j * per, (j + 1) * per)
+        )
     return 8 * n + elems * bpe
 
 
@@ -135,7 +137,9 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
                 "coords": {"pp": 0, "dp": d, "tp": 0},
                 "sent": sent,
                 "messages": messages,
-                "by_op": {f"{cat(op)}/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()},
+                "by_op": {
+                    f"{cat(op)}/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()
+                },
             }
         )
         n = dense + experts

@@ -318,10 +318,7 @@ def gpt_units(model, rt=PLAIN) -> list:
     if getattr(model, "experts", 0):  # --experts E: every block's MLP is E experts (gpt_moe.py)
         from .gpt_moe import MoEBlockUnit
 
-        block = lambda i: MoEBlockUnit(  # noqa: E731
-            i, model.hidden, model.heads, model.seq_len, L, model.experts, model.top_k,
-            model.capacity_factor, model.aux_loss_coef,
-        )
+        block = lambda i: MoEBlockUnit.of(model, i)  # noqa: E731
     units = (
         [EmbeddingUnit(model.vocab, model.seq_len, model.hidden)]
         + [block(i) for i in range(1, L + 1)]

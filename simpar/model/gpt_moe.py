@@ -180,6 +180,21 @@ class MoEBlockUnit(BlockUnit):
         self.dense = dense_size(hidden, experts)
         self.size = self.dense + experts * expert_size(hidden)
 
+    @classmethod
+    def of(cls, model, index: int) -> MoEBlockUnit:
+        """Block `index` of `model` (its section: shape, experts, top-k, capacity, aux loss weight)."""
+        return cls(
+            index,
+            model.hidden,
+            model.heads,
+            model.seq_len,
+            model.blocks,
+            model.experts,
+            model.top_k,
+            model.capacity_factor,
+            model.aux_loss_coef,
+        )
+
     def dense_views(self, flat):
         """g1, b1, (Wq, bq, Wk, bk, Wv, bv, Wo, bo), g2, b2, Wr."""
         h = self.h

@@ -156,7 +156,9 @@ class GptExpertParallel(Strategy):
         if self.ep.rank != 0:
             self.ep.send(np.ascontiguousarray(mine), 0, "control", op)
             return None
-        pieces = [mine] + [self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)]
+        pieces = [mine] + [
+            self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)
+        ]
         per, n_dense, n_exp = len(self.mine), 0, None
         out, offsets = [], [0] * len(pieces)
         for u in self.units:

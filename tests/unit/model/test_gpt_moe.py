@@ -40,15 +40,17 @@ def run(units, flats, tokens, labels, record=None):
         else:
             pairs.append((f, g))
     N = B * S
-    loss = train_pass(
-        units, pairs, ffns, tokens, labels, N, N, lambda x: softmax_cross_entropy(x, labels, B)
-    )
+    loss = train_pass(units, pairs, ffns, tokens, labels, N, N, lambda x: softmax_cross_entropy(x, labels, B))
     return loss, grads
 
 
 def test_sizes():
     block = gpt_units(Cfg)[1]
-    assert block.size == dense_size(H, E) + E * expert_size(H) == 4 * H * H + 8 * H + H * E + E * (8 * H * H + 5 * H)
+    assert (
+        block.size
+        == dense_size(H, E) + E * expert_size(H)
+        == 4 * H * H + 8 * H + H * E + E * (8 * H * H + 5 * H)
+    )
 
 
 def test_moe_gpt_gradients_match_finite_differences():
