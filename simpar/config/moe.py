@@ -79,7 +79,6 @@ def expert_rules(cfg) -> None:
                 ("--cp", cfg.cp > 1),
                 ("--precision mixed-bf16", cfg.precision == "mixed-bf16"),
                 ("--clock sim", cfg.clock == "sim"),
-                ("--checkpoint-dir/--resume", bool(cfg.checkpoint_dir or cfg.resume)),
             )
             if on
         ]

@@ -108,12 +108,19 @@ def activations(m: dict, D: int, P: int, G: int) -> list[int]:
 
 
 def test_dp2_ep2_with_accumulation_equals_serial_with_exact_bytes(serial, tmp_path):
+    """dp2 x ep2 with --grad-accum 2 (capacity per micro-step) equals serial; its checkpoint resumes
+    serially onto the same model."""
     extra = ["--grad-accum", "2"]
     ref = serial([*ARGS, *extra])
     assert ref["params"] == M + L * E * EXPERT
     assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0  # capacity drops tokens here
-    run = train_json(2, [*ARGS, *extra, "--dp", "2", "--ep", "2"], tmp_path)
+    ckpt = tmp_path / "ckpt"
+    every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    run = train_json(2, [*ARGS, *extra, "--dp", "2", "--ep", "2", *every], tmp_path)
     assert_same_model(run, ref, rtol=1e-12)
+    # the dp2 x ep2 checkpoint of step 1 (every expert gathered to full shape) resumed serially
+    resumed = train_json(1, [*ARGS, *extra, "--resume", str(ckpt / "step-000001")], tmp_path, "resumed")
+    assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
     assert run["moe"]["routed_by_rank"] and run["moe"]["dropped"] == ref["moe"]["dropped"]
     check_bytes(run, 2, 2, 2)
     check_bytes(ref, 1, 1, 2)

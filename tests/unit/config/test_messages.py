@@ -293,11 +293,6 @@ CASES = [
         1,
         GPT_MOE + "--precision mixed-bf16, --clock sim",
     ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, checkpoint_dir="ck"),
-        1,
-        GPT_MOE + "--checkpoint-dir/--resume",
-    ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (
         dict(top_k=1, capacity_factor=2.0, aux_loss_coef=0.0),
