@@ -13,6 +13,9 @@ ep-histogram`: global capacity, piece sizes), then the four all-to-alls of exper
 h wide: `activation/ep-dispatch`, `ep-combine` forward, `ep-combine-grad`, `ep-dispatch-grad` backward
 (the routine is model/gpt_moe.MoEFFN; this file gives it the exchange). Bytes: costmodel/gpt_moe.py.
 No overlap and no buckets, as expert.py: the all-to-alls stand out.
+Full shape (--weights-out, checkpoints): per unit its flat vector, a block's being its dense part
+then all E experts, gathered from the first ep group to world rank 0 (`control`); a checkpoint
+resumes on any --dp/--ep (slice_full keeps the rank's experts).
 """
 
 from __future__ import annotations
@@ -159,18 +162,16 @@ class GptExpertParallel(Strategy):
         pieces = [mine] + [
             self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)
         ]
-        per, n_dense, n_exp = len(self.mine), 0, None
-        out, offsets = [], [0] * len(pieces)
+        per, n_dense, out, offsets = len(self.mine), 0, [], [0] * len(pieces)
         for u in self.units:
             size = u.dense if isinstance(u, MoEBlockUnit) else u.size
             part = [dense[n_dense : n_dense + size]]
             n_dense += size
             if isinstance(u, MoEBlockUnit):
-                n_exp = u.size - u.dense
-                one = n_exp // u.E
+                n = per * (u.size - u.dense) // u.E  # this unit's E/P experts in one rank's flat
                 for q, piece in enumerate(pieces):  # global expert order: ep rank 0's, then rank 1's
-                    part.append(piece[offsets[q] : offsets[q] + per * one])
-                    offsets[q] += per * one
+                    part.append(piece[offsets[q] : offsets[q] + n])
+                    offsets[q] += n
             out.append((np.concatenate(part), np.zeros(0, dense.dtype)))
         return out
 
