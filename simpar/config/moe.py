@@ -77,7 +77,6 @@ def expert_rules(cfg) -> None:
             name
             for name, on in (
                 ("--cp", cfg.cp > 1),
-                ("--precision mixed-bf16", cfg.precision == "mixed-bf16"),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on

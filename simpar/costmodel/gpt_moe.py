@@ -23,9 +23,10 @@ Memory: (M + L E/P (8h^2 + 5h)) x bytes for params, grads and optimizer state. A
 end of the fullest micro-step's forward, per rank (elements, model dtype; tokens int64):
   embedding 8 n bytes (token ids); head 2 n h + n (LN_f's xh, its output, 1/sigma)
   per block n (7h + a s + 2) (LN1's xh, attention's input, q k v, its output, scores, LN2's xh, two
-  1/sigma -- gpt.py's block without its MLP), the FFN's input n h, the router's n E probabilities,
-  the kept outputs that came back sum_e kept[d][e] h, and 9h (input, W1's output, GELU's) per row
-  each of the rank's experts received from its group.
+  1/sigma -- gpt.py's block without its MLP), the FFN's input n h, the router's n E probabilities
+  (4-byte float32 under --precision mixed-bf16: Switch's selective precision), the kept outputs that
+  came back sum_e kept[d][e] h, and 9h (input, W1's output, GELU's) per row each of the rank's
+  experts received from its group.
 Time: a rough estimate only (--clock sim is refused for this layout): the dense model's matmul FLOPs
 with the MLP's counted K times plus the router's, and each collective at the dp link's alpha, beta.
 """
@@ -79,17 +80,19 @@ def kept_per_micro_step(cfg, D: int, routing: dict | None, steps: int) -> list[t
 
 
 def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -> float:
-    """The module docstring's activations of rank d in micro-step k."""
+    """The module docstring's activations of rank d in micro-step k (the router's probabilities in
+    float32 under --precision mixed-*, 4 bytes, the rest in bpe)."""
     h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
     n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
     per, j = E // P, d % P
     elems = 2 * n * h + n
     for kept in kept_blocks:
-        elems += n * (7 * h + a * s + 2) + n * h + n * E + sum(kept[d]) * h
+        elems += n * (7 * h + a * s + 2) + n * h + sum(kept[d]) * h
         elems += sum(
             9 * h * sum(kept[q][e] for q in range(d - j, d - j + P)) for e in range(j * per, (j + 1) * per)
         )
-    return 8 * n + elems * bpe
+    router_bpe = 4 if precision_of(cfg) == "mixed" else bpe
+    return 8 * n + elems * bpe + len(kept_blocks) * n * E * router_bpe
 
 
 def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:

@@ -75,6 +75,7 @@ class MoEFFN:
         self.experts, self.x, self.rt, self.unlimited = experts, exchange, rt, unlimited
         self.per = E // exchange.P
         self.record = None  # a callable(H, kept) the strategy sets to keep the routing
+        self.loss_scale = lambda: 1.0  # --precision mixed-*: the strategy's optimizer's loss scale
 
     def owned_by(self, q: int) -> range:
         return range(q * self.per, (q + 1) * self.per)
@@ -94,6 +95,8 @@ class MoEFFN:
         base = ex.d - ex.j
         keep = keep_mask(top, E, cap, H[: ex.d].sum(axis=0))
         aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, B)
+        f = p.dtype  # the router's type: float32 under --precision mixed-* (moe.router_dtype)
+        dp_aux = dp_aux * f.type(self.loss_scale())  # scaled like dL/dlogits (precision.py)
         if self.record is not None:
             self.record(H, kept)
         assigned = [np.nonzero((top == e) & keep) for e in range(E)]
@@ -110,12 +113,14 @@ class MoEFFN:
                 outs[q].append(piece)
         to_q = [[len(assigned[e][0]) for e in self.owned_by(q)] for q in range(P)]
         back = ex.alltoall([np.concatenate(o) for o in outs], combine_rows, "ep-combine")
-        y, hs = np.zeros((x.shape[0], h), x.dtype), {}
+        # gate x output summed in the router's type, rounded to the model's once (as moe.py, expert.py)
+        y, hs = np.zeros((x.shape[0], h), f), {}
         for q in range(P):
             for e, out in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 rows, slots = assigned[e]
-                y[rows] += gates[rows, slots][:, None] * out
+                y[rows] += gates[rows, slots][:, None] * out.astype(f, copy=False)
                 hs[e] = out
+        y = y.astype(x.dtype, copy=False)
         ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows)
         held = x.nbytes + p.nbytes + sum(o.nbytes for o in hs.values())
         held += sum(c.nbytes for c in ectx.values() if c is not None)
@@ -125,13 +130,15 @@ class MoEFFN:
         """dL/dx of forward's x (experts and router); the experts' and the router's gradients added."""
         P, ex = self.x.P, self.x
         x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows = ctx
-        dgates, send = np.zeros(top.shape, p.dtype), []
+        f = p.dtype
+        dgates, send = np.zeros(top.shape, f), []
         for q in range(P):
             pieces = []
             for e in self.owned_by(q):
                 rows, slots = assigned[e]
-                dgates[rows, slots] = (dy[rows] * hs[e]).sum(axis=1)
-                pieces.append(gates[rows, slots][:, None] * dy[rows])
+                dyr = dy[rows].astype(f, copy=False)
+                dgates[rows, slots] = (dyr * hs[e].astype(f, copy=False)).sum(axis=1)
+                pieces.append((gates[rows, slots][:, None] * dyr).astype(x.dtype, copy=False))
             send.append(np.concatenate(pieces))
         got = ex.alltoall(send, dispatch_rows, "ep-combine-grad")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
@@ -145,7 +152,8 @@ class MoEFFN:
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 dx[assigned[e][0]] += piece
-        return dx + router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr)
+        dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr)
+        return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
     def _expert_forward(self, e, xe):
         """FFN_e on the rows it received: (output, Kept(input, W1's output z, GELU's u)) or no context."""

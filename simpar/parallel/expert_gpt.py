@@ -83,6 +83,7 @@ class GptExpertParallel(Strategy):
                 mine = {e: eviews.pop(0) for e in self.mine}
                 ffn = MoEFFN(u.h, u.E, u.K, u.C, u.alpha, mine, exchange, self.rt)
                 ffn.record = lambda H, kept, i=u.index: self.routing[-1].__setitem__(i, (H, kept))
+                ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)
                 self.ffns[u.index] = ffn
         self.optimizer = build_optimizer(model, self.optimisation, self.dp, self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}

@@ -291,7 +291,7 @@ CASES = [
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
-        GPT_MOE + "--precision mixed-bf16, --clock sim",
+        GPT_MOE + "--clock sim",
     ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (
