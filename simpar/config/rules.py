@@ -74,7 +74,6 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--experts", cfg.experts > 0),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
@@ -82,7 +81,7 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
+        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp], --pp and --experts/--ep so far; "
         f"{', '.join(later)} not yet (issue 23)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank

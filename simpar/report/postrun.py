@@ -123,7 +123,7 @@ def serial_prediction(cfg, hw) -> float:
 
 def param_count(cfg) -> int:
     """Parameters of the whole model (every expert, every block), as the metrics report them."""
-    if cfg.experts:
+    if cfg.experts and cfg.arch != "gpt":  # gpt: gpt_param_count counts every block's E experts
         from ..model.moe import moe_param_count
 
         return sum(moe_param_count(cfg.layers, cfg.experts))

@@ -25,7 +25,8 @@ USAGE = (
     "e.g. stall@rank=1,step=3,seconds=20; got {!r}"
 )
 ROUTER = "options of a mixture of experts' router; add --experts E"
-UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp; not with "
+UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
+GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep; not yet with "
 
 # (RunConfig fields, world size, the message)
 CASES = [
@@ -72,7 +73,8 @@ CASES = [
     (
         dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; --inject nan not "
+        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp], --pp and --experts/--ep so far; "
+        "--inject nan not "
         "yet (issue 23)",
     ),
     (
@@ -268,6 +270,13 @@ CASES = [
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
+    ),
+    (dict(arch="gpt", dataset="copy", experts=2, tp=2), 2, UNSUPPORTED + "--tp"),
+    (dict(arch="gpt", dataset="copy", experts=2, cp=2), 2, GPT_MOE + "--cp"),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
+        1,
+        GPT_MOE + "--clock sim",
     ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (
