@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..model.gpt import gpt_units
+from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, train_pass
 from ..model.moe import capacity, micro_rows
 from ..model.precision import build_optimizer, loss_grad

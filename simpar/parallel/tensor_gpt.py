@@ -37,7 +37,8 @@ import numpy as np
 
 from .. import collectives
 from ..model.attention import self_attention_backward, self_attention_forward
-from ..model.gpt import BlockUnit, EmbeddingUnit, Kept, gpt_units
+from ..model.gpt import BlockUnit, EmbeddingUnit, Kept
+from ..model.gpt_build import gpt_units
 from ..model.mlp import pending_weight_passes
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import HeldBytes, NonFiniteWatch, Strategy

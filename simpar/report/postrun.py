@@ -130,7 +130,7 @@ def param_count(cfg) -> int:
     if cfg.arch == "mlp":
         return parameter_count(cfg.layers)
     if cfg.arch == "gpt":
-        from ..model.gpt import gpt_param_count
+        from ..model.gpt_build import gpt_param_count
 
         return gpt_param_count(cfg.model)
     from ..model.resmlp import build_units

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simpar.model.gpt import gpt_units
+from simpar.model.gpt_build import gpt_units
 from simpar.model.gpt_moe import LOCAL, MoEBlockUnit, MoEFFN, dense_size, expert_size, train_pass
 from simpar.model.mlp import softmax_cross_entropy
 from simpar.model.moe import capacity
