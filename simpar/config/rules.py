@@ -292,8 +292,8 @@ def layout_cp(cfg) -> None:
 
 
 def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: gpipe, 1f1b, interleaved (with --tp: gpipe, 1f1b, no --sp, no --clock sim); no
-    --recompute (context_stage.py, context_tensor_stage.py). --clock sim is timed in closed form by
+    """--cp with --pp: every schedule, --recompute (context_stage.py); with --tp: gpipe, 1f1b, no --sp, no
+    --clock sim, no --recompute (context_tensor_stage.py). --clock sim is timed in closed form by
     costmodel/cp_pipeline_time.py."""
     require(
         cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b"),
@@ -307,11 +307,9 @@ def layout_cp_pp(cfg) -> None:
         "--cp with --tp and --pp is not timed by --clock sim yet: use --clock wall",
     )
     require(
-        cfg.schedule in ("gpipe", "1f1b", "interleaved"),
-        f"--cp with --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is not built "
-        "with --cp yet",
+        cfg.tp == 1 or cfg.recompute == "none",
+        "--cp with --tp and --pp does not recompute yet: drop --recompute",
     )
-    require(cfg.recompute == "none", "--cp with --pp does not recompute yet: drop --recompute")
 
 
 def layout_zero(cfg) -> None:

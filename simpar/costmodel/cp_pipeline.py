@@ -13,7 +13,23 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
               forward + 4(C-1) b n h backward; Ulysses: 8(C-1)/C b n h) and cp_messages
   gradients   each chunk's buckets (dp_buckets over its units) ring-all-reduced over the stage's
               dp x C ranks (place d C + c)
-  activations cp.py's per-token arrays for n tokens, alive as the schedule's order says
+  activations cp.py's per-token arrays for n tokens, alive as the schedule's order says (order.peak_alive;
+              zb-h1 and zb-v hold them until the W pass)
+  --recompute full keeps a chunk's input only (its n tokens' ids, or n h elements a sequence) and
+              re-runs the chunk's forward before its backward: every block's attention again, so the
+              ring's C-1 K/V hops (or Ulysses' 4 forward all-to-alls) are sent once more.
+              selective keeps every per-token array and drops each block's softmax part -- the ring's
+              log-sum-exp (a n in the wide type), Ulysses' P (a s n) -- and rebuilds it before the
+              block's backward: the ring by running its forward again (its K/V hops sent again, as
+              --recompute full's), Ulysses from its kept q and k, no message (context_attention.py's
+              rebuild_softmax). Per block of the chunk and micro-batch of b sequences, on top of cp.py's
+              (cp_recompute_kv):
+                  full       ring 2 (C-1) b n h bpe in C-1 messages; Ulysses 4 (C-1) (b n h / C) bpe
+                             in 4 (C-1)
+                  selective  ring 2 (C-1) b n h bpe in C-1 messages; Ulysses 0
+              so a ring rank sends, per block per micro-batch, 8 (C-1) b n h elements instead of 6.
+  zb-h1, zb-v split each unit's backward into B (dL/dx) and W (the weights' gradients): all of the
+              attention's cp traffic is on dL/dx's path, so it is in B, with the same bytes.
   FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the causal scores'
               4 s^2 h, which the balanced split divides by C too: 4 s n h)
   time        as --clock sim charges the step: cp_pipeline_time.py (steptime.py's recurrences over
@@ -45,6 +61,26 @@ def cp_unit_kept_bytes(unit: int, L: int, h: int, a: int, s: int, C: int, algo: 
     return (2 * n * h + n) * bpe
 
 
+def cp_recompute_kv(b: int, n: int, h: int, C: int, algo: str, bpe: int, mode: str) -> tuple[int, int]:
+    """(bytes, messages) one rank sends AGAIN per block per micro-batch of b sequences under --recompute
+    `mode` (module docstring): the ring's forward hops 2 (C-1) b n h bpe in C-1 messages under full or
+    selective; Ulysses' 4 forward all-to-alls, 4 (C-1) pieces of b n h / C, under full only."""
+    if mode == "none" or C == 1 or (algo != "ring" and mode == "selective"):
+        return 0, 0
+    if algo == "ring":
+        return 2 * (C - 1) * b * n * h * bpe, C - 1
+    return 4 * (C - 1) * (b * n * h // C) * bpe, 4 * (C - 1)
+
+
+def cp_unit_softmax_bytes(unit: int, L: int, a: int, s: int, C: int, algo: str, bpe: int) -> int:
+    """Bytes of one sequence's block that --recompute selective drops: the ring's lse (a n, wide type),
+    Ulysses' P (a s n); 0 for the embedding and the head."""
+    if not 0 < unit <= L:
+        return 0
+    n = s // C
+    return a * n * wide_bytes(bpe) if algo == "ring" else a * s * n * bpe
+
+
 def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     """predict_run's dict for --cp C --pp S: one entry per world rank (module docstring)."""
     L, h, a, s, V = cfg.blocks, cfg.hidden, cfg.heads, cfg.seq_len, cfg.vocab
@@ -60,6 +96,18 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    mode = cfg.recompute
+
+    def kept(k: int) -> tuple[int, int]:
+        """(held from forward to backward, held during backward) per sequence for chunk k."""
+        lo, hi = bounds[k]
+        full = sum(cp_unit_kept_bytes(u, L, h, a, s, C, algo, bpe) for u in range(lo, hi))
+        if mode == "full":
+            return (TOKEN_BYTES * n if lo == 0 else n * h * bpe), full
+        if mode == "selective":
+            return full - sum(cp_unit_softmax_bytes(u, L, a, s, C, algo, bpe) for u in range(lo, hi)), full
+        return full, full
+
     ranks, memory, stage_s = [], [], []
     for r in range(world_size):
         st, rest = divmod(r, dp * C)
@@ -71,7 +119,7 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         def add(op: str, sent: int, messages: int) -> None:
             ops[op] = ops.get(op, Cost()) + Cost(sent * steps, messages * steps, 0, 0, 0)
 
-        fwd = 0
+        fwd = redo = 0
         model = Cost()
         for k in mine:
             lo, hi = bounds[k]
@@ -82,21 +130,36 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 if k > 0 and chunk_stage(sched, S, k - 1) != st:
                     add("pp-send-grad", b * n * h * bpe, 1)
                 if blocks:
-                    add(cp_op, blocks * cp_kv_bytes(b, n, h, C, algo, bpe), blocks * cp_messages(C, algo))
-                fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
+                    again, again_msgs = cp_recompute_kv(b, n, h, C, algo, bpe, mode)
+                    sent = cp_kv_bytes(b, n, h, C, algo, bpe) + again
+                    add(cp_op, blocks * sent, blocks * (cp_messages(C, algo) + again_msgs))
+                chunk_fwd = b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
+                fwd += chunk_fwd
+                if mode == "full":
+                    redo += chunk_fwd
+                elif mode == "selective":  # the ring's score products again (4 s n h); Ulysses' q k^T
+                    redo += blocks * b * (4 if algo == "ring" else 2) * s * n * h
             for elems in dp_buckets(sizes[lo:hi], prec.grad, cfg.bucket_mb):
                 model = model + to_bytes(
                     ALLREDUCE[cfg.collectives](elems, dp * C, d * C + c), prec.grad, steps
                 )
         P = sum(sizes[u] for k in mine for u in range(*bounds[k]))
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
-        per_seq = [sum(cp_unit_kept_bytes(u, L, h, a, s, C, algo, bpe) for u in range(*bd)) for bd in bounds]
+        held = [kept(k) for k in range(K)]
         mem["activations_peak"] = max(
-            peak_alive(sched, S, len(step), st, Vs, lambda m, k, step=step: step[m] * per_seq[k])
+            peak_alive(
+                sched,
+                S,
+                len(step),
+                st,
+                Vs,
+                lambda m, k, step=step: step[m] * held[k][0],
+                None if mode == "none" else (lambda m, k, step=step: step[m] * (held[k][1] - held[k][0])),
+            )
             for step in rows
         )
         memory.append(mem)
-        stage_s.append(3 * fwd / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
         by_op = {f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in ops.items()}
         by_op["model/grad-allreduce"] = {"sent": model.sent, "messages": model.messages}
         ranks.append(
@@ -110,12 +173,12 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                     "activation": sum(x.messages for x in ops.values()),
                 },
                 "by_op": by_op,
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
+                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo},
             }
         )
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
-    if hw is not None and cfg.tp == 1 and cfg.recompute == "none":  # as --clock sim charges it
+    if hw is not None and cfg.tp == 1:  # as --clock sim charges it
         from .cp_pipeline_time import cp_pipeline_step_seconds
 
         timed = cp_pipeline_step_seconds(cfg, dp, sizes, hw)
@@ -135,7 +198,7 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         "bubble": (S - 1) / (M + S - 1),
         "params": sum(sizes),
         "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
+        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
         "time": {
             "step_s": step_s,
             "compute_s": compute_s,

@@ -16,6 +16,16 @@ things changed, all from context_stage.py's rules:
            group's link (world rank ((stage dp + d) C + c): pp has stride dp C).
   buckets  each chunk's gradients all-reduced over the stage's dp x C ranks (place d C + c), on that
            group's link (stride 1, size dp C).
+
+--recompute (context_stage.py, gpt_recompute.py, context_attention.rebuild_softmax), before a chunk's
+backward: full runs the chunk's forward again (without the loss), its blocks' attention hops included;
+selective rebuilds each block's softmax part: the ring its whole forward pass again (ring_seconds'
+forward F: the hops again, each max(blocks, transfer)), Ulysses its heads' q k^T locally,
+2 b s (h/C) s / rate a block (b a/C products of s x d x s).
+--schedule zb-h1, zb-v (model/gpt_split.py on a cp block): B is the backward less the W half, so the
+attention's backward (its hops, its dK/dV partial sums, or Ulysses' all-to-alls) is in B; W is a
+block's six weight matrices' dW, 2 R 12 h^2 / rate, and accumulating 3 per parameter; the head's
+2 R h V / rate and the accumulation; the embedding's whole backward (R = b n rows).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, to_bytes
 from .cp_time import ring_seconds, ulysses_seconds
 from .gpt_pipeline_time import GptChunkCosts
-from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
+from .gpt_time import ACCUMULATE, clock_rates, optimizer_seconds, unit_seconds
 from .order import n_chunks, stage_chunks
 from .spec import PRECISIONS, dp_bucket_layers, precision_of
 from .stages import balanced_counts
@@ -52,13 +62,43 @@ class CpChunkCosts(GptChunkCosts):
             fwd, bwd, loss = unit_seconds(
                 self.local, r * n, self.sizes, self.bpe, self.rate, self.stream, self.overhead
             )
-            attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
-            h, a = self.cfg.hidden, self.cfg.heads
-            attn_f, attn_b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
+            attn_f, attn_b = self._attention(r)
             fwd = [t + (attn_f if 0 < u <= L else 0.0) for u, t in enumerate(fwd)]
             bwd = [t + (attn_b if 0 < u <= L else 0.0) for u, t in enumerate(bwd)]
             self._memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss
         return self._memo[r]
+
+    def _attention(self, r: int):
+        """(forward, backward) seconds of one block's attention for r sequences (cp_time.py)."""
+        C, h, a, n = self.cfg.cp, self.cfg.hidden, self.cfg.heads, self.cfg.seq_len // self.cfg.cp
+        attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
+        f, b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
+        return f, b
+
+    def _blocks(self) -> int:
+        return sum(1 for u in range(self.lo, self.hi) if 0 < u <= self.cfg.blocks)
+
+    def recompute(self, r: int) -> float:
+        if self.cfg.recompute == "selective" and self.cfg.cp_algo == "ring":  # the ring's forward again
+            return self._blocks() * self._attention(r)[0]
+        if self.cfg.recompute == "selective":  # Ulysses: q k^T of my a/C heads over all s tokens
+            s, h, C = self.cfg.seq_len, self.cfg.hidden, self.cfg.cp
+            return self._blocks() * 2 * r * s * s * (h // C) / self.rate
+        return super().recompute(r)  # full: self.forward(r, loss=False), the hops included
+
+    def weight_layers(self, r: int) -> list[float]:
+        """The W pass of each unit on R = r n rows, the last unit first (module docstring)."""
+        R, h, L = r * self.cfg.seq_len // self.cfg.cp, self.cfg.hidden, self.cfg.blocks
+        out = []
+        for u in reversed(range(self.lo, self.hi)):
+            accumulate = ACCUMULATE * self.sizes[u] * self.bpe * self.stream
+            if u == 0:  # the embedding: its whole backward
+                out.append(self._units(r)[1][0])
+            elif u <= L:
+                out.append(2 * R * 12 * h * h / self.rate + accumulate)
+            else:
+                out.append(2 * R * h * self.cfg.vocab / self.rate + accumulate)
+        return out
 
     def bucket_seconds(self, s_sizes: list, d: int) -> list[tuple[list[int], float]]:
         """This chunk's buckets, each all-reduced over the stage's dp x C ranks from place d C + c."""

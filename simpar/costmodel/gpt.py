@@ -231,6 +231,24 @@ def plan(
 # -- a simpar run's prediction, keyed like its metrics (predict.predict_from_config) -------------------
 
 
+def rank_record(rank: int, coords: dict, **categories: dict) -> dict:
+    """One rank's predicted traffic keyed as the ledger writes it into the metrics: per category
+    (model=..., activation=...: each a {op: Cost} of totals over the run) the bytes sent and messages,
+    and every op under "category/op". The gpt and cp predictors all report a rank this way."""
+    return {
+        "rank": rank,
+        "coords": coords,
+        "sent": {"data": 0} | {cat: sum(c.sent for c in ops.values()) for cat, ops in categories.items()},
+        "messages": {"data": 0}
+        | {cat: sum(c.messages for c in ops.values()) for cat, ops in categories.items()},
+        "by_op": {
+            f"{cat}/{op}": {"sent": c.sent, "messages": c.messages}
+            for cat, ops in categories.items()
+            for op, c in ops.items()
+        },
+    }
+
+
 def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
     --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again.
@@ -273,23 +291,12 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
         rows = max(chunk(k_rows, p, d) for k_rows in split(cfg.batch, cfg.grad_accum))
         mem["activations_peak"] = simpar_activation_bytes(rows, s, L, h, a, V, prec.act)
         memory.append(mem)
-        sent = {"data": 0, "model": sum(c.sent for c in ops.values()), "activation": 0}
-        messages = {"data": 0, "model": sum(c.messages for c in ops.values()), "activation": 0}
         if hw is not None and p > 1:
             from .hardware import group_link
 
             link = group_link(hw, "dp", p, 1, 1)
             comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values()))
-        by_op = {f"model/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()}
-        ranks.append(
-            {
-                "rank": d,
-                "coords": {"pp": 0, "dp": d, "tp": 0},
-                "sent": sent,
-                "messages": messages,
-                "by_op": by_op,
-            }
-        )
+        ranks.append(rank_record(d, {"pp": 0, "dp": d, "tp": 0}, model=ops, activation={}))
     if hw is not None:  # as the simulated clock charges a step
         from .gpt_time import step_seconds
         from .gpt_zero_time import zero_step_seconds

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
-from .gpt import flops_per_step, unit_sizes
+from .gpt import flops_per_step, rank_record, unit_sizes
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
@@ -125,28 +125,8 @@ def predict_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             blocks = sum(1 for c in mine for u in range(*bounds[c]) if 0 < u <= L)
             recomputed = 2 * s * s * h * blocks * sum(map(sum, rows))
         stage_s.append(((3 * fwd + recomputed) / hw.flop_rate(precision_of(cfg))) if hw is not None else 0.0)
-        sent = {
-            "data": 0,
-            "model": sum(c.sent for c in model_ops.values()),
-            "activation": sum(c.sent for c in ops.values()),
-        }
-        messages = {
-            "data": 0,
-            "model": sum(c.messages for c in model_ops.values()),
-            "activation": sum(c.messages for c in ops.values()),
-        }
-        by_op = {f"activation/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()}
-        by_op.update({f"model/{op}": {"sent": c.sent, "messages": c.messages} for op, c in model_ops.items()})
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "tp": 0},
-                "sent": sent,
-                "messages": messages,
-                "by_op": by_op,
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": recomputed},
-            }
-        )
+        record = rank_record(r, {"pp": st, "dp": d, "tp": 0}, model=model_ops, activation=ops)
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": recomputed}})
     bubble = (S - 1) / (M + S - 1)
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import flops_per_step
+from .gpt import flops_per_step, rank_record
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
 
@@ -121,25 +121,7 @@ def predict_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
             seconds = sum(c.rounds * tp_link.alpha + c.round_elems * tp_link.beta for c in act.values())
             seconds += sum(c.rounds * dp_link.alpha + c.round_elems * dp_link.beta for c in model.values())
             comm_s = max(comm_s, seconds)
-        by_op = {f"model/{op}": {"sent": c.sent, "messages": c.messages} for op, c in model.items()}
-        by_op.update({f"activation/{op}": {"sent": c.sent, "messages": c.messages} for op, c in act.items()})
-        ranks.append(
-            {
-                "rank": rank,
-                "coords": {"pp": 0, "dp": d, "tp": j},
-                "sent": {
-                    cat: sum(c.sent for c in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "messages": {
-                    cat: sum(c.messages for c in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "by_op": by_op,
-            }
-        )
+        ranks.append(rank_record(rank, {"pp": 0, "dp": d, "tp": j}, model=model, activation=act))
     if hw is not None:  # as the simulated clock charges a step (gpt_time.py)
         from .gpt_time import step_seconds
 

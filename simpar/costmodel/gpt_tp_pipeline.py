@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import flops_per_step, unit_sizes
+from .gpt import flops_per_step, rank_record, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes, micro_step_ops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
@@ -160,23 +160,8 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         if mode == "selective":  # q k^T again, 2 s^2 h per block and sequence, over t
             blocks = sum(1 for c in mine for u in range(*bounds[c]) if 0 < u <= L)
             recomputed = 2 * s * s * h * blocks * sum(map(sum, rows)) // t
-        cats = {"model": model, "activation": act}
-        by_op = {
-            f"{cat}/{op}": {"sent": c.sent, "messages": c.messages}
-            for cat in cats
-            for op, c in cats[cat].items()
-        }
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "tp": j},
-                "sent": {"data": 0} | {cat: sum(c.sent for c in ops.values()) for cat, ops in cats.items()},
-                "messages": {"data": 0}
-                | {cat: sum(c.messages for c in ops.values()) for cat, ops in cats.items()},
-                "by_op": by_op,
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": recomputed},
-            }
-        )
+        record = rank_record(r, {"pp": st, "dp": d, "tp": j}, model=model, activation=act)
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": recomputed}})
     from .gpt_pipeline_time import pipeline_step_seconds
 
     timed = pipeline_step_seconds(cfg, p, sizes, hw, local)

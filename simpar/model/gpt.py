@@ -37,7 +37,13 @@ import math
 import numpy as np
 
 from ..runtime.context import PLAIN
-from .attention import self_attention_backward, self_attention_forward
+from .attention import (
+    attention_core_backward,
+    merge_heads,
+    self_attention_backward,
+    self_attention_forward,
+    split_heads,
+)
 from .gpt_split import split_backward
 from .mlp import pending_weight_passes, wide
 from .resmlp import layernorm_backward, layernorm_forward
@@ -239,7 +245,13 @@ class BlockUnit:
     def charge_half(self, rows: int, bpe: int, weights: bool) -> None:
         """--clock sim: one zero-bubble half of this block's backward (gpt_split.py)."""
         if self.rt.clock is not None:
-            charge_half(self.rt.clock, rows, self.h, self.a, self.s, bpe, self.size, weights)
+            charge_half(self.rt.clock, rows, self.h, self.a, self._keys(), bpe, self.size, weights)
+
+    def attend_core_backward(self, do, actx):
+        """(dq, dk, dv) merged, from do: the attention core's backward alone (gpt_split.py's B pass)."""
+        b, heads, s, _ = actx.q.shape
+        grads = attention_core_backward(split_heads(do, b, s, heads), actx.q, actx.k, actx.v, actx.probs)
+        return tuple(merge_heads(g) for g in grads)
 
     def weights(self, flat):
         return flat.copy(), np.empty(0, flat.dtype)

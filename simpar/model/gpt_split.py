@@ -15,6 +15,9 @@ The embedding has no B (its input is integer tokens): all of its backward is W. 
 dx from dhf = dlogits Wout^T, W is dWout = hf^T dlogits and LN_f's gamma, beta. Together the halves
 compute what the fused backward (gpt.py) computes; under half precision each product is taken in
 float32 from the half arrays and rounded back where the kernels round (precision.HalfKernels).
+A block's attention core is its unit's attend_core_backward: the serial core here, the cp group's for
+a cp block (parallel/context.py: the ring's K/V hops and dK/dV partial sums, or Ulysses' all-to-alls,
+are on the path of dL/dx, so all of the cp traffic runs in B; W is the local products alone).
 split_backward is called by a unit's backward inside model.mlp.deferred_weight_grads and queues ONE
 closure per unit (the pipeline pairs W passes with its units).
 
@@ -27,7 +30,6 @@ costmodel/gpt_pipeline_time.py writes the same split.
 
 from __future__ import annotations
 
-from .attention import attention_core_backward, merge_heads, split_heads
 from .mlp import ACTIVATIONS, wide
 
 
@@ -81,10 +83,7 @@ def split_backward(unit, flat, gflat, ctx, dy, pending: list):
     dx2 = dy + _layernorm_dx(dh2, ctx.xh2, ctx.r2, g2, half)
     a = ctx.attn
     do = _dot(dx2, Wo.T, half)
-    b, heads, s, _ = a.q.shape
-    dq, dk, dv = (
-        merge_heads(t) for t in attention_core_backward(split_heads(do, b, s, heads), a.q, a.k, a.v, a.probs)
-    )
+    dq, dk, dv = unit.attend_core_backward(do, a)  # a cp block's runs over the cp group (context.py)
     dh1 = _dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dv, Wv.T, half)
     dx = dx2 + _layernorm_dx(dh1, ctx.xh1, ctx.r1, g1, half)
     unit.charge_half(dy.shape[0], dy.itemsize, weights=False)

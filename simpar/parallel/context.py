@@ -27,7 +27,7 @@ import numpy as np
 from ..model.gpt import EMBED_BWD_ELEMS, EMBED_FWD_ELEMS, BlockUnit, EmbeddingUnit, HeadUnit, Kept
 from ..model.precision import loss_grad
 from ..model.ring_attention import chunk_positions
-from .context_attention import cp_attention_backward, cp_attention_forward
+from .context_attention import cp_attention_backward, cp_attention_forward, cp_core_backward, rebuild_softmax
 from .data import DataParallel, GradientBuckets
 from .resmlp_stack import UnitStack, unit_store
 
@@ -76,6 +76,14 @@ class ContextBlock(BlockUnit):
         return cp_attention_backward(
             self.comm, self.algo, dy, actx, attn, dattn, self.a, self.full_seq, self.rt.kernels
         )
+
+    def attend_core_backward(self, do, actx):
+        """The zero-bubble B pass's attention core (model/gpt_split.py): over the cp group, all in B."""
+        return cp_core_backward(self.comm, self.algo, do, actx, self.a, self.full_seq)
+
+    def rebuild_softmax(self, actx) -> None:
+        """--recompute selective: the softmax part dropped in forward, again (context_attention.py)."""
+        rebuild_softmax(self.comm, self.algo, actx)
 
 
 def context_units(model, layout, comm, rt) -> list:

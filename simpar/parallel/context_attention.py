@@ -213,6 +213,21 @@ def ulysses_backward(comm, do, saved, s: int):
 # -- the attention layer around them: projections on my tokens, the core over the cp group ---------
 
 
+def cp_core_backward(comm, algo: str, do, ctx, heads: int, s: int):
+    """(dq, dk, dv) merged to (b n, h) from do = dL/do (b n, h): the attention core's backward over the
+    cp group -- the ring's K/V hops and dK/dV partial sums, or Ulysses' four all-to-alls. The zero-
+    bubble B pass calls it alone (model/gpt_split.py): all of the cp traffic belongs to B."""
+    b = ctx.saved[0].shape[0]  # q (ring) or my heads' q (Ulysses): (b, ., ., d)
+    n = ctx.x.shape[0] // b
+    if algo == "ring":
+        q, k, v, lse = ctx.saved
+        o = split_heads(ctx.o, b, n, heads)
+        grads = ring_backward(comm, split_heads(do, b, n, heads), q, k, v, o, lse)
+    else:
+        grads = ulysses_backward(comm, split_heads(do, b, n, heads), ctx.saved, s)
+    return tuple(merge_heads(g) for g in grads)
+
+
 class CPAttentionContext:
     """Kept for backward: the input x, the merged output o (Wo's input), and the core's own:
     ring (q, k, v, lse) -- no score matrix at all; ulysses (q, k, v of my heads on all tokens, P)."""
@@ -223,6 +238,33 @@ class CPAttentionContext:
     @property
     def nbytes(self) -> int:
         return self.x.nbytes + self.o.nbytes + sum(a.nbytes for a in self.saved)
+
+    def drop_softmax(self) -> None:
+        """--recompute selective: drop the softmax's part (ring: the log-sum-exp, a n per sequence in
+        the wide type; Ulysses: P of my heads, a s n), keep every per-token array (rebuild_softmax)."""
+        *kept, stats = self.saved
+        self.saved = (*kept, np.empty(0, stats.dtype))
+
+
+def rebuild_softmax(comm, algo: str, ctx: CPAttentionContext) -> None:
+    """What drop_softmax dropped, again, before the block's backward. The ring has no score matrix to
+    rebuild alone: its lse needs every key block, so the ring's forward runs again from the kept q, k,
+    v -- its C-1 K/V hops are sent (and booked, `cp-kv`) again, its blocks charged again; the o it
+    returns equals the kept one (same inputs, same order) and is let go. Ulysses keeps its heads' q
+    and k on all s tokens, so P = softmax(q k^T) is rebuilt locally, no message (gpt_recompute.py)."""
+    if algo == "ring":
+        q, k, v, _ = ctx.saved
+        ctx.saved = (q, k, v, ring_forward(comm, q, k, v)[1])
+        return
+    from .pipeline.gpt_recompute import softmax_probs  # the forward's own P, bit for bit
+
+    qh, kh, vh, _ = ctx.saved
+    ctx.saved = (qh, kh, vh, softmax_probs(qh, kh))
+    clock = comm.runtime.clock
+    if clock is not None:  # q k^T per head of mine: (s x d) @ (d x s), b * a/C of them
+        b, g, s, d = qh.shape
+        for _ in range(b * g):
+            clock.matmul(s, d, s)
 
 
 def cp_attention_forward(comm, algo: str, x, params, batch: int, n: int, heads: int, s: int, kern):
@@ -246,19 +288,8 @@ def cp_attention_backward(
 ):
     Wq, bq, Wk, bk, Wv, bv, Wo, bo = params
     do, gWo, gbo = kern.linear_act_backward(dy, ctx.o, Wo, dy, dy, "none", True)
-    if algo == "ring":
-        q, k, v, lse = ctx.saved
-        b, n = q.shape[0], q.shape[2]
-        dq, dk, dv = ring_backward(
-            comm, split_heads(do, b, n, heads), q, k, v, split_heads(ctx.o, b, n, heads), lse
-        )
-    else:
-        b = ctx.saved[0].shape[0]
-        n = ctx.x.shape[0] // b
-        dq, dk, dv = ulysses_backward(comm, split_heads(do, b, n, heads), ctx.saved, s)
     dx, new = None, []
-    for W, dh in ((Wq, dq), (Wk, dk), (Wv, dv)):
-        dz = merge_heads(dh)
+    for W, dz in zip((Wq, Wk, Wv), cp_core_backward(comm, algo, do, ctx, heads, s)):
         dpart, gW, gb = kern.linear_act_backward(dz, ctx.x, W, dz, dz, "none", True)
         new += [gW, gb]
         dx = dpart if dx is None else dx + dpart

@@ -20,9 +20,21 @@ it varies edp, ep and cp, never pp), 2(dp C - 1)/(dp C) x P_chunk elements per r
 Checkpoints: every cp rank of a stage holds its chunk's full parameters, so the pipeline's full-shape
 gather (dp index 0 of each stage; cp index 0 alone, the others agree) is right as it is.
 
-Built for --schedule gpipe, 1f1b and interleaved (a stage's several chunks are each such a cut). Not
-built here (config/rules.py refuses them in one line): --tp, --recompute, the zero-bubble schedules
-(their split B and W halves). Under --clock sim costmodel/cp_pipeline_time.py prices the step.
+--recompute (recompute.py): full keeps a chunk's input and re-runs the chunk's forward before its
+backward, so each block's attention runs again -- the ring's C-1 K/V hops (2 (C-1) b n h elements) or
+Ulysses' 4 forward all-to-alls (4 (C-1) b n h / C) are sent again, real messages booked as `cp-kv` /
+`cp-alltoall`. selective drops each block's softmax part (the ring's log-sum-exp, Ulysses' P) and
+rebuilds it before the block's backward (gpt_recompute.py -> context_attention.rebuild_softmax): the
+ring by running its forward again, hops included (2 (C-1) b n h); Ulysses from its kept q and k, no
+message. costmodel/cp_pipeline.py's cp_recompute_kv predicts those bytes.
+
+Built for every schedule (a stage's several chunks are each such a cut). The zero-bubble ones (zb-h1,
+zb-v) split each unit's backward into B and W (model/gpt_split.py): a cp block's attention core
+backward -- dQ, the ring's K/V hops and its dK/dV partial sums sent back around, or Ulysses' four
+all-to-alls -- is on dL/dx's path, so it runs in B (ContextBlock.attend_core_backward); W is the
+linear layers' and LayerNorms' weight gradients alone, no message. With --tp the stage is
+context_tensor_stage.py's (config/rules.py refuses what that does not build in one line). Under --clock
+sim costmodel/cp_pipeline_time.py prices the step.
 """
 
 from __future__ import annotations

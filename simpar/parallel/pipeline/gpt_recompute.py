@@ -11,6 +11,9 @@ layout still equals the serial run.
 What this costs: one q k^T per block, 2 s^2 h FLOPs a sequence (causal, counted in full as
 Narayanan et al. 2021 count it); attention over V is not redone (o is kept).
 The embedding and the head keep everything (their contexts hold no s^2 term).
+A cp block (parallel/context.py, --cp with --pp) drops its softmax part and rebuilds it itself
+(context_attention.CPAttentionContext.drop_softmax, rebuild_softmax): the ring's log-sum-exp by running
+the ring's forward again (its K/V hops are real messages again), Ulysses' P locally.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def save_selective(contexts: list) -> tuple[list, int]:
     held = 0
     for ctx in contexts:
         attn = getattr(ctx, "attn", None)
-        if attn is not None:
+        if attn is not None and hasattr(attn, "drop_softmax"):  # a cp block's (context_attention.py)
+            attn.drop_softmax()
+        elif attn is not None:
             attn.probs = np.empty(0, attn.q.dtype)  # dropped: 0 bytes (AttentionContext.nbytes)
         held += ctx.nbytes
     return contexts, held
@@ -49,6 +54,9 @@ def restore_selective(contexts: list, stack) -> list:
     for unit, ctx in zip(stack.units, contexts):
         attn = getattr(ctx, "attn", None)
         if attn is None:
+            continue
+        if hasattr(unit, "rebuild_softmax"):  # a cp block: the ring runs again, or Ulysses' P locally
+            unit.rebuild_softmax(attn)
             continue
         attn.probs = softmax_probs(attn.q, attn.k)
         clock = unit.rt.clock

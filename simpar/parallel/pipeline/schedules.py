@@ -47,107 +47,33 @@ Why the executor cannot deadlock: sends are non-blocking (isend) and receives bl
 schedule_check.check executes every schedule symbolically with exactly these semantics before a run
 and refuses one that can deadlock or leaves a send unreceived (config.validate calls it).
 
-(Over 300 lines: every schedule is a few lines of plain data, and they read best next to each
-other and to the step types they use; zb-v's order, the one that is compiled rather than written
-out, takes some 80 of them.)
+The step types live in steps.py (re-exported here). (Over 300 lines: every schedule is a few lines of
+plain data, and they read best next to each other; zb-v's order, the one that is compiled rather than
+written out, takes some 80 of them.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Union
+from typing import Callable
 
 from .partition import partition_layers  # noqa: F401  (re-exported: where stages come from)
-
-# -- the steps ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Run chunk `chunk`'s layers on micro-batch `mb`; keep what backward needs. Last chunk: + loss."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class Backward:
-    """Differentiate the chunk's layers for micro-batch `mb`: dx, and dW, db added in (+=)."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class BackwardInput:
-    """B: only dL/dx of the chunk's layers (dz W^T); the weight gradients wait for BackwardWeight."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class BackwardWeight:
-    """W: dW += x^T dz, db += sum(dz) of the chunk's layers; frees the micro-batch's activations."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class RecvAct:
-    """Receive (mb, chunk)'s input from chunk-1's rank (blocking)."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class SendAct:
-    """Send (mb, chunk)'s output to chunk+1's rank (non-blocking)."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class RecvGrad:
-    """Receive the gradient w.r.t. (mb, chunk)'s output from chunk+1's rank (blocking)."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class SendGrad:
-    """Send the gradient w.r.t. (mb, chunk)'s input to chunk-1's rank (non-blocking)."""
-
-    mb: int
-    chunk: int = 0
-
-
-@dataclass(frozen=True)
-class AllReduceGrads:
-    """Sum this rank's gradients over its data-parallel group (no-op when dp = 1)."""
-
-
-Step = Union[
-    Forward, Backward, BackwardInput, BackwardWeight, RecvAct, SendAct, RecvGrad, SendGrad, AllReduceGrads
-]
-COMPUTE = (Forward, Backward, BackwardInput, BackwardWeight)
-LETTER = {Forward: "F", Backward: "B", BackwardInput: "B", BackwardWeight: "W"}
-
-
-def forward_steps(c: int, C: int, mb: int) -> list[Step]:
-    """Receive (unless chunk 0), compute, send (unless the last chunk)."""
-    return ([RecvAct(mb, c)] if c > 0 else []) + [Forward(mb, c)] + ([SendAct(mb, c)] if c < C - 1 else [])
-
-
-def backward_steps(c: int, C: int, mb: int, kind=Backward) -> list[Step]:
-    """Receive the output gradient (unless the last chunk), compute (Backward or BackwardInput),
-    send the input gradient (unless chunk 0)."""
-    return ([RecvGrad(mb, c)] if c < C - 1 else []) + [kind(mb, c)] + ([SendGrad(mb, c)] if c > 0 else [])
-
+from .steps import (  # noqa: F401  (re-exported: the schedules' vocabulary, steps.py)
+    COMPUTE,
+    LETTER,
+    AllReduceGrads,
+    Backward,
+    BackwardInput,
+    BackwardWeight,
+    Forward,
+    RecvAct,
+    RecvGrad,
+    SendAct,
+    SendGrad,
+    Step,
+    backward_steps,
+    forward_steps,
+)
 
 # -- the schedules (one chunk per rank unless said otherwise) ------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Context parallelism inside pipeline stages (--cp 2 --pp 2) on the simulated clock: predict == simulate.
+"""Context parallelism inside pipeline stages (--cp 2 --pp 2) on the simulated clock: predict == simulate,
+with --recompute full and selective and the zero-bubble schedules' B and W halves too.
 
 The real run charges the clock as it goes: context_attention.py charges each ring hop's blocks between
 posting its K/V transfers and waiting for them (Ulysses' all-to-alls block), the pipeline engine its
@@ -21,12 +22,13 @@ SHAPE = ["--arch", "gpt", "--n-layers", "2", "--hidden", "16", "--heads", "4", "
 SHAPE += ["--vocab", "16", "--dataset", "copy", "--samples", "16", "--batch", "4", "--steps", "2"]
 
 CASES = [
-    ("dgx-h100", "gpipe", "ring", []),
-    ("dgx-h100", "1f1b", "ulysses", ["--precision", "mixed-bf16"]),
+    ("dgx-h100", "gpipe", "ring", ["--recompute", "selective"]),  # the ring's forward hops again
+    ("dgx-h100", "1f1b", "ulysses", ["--precision", "mixed-bf16", "--recompute", "full"]),
     ("local", "1f1b", "ring", []),
-    ("local", "gpipe", "ulysses", []),
-    ("two-per-node", "1f1b", "ring", ["--grad-accum", "2", "--microbatches", "2"]),
+    ("local", "zb-h1", "ulysses", ["--recompute", "selective"]),  # its heads' P rebuilt locally
+    ("two-per-node", "zb-h1", "ring", ["--grad-accum", "2", "--microbatches", "2"]),
     ("two-per-node", "interleaved", "ulysses", ["--n-layers", "6", "--virtual-stages", "2"]),
+    ("dgx-h100", "zb-v", "ring", ["--recompute", "full", "--precision", "mixed-bf16"]),
 ]
 
 

@@ -1,6 +1,6 @@
-"""Context parallelism inside pipeline stages (--arch gpt --cp 2 --pp 2, 4 ranks; gpipe, 1f1b, interleaved):
-equal to serial in float64, every byte and the activation memory against closed forms written HERE,
-checkpoints to and from serial.
+"""Context parallelism inside pipeline stages (--arch gpt --cp 2 --pp 2, 4 ranks; gpipe, 1f1b, interleaved,
+zb-h1, zb-v; --recompute full and selective): equal to serial in float64, every byte and the activation
+memory against closed forms written HERE, checkpoints to and from serial.
 
 World rank = stage * C + c (mesh.py: pp outermost, dp = 1). The stages are gpt_pipeline's split of the units
 by parameters: with L = 2, h = 16, s = 16, V = 18 the embedding (V + s) h = 544, a block 12 h^2 + 13 h = 3280,
@@ -15,6 +15,15 @@ over the M micro-batches is the batch B; one block per stage):
 Activations kept per sequence, bytes: the embedding 8 n (int64 ids); a block (16 n h + 2 n) + scores
 (ring: the log-sum-exp a n; ulysses: P of a/C heads over s x s, a s n) elements; the head (2 n h + n).
 GPipe holds all M micro-batches of a stage at once: B sequences' worth.
+--recompute sends again, per block and step, what the attention's forward sends: full re-runs the chunk's
+forward, 2(C-1) B n h (ring) or 4 (C-1)/C B n h (ulysses); selective rebuilds the ring's log-sum-exp by
+running the ring again, 2(C-1) B n h, and ulysses' P from its kept q, k, nothing. Selective drops that
+softmax part (ulysses: a s n of P a sequence) until the backward rebuilds it: under GPipe the peak is the
+B sequences' kept arrays less it, plus it again for the first backward's micro-batch of b = B/M.
+--schedule zb-h1 and zb-v split the backward into B and W: the cp traffic is in B, the same bytes. zb-v cuts
+4 chunks of one unit, stage 0 holding chunks 0 and 3 ([embedding], [head]: P0 = 864), stage 1 chunks 1 and 2
+(the two blocks, P1 = 6560, passed on in memory): each stage sends one activation and one gradient, and
+only stage 1 has blocks (twice the cp traffic; stage 0 none).
 --schedule interleaved --virtual-stages 2 cuts 4 chunks of one unit each, chunk k on stage k mod 2: stage 0
 holds [embedding] and [block 2], stage 1 [block 1] and [head] (the same P0, P1 and one block a stage), so
 stage 0 sends 2 activations (chunks 0 and 2 on) and 1 gradient (chunk 2 back), stage 1 1 and 2, each
@@ -42,10 +51,12 @@ def grad_sent(P: int, c: int) -> int:
     return 2 * P - chunks[c] - chunks[(c + 1) % C]
 
 
-def cp_per_block(algo: str) -> int:
+def cp_per_block(algo: str, recompute: str = "none") -> int:
     if algo == "ring":
-        return 2 * (C - 1) * B * N * H + 4 * (C - 1) * B * N * H
-    return 8 * (C - 1) * B * N * H // C
+        again = 2 * (C - 1) * B * N * H if recompute != "none" else 0
+        return 2 * (C - 1) * B * N * H + 4 * (C - 1) * B * N * H + again
+    again = 4 * (C - 1) * B * N * H // C if recompute == "full" else 0
+    return 8 * (C - 1) * B * N * H // C + again
 
 
 def kept_per_sequence(stage: int, algo: str) -> int:
@@ -53,15 +64,28 @@ def kept_per_sequence(stage: int, algo: str) -> int:
     return block + (8 * N if stage == 0 else (2 * N * H + N) * BPE)
 
 
-LAYOUTS = [("gpipe", "ring"), ("1f1b", "ring"), ("gpipe", "ulysses"), ("interleaved", "ring")]
-SENDS = {"interleaved": [(2, 1), (1, 2)]}  # (activations, gradients) sent by stage 0, 1; else one way each
+LAYOUTS = [
+    ("gpipe", "ring", "none"),
+    ("1f1b", "ring", "full"),
+    ("gpipe", "ulysses", "selective"),
+    ("interleaved", "ring", "selective"),
+    ("zb-h1", "ring", "none"),
+    ("zb-v", "ulysses", "full"),
+]
+# (activations, gradients) sent by stage 0, 1; else one way each
+SENDS = {"interleaved": [(2, 1), (1, 2)], "zb-v": [(1, 1), (1, 1)]}
+ZB_V_P = [(V + S) * H + 2 * H + V * H, 2 * (12 * H * H + 13 * H)]
 
 
-@pytest.mark.parametrize("schedule,algo", LAYOUTS, ids=[f"cp2xpp2-{s}-{a}" for s, a in LAYOUTS])
-def test_cp_x_pp_equals_serial_with_exact_bytes(schedule, algo, serial, tmp_path):
+@pytest.mark.parametrize(
+    "schedule,algo,recompute", LAYOUTS, ids=[f"cp2xpp2-{s}-{a}-{r}" for s, a, r in LAYOUTS]
+)
+def test_cp_x_pp_equals_serial_with_exact_bytes(schedule, algo, recompute, serial, tmp_path):
     ref = serial(ARGS)
     layout = ["--cp", str(C), "--pp", "2", "--schedule", schedule, "--cp-algo", algo]
+    layout += ["--recompute", recompute]
     layout += ["--virtual-stages", "2"] if schedule == "interleaved" else []
+    stage_p = ZB_V_P if schedule == "zb-v" else STAGE_P
     run = train_json(4, [*ARGS, *layout], tmp_path, timeout=240)
     assert_same_model(run, ref, rtol=1e-12)
     assert run["mesh"]["cp"] == C and run["mesh"]["pp"] == 2
@@ -76,12 +100,17 @@ def test_cp_x_pp_equals_serial_with_exact_bytes(schedule, algo, serial, tmp_path
             for op in ("pp-send-act", "pp-send-grad")
         }
         assert sent == {"pp-send-act": acts * boundary, "pp-send-grad": grads * boundary}, (w, rank["by_op"])
-        assert rank["by_op"][op]["sent"] == STEPS * cp_per_block(algo) * BPE, (w, rank["by_op"])
-        assert rank["sent"]["activation"] == (acts + grads) * boundary + STEPS * cp_per_block(algo) * BPE
-        assert rank["sent"]["model"] == STEPS * grad_sent(STAGE_P[stage], c) * BPE  # even P: interleaved too
-        assert run["memory"]["ranks"][w]["params"] == STAGE_P[stage] * BPE
-        if schedule == "gpipe":
-            assert run["memory"]["ranks"][w]["activations_peak"] == B * kept_per_sequence(stage, algo)
+        blocks = (0, 2)[stage] if schedule == "zb-v" else 1  # zb-v: both blocks on stage 1
+        cp_sent = STEPS * blocks * cp_per_block(algo, recompute) * BPE
+        assert rank["by_op"].get(op, {}).get("sent", 0) == cp_sent, (w, rank["by_op"])
+        assert rank["sent"]["activation"] == (acts + grads) * boundary + cp_sent
+        assert rank["sent"]["model"] == STEPS * grad_sent(stage_p[stage], c) * BPE  # even P: every chunk too
+        memory = run["memory"]["ranks"][w]
+        assert memory["params"] == stage_p[stage] * BPE
+        if schedule == "gpipe":  # selective (ulysses): the block's P dropped, rebuilt for one micro-batch
+            dropped = A * S * N * BPE if recompute == "selective" else 0
+            assert memory["activations_peak"] == B * kept_per_sequence(stage, algo) - (B - B // M) * dropped
+        assert memory["activations_peak"] == run["predicted"]["memory"]["ranks"][w]["activations_peak"]
     assert run["prediction_mismatches"] == []
 
 
