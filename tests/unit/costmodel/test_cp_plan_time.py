@@ -67,6 +67,31 @@ def test_the_plan_times_each_ring_hop_as_the_longer_of_its_blocks_and_its_transf
     assert 0 < time["cp_s"] < time["cp_wire_s"] * (M + pp - 1) / M
 
 
+def test_full_recomputation_runs_the_ring_forward_twice():
+    """Under --recompute full every block's forward runs again in backward, its hops and K/V included:
+    gpt.plan's 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) less the 16 B s^2 L h of scores it counts, two
+    ring forwards and one backward per layer and slot, and the forward's K/V bytes twice."""
+    hw, C = hardware.load("dgx-h100"), 4
+    layout = dict(LAYOUT, recompute="full")
+    rate, link = hw.flop_rate("mixed"), group_link(hw, "dp", C, t, 1)
+    n, hl = s // C, h // t
+    m = n // 2
+    f, g = 2 * 2 * m * m * hl / rate, 5 * 2 * m * m * hl / rate
+    w, u, al = 2 * n * hl * 2 / link.bw, 2 * n * hl * 4 / link.bw, link.alpha
+    forward = max(3 * f, w + al) + (C - 2) * max(2 * f, w + al) + 2 * f
+    backward = max(3 * g, w + al) + (C - 2) * (max(2 * g, w) + u + al) + 2 * g + u + al
+    slots, blocks = (M + pp - 1) * (L // pp), 2 * C + 1
+    flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) - 16 * B * s * s * L * h
+    compute = flops / (C * t * pp) / rate * (M + pp - 1) / M + slots * blocks * (2 * f + g)
+    plan = plan_cp(LONG, B, hw, C, "ring", **layout)
+    assert plan["time"]["compute_s"] == pytest.approx(compute, rel=1e-12)
+    exposed = 2 * (forward - blocks * f) + backward - blocks * g
+    assert plan["time"]["cp_s"] == pytest.approx(slots * exposed, rel=1e-12)
+    kv = (C - 1) * n * hl  # elements of K (or V) a rank sends per layer and micro-batch, per pass
+    per_layer = 2 * (2 * kv * 2) + 2 * kv * 2 + 2 * kv * 4  # K/V forward x 2, backward; dK/dV in float32
+    assert plan["cp_bytes_per_gpu"] == pytest.approx(per_layer * (L // pp) * M, rel=1e-12)
+
+
 def test_blocks_that_outlast_their_transfers_leave_only_the_partial_sums_exposed():
     """cp 8 on one NVLink node (tp 1, pp 1): 2 f > w + alpha and 2 g > w at every hop, so of the ring
     only the dK/dV sends after the blocks stay exposed: (C-1)(u + alpha) per layer of backward."""
