@@ -140,12 +140,6 @@ CASES = [
         2,
         "--cp-algo ulysses gives each of the --cp 2 ranks whole heads: --heads 3 must be divisible by 2",
     ),
-    (
-        dict(arch="gpt", dataset="text", cp=3, zero=3, clock="sim", hidden=16, heads=4, seq_len=12, vocab=16),
-        3,
-        "--cp with --zero 3 under --clock sim needs dp*cp = 3 to divide every unit's parameters "
-        "[448, 3280, 288] (uneven chunks are not timed yet): use --clock wall or --zero 1",
-    ),
     (  # --cp with --tp (parallel/context_tensor.py): Ulysses splits a tp rank's heads over cp
         dict(arch="gpt", dataset="text", cp=2, tp=2, cp_algo="ulysses", heads=2),
         4,
