@@ -25,6 +25,13 @@ def ring_protocols(ll_max: tuple) -> dict:
     }
 
 
+# One blocking torch.distributed.all_reduce as all_reduce_bench.py times it (CUDA events around the
+# call, after a barrier): Python, c10d's work and stream events, beyond the one launch tuning.cc's base
+# latency holds (nccl.Launch "torch"). Read from that bench's 32 KiB point on 8 x H200 (39.96 us,
+# marked fit in validation/collectives.csv) less the closed form's eager price there (15.41 us); the
+# same sweep's 2 MiB point checks it. stas00/ml-engineering network/benchmarks/results/all-reduce-8xH200.md
+TORCH_CALL_S = 24.55e-6
+
 RING_PROTOCOLS = ring_protocols((141e9, 45e9, 35e9))  # Hopper's LL ceilings
 AMPERE_PROTOCOLS = ring_protocols((87.7e9, 22.5e9, 19.0e9))
 

@@ -27,6 +27,11 @@ its bus bandwidth is min(NVLink ring, m x NIC) (the multi-node points in validat
 
 The reduction inside a GPU collective runs in the same kernel as the copy (its cost is in the bus
 bandwidth); on the CPU profile `local` it is charged apart, at gamma per byte.
+
+Launch (the host side, `Launch` below): tuning.cc's base latency is read here as a device part plus
+ONE eager kernel launch (the profile's launch_s), the launch nccl-tests pays with one process per GPU,
+the setup tuning.cc's numbers were tuned on. A benchmark that launches otherwise pays another host
+cost in place of that one launch: CUDA graphs, one process driving several GPUs, a framework's call.
 """
 
 from __future__ import annotations
@@ -117,6 +122,70 @@ def rail_bandwidth(intra_bw: float, nic_bw: float, nics_per_node: int, members: 
     its share of the node's NICs, and never faster than the NVLink ring inside the node."""
     rails = min(members, nics_per_node / max(1, groups))
     return min(intra_bw, rails * nic_bw)
+
+
+# -- launch: the host's part of a collective --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the collective was started, in nccl-tests' words (a validation point's `launch` column).
+
+    mode         eager: one ncclAllReduce per call, each kernel launched by the host (nccl-tests'
+                 default); graphs: captured in a CUDA graph that one launch replays (nccl-tests -G);
+                 torch: eager, through torch.distributed (a Python and c10d call around it)
+    per_process  GPUs one host thread drives (nccl-tests -g N): their N launches run one after the
+                 other, and the collective starts when the last GPU's kernel does
+    graph_ops    collectives per CUDA graph (nccl-tests -G M): one graph launch per GPU serves M
+
+    The host cost of a call is per_process x launch_s (graphs: / graph_ops), plus framework_s for
+    torch. tuning.cc's base latency already holds one eager launch, so a point pays the difference
+    (`extra_seconds`): 0 for plain nccl-tests with one process per GPU, what the trainer also assumes.
+    Checked by validation/collectives.csv: nccl-tests#123 (one process, 2-8 A100s: +4.2 us a GPU,
+    2 hops and one launch), nccl#1259 (2 H100s in CUDA graphs: below tuning.cc's price) and
+    nccl#583 (2 A100s from one process: above it).
+    """
+
+    mode: str = "eager"
+    per_process: int = 1
+    graph_ops: int = 1
+
+    def host_seconds(self, launch_s: float, framework_s: float = 0.0) -> float:
+        launches = self.per_process * launch_s
+        if self.mode == "graphs":
+            return launches / self.graph_ops
+        return launches + (framework_s if self.mode == "torch" else 0.0)
+
+    def label(self) -> str:
+        """The launch in the `launch` column's words (parse_launch reads it back)."""
+        counts = (f" g={self.per_process}" if self.per_process > 1 else "") + (
+            f" G={self.graph_ops}" if self.graph_ops > 1 else ""
+        )
+        return self.mode + counts
+
+    def extra_seconds(self, launch_s: float, framework_s: float = 0.0) -> float:
+        """What this launch costs beyond the one eager launch inside tuning.cc's base latency."""
+        return self.host_seconds(launch_s, framework_s) - launch_s
+
+
+LAUNCH_MODES = ("eager", "graphs", "torch")
+
+
+def parse_launch(text: str) -> Launch:
+    """`eager`, `eager g=8`, `graphs g=2 G=10`, `torch` (g: GPUs per process, G: collectives per
+    graph; nccl-tests' -g and -G). Empty: eager, one process per GPU."""
+    words = text.split()
+    if not words:
+        return Launch()
+    mode, counts = words[0], {"g": 1, "G": 1}
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"launch {text!r}: the mode is one of {', '.join(LAUNCH_MODES)}")
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key not in counts or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"launch {text!r}: expected g=N (GPUs per process) or G=N (per graph)")
+        counts[key] = int(value)
+    return Launch(mode, counts["g"], counts["G"])
 
 
 # -- compute ------------------------------------------------------------------------------------------
