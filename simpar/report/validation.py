@@ -73,7 +73,7 @@ def read_points(path: str) -> list[dict]:
             for key in ("gpus", "nodes", "size_bytes", "m", "n", "k"):
                 row[key] = int(row[key]) if row.get(key) else 0
             row["tolerance"] = float(row["tolerance"]) if row.get("tolerance") else TOLERANCE
-            row["launch"] = nccl.parse_launch(row.get("launch") or "")
+            row["launch"] = nccl.parse_launch(row.get("launch") or "").label()  # checked, in its words
         except ValueError as exc:
             raise SimparError(f"{where}: {exc}") from None
         if row["value"] <= 0 or row["unit"] not in UNITS:
@@ -116,9 +116,9 @@ def predict(point: dict, hw) -> tuple[float, str]:
     op, q, unit = point["op"], point["quantity"], UNITS[point["unit"]]
     if op in COLLECTIVES:
         size = point["size_bytes"]
-        t, how = collective_seconds(
-            hw, op, size, point["gpus"], point["nodes"] or 1, point.get("algorithm") or "auto", point.get("launch")
-        )
+        launch = nccl.parse_launch(point.get("launch") or "")
+        algorithm = point.get("algorithm") or "auto"
+        t, how = collective_seconds(hw, op, size, point["gpus"], point["nodes"] or 1, algorithm, launch)
         values = {"time": t, "algbw": size / t, "busbw": size / t * nccl.bus_factor(op, point["gpus"])}
     elif op == "gemm":
         prec = PRECISION.get(point["dtype"], point["dtype"])
