@@ -32,6 +32,12 @@ def ring_protocols(ll_max: tuple) -> dict:
 # same sweep's 2 MiB point checks it. stas00/ml-engineering network/benchmarks/results/all-reduce-8xH200.md
 TORCH_CALL_S = 24.55e-6
 
+# NCCL_ALGO=Tree all-reduce with one GPU per node (nccl.tree_options): protocol -> (base latency, the
+# network's latency per tree level). tuning.cc baseLatencies' Tree row (6.8, 14, 8.4 us) and hwLatencies
+# NET Tree (5.0, 8.5, 14 us), which tuning.cc uses for every algorithm when ppn == 1 ("latencies are
+# fully exposed").
+TREE_PROTOCOLS = {"LL": (6.8e-6, 5.0e-6), "LL128": (14.0e-6, 8.5e-6), "Simple": (8.4e-6, 14.0e-6)}
+
 RING_PROTOCOLS = ring_protocols((141e9, 45e9, 35e9))  # Hopper's LL ceilings
 AMPERE_PROTOCOLS = ring_protocols((87.7e9, 22.5e9, 19.0e9))
 

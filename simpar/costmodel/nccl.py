@@ -36,6 +36,7 @@ cost in place of that one launch: CUDA graphs, one process driving several GPUs,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -105,6 +106,41 @@ def ring_steps(kind: str, p: int) -> int:
     if kind == "send-recv":
         return 1
     return 2 * (p - 1) if kind == "all-reduce" else p - 1
+
+
+# -- NCCL_ALGO=Tree across nodes, one GPU per node (validation points that forced it) ----------------
+
+# tuning.cc treeCorrectionFactor, by protocol, for nBytes/64 = 2^0 .. 2^22 (64 B .. 256 MiB): "Trees are
+# not perfectly sticking to the model for medium sizes" -- NCCL divides the tree's bandwidth by it.
+TREE_CORRECTION = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}  # fmt: skip
+
+
+def tree_correction(protocol: str, nbytes: float) -> float:
+    """The share of its bandwidth NCCL's tuner gives a tree all-reduce of `nbytes` (1 outside the table)."""
+    log = int(math.log2(nbytes)) - 6 if nbytes >= 64 else -1
+    return TREE_CORRECTION[protocol][log] if 0 <= log < len(TREE_CORRECTION[protocol]) else 1.0
+
+
+def tree_options(tune: GroupTuning, tree: dict, nbytes: float) -> list[Timing]:
+    """A tree all-reduce over nodes with one GPU each, as tuning.cc prices it: the tree's base latency,
+    then up and down the tree, 2 log2(nodes) levels of the network's tree latency (`tree`: protocol ->
+    (base s, per-level s)); its bytes as the ring's (on 2 nodes the tree is one exchange), at the ring
+    protocol's bandwidth times tree_correction."""
+    steps = ring_steps("all-reduce", tune.p)
+    levels = 2 * math.log2(tune.nodes)
+    return [
+        Timing(
+            f"tree/{t.name}",
+            tree[t.name][0],
+            levels * tree[t.name][1] / steps,
+            t.bw * tree_correction(t.name, nbytes),
+        )
+        for t in tune.options("all-reduce", nvls=False)
+    ]
 
 
 def bus_factor(kind: str, p: int) -> float:

@@ -104,7 +104,21 @@ def collective_seconds(
     tune = hardware.tuning(hw, p, nodes, bw, alpha)
     algo, _, proto = algorithm.partition("/")
     step = size if op == "send-recv" else size / p
-    t = tune.choose(op, step, nvls=algo in ("auto", "nvls"), only=proto or ("NVLS" if algo == "nvls" else ""))
+    if algo == "tree":  # NCCL_ALGO=Tree: priced only as a source ran it, one GPU per node
+        if op != "all-reduce" or p != nodes or nodes < 2:
+            raise SimparError(
+                f"algorithm tree is priced for an all-reduce over nodes of one GPU, not {op} on {p}"
+            )
+        options = nccl.tree_options(tune, gpus.TREE_PROTOCOLS, size)
+        steps = nccl.ring_steps(op, p)
+        t = min(
+            (o for o in options if not proto or o.name == f"tree/{proto}"),
+            key=lambda o: o.seconds(steps, step),
+        )
+    else:
+        t = tune.choose(
+            op, step, nvls=algo in ("auto", "nvls"), only=proto or ("NVLS" if algo == "nvls" else "")
+        )
     if not (launch and hw.ring_proto and launch != nccl.Launch()):
         return t.seconds(nccl.ring_steps(op, p), step), t.name
     extra = launch.extra_seconds(hw.launch_s, gpus.TORCH_CALL_S)

@@ -166,3 +166,24 @@ def test_the_launch_column_prices_the_host_side_of_a_call():
     assert nccltests.detect_launch(header + "agg iters: 1 validation: 1 graph: 10\n") == "graphs g=2 G=10"
     assert nccltests.detect_launch(header.replace("nGpus 2", "nGpus 8") + "graph: 0\n") == "eager g=8"
     assert nccltests.detect_launch(NEW_FORMAT) == "eager"
+
+
+def test_a_forced_tree_across_two_nodes_is_priced_as_tuning_cc_prices_it():
+    """NCCL_ALGO=Tree, 2 nodes x 1 H100 (nccl-tests#232): the tree's base latency, 2 levels of the
+    network's tree latency, and the bytes at the NIC's protocol bandwidth divided down by tuning.cc's
+    treeCorrectionFactor (0.6 for LL128 and Simple at 2 MiB, 0.9 for LL128 at 32 MiB). Numbers from
+    tuning.cc and the profile's 47 GB/s NIC, written here."""
+    from simpar.costmodel import nccl
+
+    ib = hardware.load("ib-cluster")
+    assert nccl.tree_correction("LL128", 2 << 20) == 0.6 and nccl.tree_correction("Simple", 2 << 20) == 0.6
+    assert nccl.tree_correction("LL128", 32 << 20) == 0.9 and nccl.tree_correction("Simple", 1 << 30) == 1.0
+    for size, proto, base, level, share, corr in (
+        (2 << 20, "Simple", 8.4e-6, 14.0e-6, 1.0, 0.6),
+        (32 << 20, "LL128", 14.0e-6, 8.5e-6, 0.92, 0.9),
+    ):
+        t, how = validation.collective_seconds(ib, "all-reduce", size, 2, 2, "tree")
+        assert how == f"tree/{proto}"
+        assert t == pytest.approx(base + 2 * level + size / (47e9 * share * corr), rel=1e-6)
+    with pytest.raises(validation.SimparError, match="one GPU"):
+        validation.collective_seconds(ib, "all-reduce", 1 << 20, 16, 2, "tree")
