@@ -127,7 +127,8 @@ def test_gpu_collectives_reduce_inside_the_copy_and_pick_protocols_by_size():
     assert t_big["latency"] == pytest.approx(8.4e-6 + 14 * 3.4e-6)
     # and NVLink SHARP only when asked (--collectives auto) and worth it on 8 GPUs of one node
     t_nvls = chunktime.op_time(big, link, 0.0, ring=True, nvls=True)
-    assert sum(t_nvls.values()) == pytest.approx(150e-6 + (1 << 30) / 276e9, rel=1e-3)
+    # 150 us fitted to the H200 torch sweep, less that bench's call overhead (24.55 us)
+    assert sum(t_nvls.values()) == pytest.approx(125.45e-6 + (1 << 30) / 276e9, rel=1e-3)
 
 
 def test_the_launch_column_prices_the_host_side_of_a_call():
