@@ -28,10 +28,13 @@ its bus bandwidth is min(NVLink ring, m x NIC) (the multi-node points in validat
 The reduction inside a GPU collective runs in the same kernel as the copy (its cost is in the bus
 bandwidth); on the CPU profile `local` it is charged apart, at gamma per byte.
 
-Launch (the host side, `Launch` below): tuning.cc's base latency is read here as a device part plus
-ONE eager kernel launch (the profile's launch_s), the launch nccl-tests pays with one process per GPU,
-the setup tuning.cc's numbers were tuned on. A benchmark that launches otherwise pays another host
-cost in place of that one launch: CUDA graphs, one process driving several GPUs, a framework's call.
+Launch (the host side, `Launch` below): tuning.cc's base latency (baseLatencies, lines 149-152 at commit
+5067397; ncclTopoGetAlgoTime adds it once per call, line 653) is read here as a device part plus ONE
+eager kernel launch (the profile's launch_s), the launch nccl-tests pays with one process per GPU,
+the setup tuning.cc's numbers were tuned on. (tuning.cc does not split it; the split is simpar's,
+held by the small-message points in validation/collectives.csv.) A benchmark that launches otherwise
+pays another host cost in place of that one launch: CUDA graphs, one process driving several GPUs, a
+framework's call.
 """
 
 from __future__ import annotations
@@ -110,8 +113,9 @@ def ring_steps(kind: str, p: int) -> int:
 
 # -- NCCL_ALGO=Tree across nodes, one GPU per node (validation points that forced it) ----------------
 
-# tuning.cc treeCorrectionFactor, by protocol, for nBytes/64 = 2^0 .. 2^22 (64 B .. 256 MiB): "Trees are
-# not perfectly sticking to the model for medium sizes" -- NCCL divides the tree's bandwidth by it.
+# tuning.cc treeCorrectionFactor (line 623 at commit 5067397; applied in ncclTopoGetAlgoTime, line 630),
+# by protocol, for nBytes/64 = 2^0 .. 2^22 (64 B .. 256 MiB): "Trees are not perfectly sticking to the
+# model for medium sizes" -- NCCL multiplies the tree's bandwidth by it.
 TREE_CORRECTION = {
     "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1),
