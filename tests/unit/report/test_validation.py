@@ -167,6 +167,10 @@ def test_the_launch_column_prices_the_host_side_of_a_call():
     assert nccltests.detect_launch(header + "agg iters: 1 validation: 1 graph: 10\n") == "graphs g=2 G=10"
     assert nccltests.detect_launch(header.replace("nGpus 2", "nGpus 8") + "graph: 0\n") == "eager g=8"
     assert nccltests.detect_launch(NEW_FORMAT) == "eager"
+    graphed = NEW_FORMAT.replace("agg iters: 1", "agg iters: 1 graph: 10").replace("nGpus 1", "nGpus 2")
+    rows = validation.evaluate(nccltests.parse(graphed, "g.log"), "ib-cluster")
+    assert {r["launch"] for r in rows} == {"graphs g=2 G=10"}
+    assert all("graphs" in r["priced_as"] for r in rows)
 
 
 def test_a_forced_tree_across_two_nodes_is_priced_as_tuning_cc_prices_it():
