@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .gpt import plan as gpt_plan
-from .gpt import unit_sizes
+from .gpt import rank_record, unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -118,18 +118,9 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         act_sent, act_msgs = kv * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
         # not overlapped: an upper bound (the ring overlaps each hop with its block)
         comm_s = max(comm_s, grad_s + act_sent * cp_link.beta + act_msgs * cp_link.alpha)
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": 0, "dp": d, "cp": c, "tp": 0},
-                "sent": {"data": 0, "model": model.sent, "activation": act_sent},
-                "messages": {"data": 0, "model": model.messages, "activation": act_msgs},
-                "by_op": {
-                    "model/grad-allreduce": {"sent": model.sent, "messages": model.messages},
-                    f"activation/{op}": {"sent": act_sent, "messages": act_msgs},
-                },
-            }
-        )
+        activation = {op: Cost(sent=act_sent, messages=act_msgs)}
+        coords = {"pp": 0, "dp": d, "cp": c, "tp": 0}
+        ranks.append(rank_record(r, coords, model={"grad-allreduce": model}, activation=activation))
         opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
         mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)

@@ -41,7 +41,7 @@ from __future__ import annotations
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step, unit_sizes
+from .gpt import flops_per_step, rank_record, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
@@ -160,22 +160,10 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         )
         memory.append(mem)
         stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
-        by_op = {f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in ops.items()}
-        by_op["model/grad-allreduce"] = {"sent": model.sent, "messages": model.messages}
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "cp": c, "tp": 0},
-                "sent": {"data": 0, "model": model.sent, "activation": sum(x.sent for x in ops.values())},
-                "messages": {
-                    "data": 0,
-                    "model": model.messages,
-                    "activation": sum(x.messages for x in ops.values()),
-                },
-                "by_op": by_op,
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo},
-            }
+        record = rank_record(
+            r, {"pp": st, "dp": d, "cp": c, "tp": 0}, activation=ops, model={"grad-allreduce": model}
         )
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
     if hw is not None and cfg.tp == 1:  # as --clock sim charges it

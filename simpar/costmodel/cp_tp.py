@@ -33,7 +33,7 @@ from __future__ import annotations
 from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step
+from .gpt import flops_per_step, rank_record
 from .gpt_tp import local_unit_sizes, micro_step_ops
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
@@ -90,25 +90,7 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
             kv += cp_kv_bytes(b, s // C, h // T, C, cfg.cp_algo, prec.act) * L * steps
             kv_msgs += cp_messages(C, cfg.cp_algo) * L * steps
         act[cp_op] = Cost(sent=kv, messages=kv_msgs)
-        by_op = {f"model/{op}": {"sent": x.sent, "messages": x.messages} for op, x in model.items()}
-        by_op.update({f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in act.items()})
-        ranks.append(
-            {
-                "rank": w,
-                "coords": {"pp": 0, "dp": d, "cp": c, "tp": j},
-                "sent": {
-                    cat: sum(x.sent for x in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "messages": {
-                    cat: sum(x.messages for x in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "by_op": by_op,
-            }
-        )
+        ranks.append(rank_record(w, {"pp": 0, "dp": d, "cp": c, "tp": j}, model=model, activation=act))
         memory.append(
             {
                 "params": P_T * prec.param,
