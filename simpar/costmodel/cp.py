@@ -25,10 +25,9 @@ The plan divides Korthikanti et al.'s (2022, Table 2) per-layer activations by C
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .gpt import plan as gpt_plan
-from .gpt import rank_record, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -125,33 +124,12 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
         mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)
         memory.append(mem)
-    per_step = {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")}
     # as the simulated clock charges a step: each ring hop overlaps its blocks (cp_time.py)
     from .cp_time import cp_step_seconds
 
     timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
     step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {
-                k: max(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")
-            },
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": P,
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s / max(steps, 1),
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    return run_result(cfg, hw, steps, ranks, memory, P, (step_s, compute_s, comm_s / max(steps, 1)))
 
 
 def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **kw) -> dict:

@@ -38,16 +38,13 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step, rank_record, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
-
-CATS = ("data", "model", "activation")
 
 
 def cp_unit_kept_bytes(unit: int, L: int, h: int, a: int, s: int, C: int, algo: str, bpe: int) -> int:
@@ -171,26 +168,5 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
 
         timed = cp_pipeline_step_seconds(cfg, dp, sizes, hw)
         step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    per_step = {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS}
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "stage_units": bounds,
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {k: max(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": (S - 1) / (M + S - 1),
-        "params": sum(sizes),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    pipeline = {"bubble": (S - 1) / (M + S - 1), "stage_units": bounds}
+    return run_result(cfg, hw, steps, ranks, memory, sum(sizes), (step_s, compute_s, comm_s), **pipeline)

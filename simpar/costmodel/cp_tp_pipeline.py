@@ -28,18 +28,15 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step, unit_sizes
+from .gpt import run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes
 from .gpt_tp_pipeline import chunk_ops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
-
-CATS = ("data", "model", "activation")
 
 
 def kept_per_sequence(
@@ -148,25 +145,5 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
 
         timed = cp_tp_pipeline_step_seconds(cfg, dp, sizes, local, hw)
         step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "stage_units": bounds,
-        "comm": {
-            "ranks": ranks,
-            "per_step": {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
-            "per_rank_per_step_max": {k: max(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": (S - 1) / (M + S - 1),
-        "params": sum(sizes),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 for x in ranks),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    pipeline = {"bubble": (S - 1) / (M + S - 1), "stage_units": bounds}
+    return run_result(cfg, hw, steps, ranks, memory, sum(sizes), (step_s, compute_s, comm_s), **pipeline)

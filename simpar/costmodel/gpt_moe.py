@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import math
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
-from .gpt import flops_per_step
+from .gpt import flops_per_step, run_result
 from .moe import OPS, alltoall_pieces, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -156,31 +155,26 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
             }
         )
     L, s, V, K, E = cfg.blocks, cfg.seq_len, cfg.vocab, cfg.top_k, cfg.experts
+
+    def moe_flops(rows: int) -> int:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    flops = flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * rows * s * L * h * h + 6 * rows * s * L * h * E
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = flops / rate if rate else 0.0
+    compute_s = moe_flops(rows) / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     step_s = compute_s + per_step_comm
-    cats = ("data", "model", "activation")
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in cats},
-            "per_rank_per_step_max": {c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in cats},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": dense + experts * P,
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": per_step_comm,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-        "routing": "measured" if routing is not None else "balanced",
-        "capacity": capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
-    }
+    timing = (step_s, compute_s, per_step_comm)
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        dense + experts * P,
+        timing,
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+    )
