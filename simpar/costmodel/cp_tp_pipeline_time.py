@@ -27,7 +27,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .cp_pipeline_time import CpChunkCosts
-from .cp_time import ring_seconds, ulysses_seconds
 from .gpt_time import clock_rates, optimizer_seconds, tp_collectives, unit_seconds
 from .order import n_chunks, stage_chunks
 from .spec import PRECISIONS, precision_of
@@ -44,14 +43,12 @@ class CpTpChunkCosts(CpChunkCosts):
 
     def _units(self, r: int):
         if r not in self._memo:
-            C, T, L = self.cfg.cp, self.cfg.tp, self.cfg.blocks
+            C, L = self.cfg.cp, self.cfg.blocks
             n = self.cfg.seq_len // C
             fwd, bwd, loss = unit_seconds(
                 self.local, r * n, self.sizes, self.bpe, self.rate, self.stream, self.overhead
             )
-            attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
-            h, a = self.cfg.hidden // T, self.cfg.heads // T  # this tp rank's width and heads
-            attn_f, attn_b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
+            attn_f, attn_b = self._attention(r)  # this tp rank's a/T heads of width h/T
             fwd = [t + (attn_f if 0 < u <= L else 0.0) for u, t in enumerate(fwd)]
             bwd = [t + (attn_b if 0 < u <= L else 0.0) for u, t in enumerate(bwd)]
             self._memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss

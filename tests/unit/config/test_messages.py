@@ -151,15 +151,10 @@ CASES = [
         "heads/tp = 1: that must be divisible by 2",
     ),
     (  # --cp with --pp (context_stage.py, context_tensor_stage.py with --tp): what is not built yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, schedule="zb-h1"),
+        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, schedule="naive"),
         8,
-        "--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule zb-h1 is not built "
-        "yet",
-    ),
-    (  # --cp --pp recomputes (context_stage.py); with --tp not yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, recompute="full"),
-        8,
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
+        "--cp with --tp and --pp runs --schedule gpipe, 1f1b, interleaved, zb-h1 or zb-v; --schedule naive "
+        "is not built yet",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
