@@ -1,10 +1,11 @@
 """pp x dp x cp x tp on --arch gpt (--cp 2 --tp 2 --pp 2 on 8 real ranks): zb-h1 with --recompute
-selective, 1f1b with --recompute full, zb-v with --sp and --recompute full, and (the last test, resumed
-from a serial checkpoint) interleaved with --sp: equal to serial in float64, every byte, the activation
-memory and (--clock sim) the step time against closed forms written HERE, and the refusal.
+selective, gpipe with --recompute full, zb-v with --sp and --recompute full, and (the last test, resumed
+from a serial checkpoint) interleaved with --sp and --recompute full: equal to serial in float64, every
+byte, the activation memory and (--clock sim) the step time against closed forms written HERE, and the
+refusal.
 
 World rank ((stage dp + d) C + c) T + j (mesh.py). The units (embedding, block 1, block 2, head) split by
-their whole sizes [(V+s)h, 12h^2+13h, 12h^2+13h, 2h+hV] = [544, 3280, 3280, 320]: 1f1b and zb-h1 cut two
+their whole sizes [(V+s)h, 12h^2+13h, 12h^2+13h, 2h+hV] = [544, 3280, 3280, 320]: gpipe and zb-h1 cut two
 chunks (embedding + block 1 on stage 0, block 2 + head on stage 1); interleaved with 2 virtual stages
 and zb-v cut four chunks of one unit: interleaved puts chunk k on stage k mod 2 (every chunk boundary
 crosses stages), zb-v chunks s and 3-s on stage s (stage 0: embedding and head, stage 1: both blocks, so
@@ -32,11 +33,12 @@ a n/T (--sp: 2 n h + 14 n h/T + 2 n/T + a n/T); head 2 n h + n (--sp: n h + n h/
 selective keeps a chunk's all but its blocks' log-sum-exps, full its input alone (8 n of token ids on
 the first chunk, else n h elements, n h/T under --sp); its backward holds the chunk's whole again.
 With k the kept and f the whole bytes of a chunk per sequence (the stage's own chunk st, or chunks a, b):
-  1f1b         (S - st - 1) b k + b f: the warm-up's forwards kept, one rebuilt
+  gpipe        (M - 1) b k + b f: every forward kept, one rebuilt
   zb-h1        stage 0 b (k + f) (F F B W B W); stage 1 M b f (F B F B, then its W passes)
   zb-v         M b (f_a + f_b): with M = S = 2 every forward and every B pass precede the first W pass
   interleaved  (Megatron's warm-up of 2(S - stage - 1) + (V-1) S forwards) all M V forwards of stage 0
-               first, and on stage 1 the M of its first chunk and one of its second
+               first, b max(M k_a + k_b + f_b, (M-1) k_a + f_a); on stage 1 the M of its first chunk,
+               then F B F B on its second: b max(M k_a + f_b, (M-1) k_a + f_a)
 The same launches run under --clock sim: costmodel/cp_tp_pipeline_time.py's closed form of the step
 (never calling the run's code) equals the simulated clock's to 1e-6, on the CPU profile, a GPU node
 and nodes of two devices (there the cp ring and the pipeline leave the node); and they write a
@@ -117,7 +119,7 @@ TWO_CHUNKS = [(0, 2), (2, 4)]
 FOUR_CHUNKS = [(0, 1), (1, 2), (2, 3), (3, 4)]
 CASES = [  # schedule, extra options, hardware, chunks
     ("zb-h1", ["--recompute", "selective"], "local", TWO_CHUNKS),
-    ("1f1b", ["--recompute", "full"], "dgx-h100", TWO_CHUNKS),
+    ("gpipe", ["--recompute", "full"], "dgx-h100", TWO_CHUNKS),
     ("zb-v", ["--sp", "--recompute", "full"], "two-per-node", FOUR_CHUNKS),
 ]
 
@@ -131,14 +133,15 @@ def peak(schedule: str, st: int, chunks: list, sp: bool, mode: str = "none") -> 
     """activations_peak of a stage, from the schedule's order (module docstring)."""
     kept_, full = zip(*(held(chunk, mode, sp) for chunk in chunks))
     mine = [k for k in range(len(chunks)) if stage_of(schedule, k) == st]
-    if schedule == "1f1b":  # S - st - 1 forwards kept, one rebuilt
-        return (PP - st - 1) * b * kept_[st] + b * full[st]
+    if schedule == "gpipe":  # all M forwards kept, one rebuilt
+        return (M - 1) * b * kept_[st] + b * full[st]
     if schedule == "zb-h1":  # stage 0: both kept, one rebuilt; stage 1: F B F B, then its W passes
         return b * (kept_[0] + full[0]) if st == 0 else M * b * full[1]
     if schedule == "zb-v":  # every F and every B before the first W a rebuilt chunk frees
         return M * b * sum(full[k] for k in mine)
-    first, second = mine
-    return M * b * kept_[first] + (M if st == 0 else 1) * b * kept_[second]
+    a, z = mine  # interleaved: stage 0 F F F F B B B B, stage 1 F F F B F B B B
+    second = M * kept_[a] + (kept_[z] if st == 0 else 0) + full[z]  # at its second chunk's first B
+    return b * max(second, (M - 1) * kept_[a] + full[a])  # or at its first chunk's first B
 
 
 def assert_ledger(run: dict, schedule: str, extra: list, chunks: list, steps: int) -> None:
@@ -205,10 +208,11 @@ def test_unbuilt_cp_x_tp_x_pp_schedule_is_refused_in_one_line_on_every_rank():
 def test_a_serial_checkpoint_resumes_under_cp_x_tp_x_pp(tmp_path):
     """The other way round (each case above resumes its own checkpoint serially): a serial step-1
     checkpoint, sliced into cp2 x tp2 x pp2's interleaved --sp chunks and shards (Adam's moments too),
-    resumes into the uninterrupted run's last step and final weights."""
+    resumes into the uninterrupted run's last step and final weights, with --recompute full; its one
+    step's bytes, memory and simulated time as the cases above check theirs."""
     ckpt = tmp_path / "ckpt"
     full = train_json(1, [*ARGS, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"], tmp_path, "full")
-    extra = ["--virtual-stages", "2", "--sp"]
+    extra = ["--virtual-stages", "2", "--sp", "--recompute", "full"]
     sim = ["--clock", "sim", "--hardware", hardware_option(tmp_path, "two-per-node")]
     layout = [*LAYOUT, "--schedule", "interleaved", *extra, *sim]
     resume = [*ARGS, *layout, "--resume", str(ckpt / "step-000001")]
