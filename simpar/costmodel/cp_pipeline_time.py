@@ -26,6 +26,8 @@ forward F: the hops again, each max(blocks, transfer)), Ulysses its heads' q k^T
 attention's backward (its hops, its dK/dV partial sums, or Ulysses' all-to-alls) is in B; W is a
 block's six weight matrices' dW, 2 R 12 h^2 / rate, and accumulating 3 per parameter; the head's
 2 R h V / rate and the accumulation; the embedding's whole backward (R = b n rows).
+With --tp (cp_tp_pipeline_time.py's CpTpChunkCosts, self.local.tp = T) the same terms on the tp rank's
+shards: attention of a/T heads over width h/T, Ulysses' q k^T of a/(C T) heads, W's h x h/T and h x V/T.
 """
 
 from __future__ import annotations

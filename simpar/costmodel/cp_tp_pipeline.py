@@ -20,7 +20,18 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
               the stage's dp x C ranks of the same tp index (place d C + c); --sp: each of the
               chunk's units' LayerNorm gradients (4h a block, 2h the head) all-reduced over tp
   activations cp_tp.py's per-unit table on n tokens (its --sp rows too), alive as the schedule's
-              order says
+              order says (order.peak_alive; zb-h1 and zb-v hold them until the W pass)
+  --recompute per block of the chunk and micro-batch, cp_pipeline.cp_recompute_kv with width h/T: ring
+              2 (C-1) b n h/T bpe again under full and selective (the ring's forward rebuilds the
+              log-sum-exp), Ulysses 4 (C-1) (b n h/T)/C bpe under full only; full adds the chunk's
+              forward tp messages again (gpt_tp_pipeline.recompute_ops on R = b n rows: each block's 2
+              g all-reduces of R h, the embedding's; --sp their gathers/scatters and the head's
+              gather). Kept per sequence (kept_bytes): full the chunk's input (8 n bytes of token ids,
+              or n h elements, n h/T under --sp), selective all but each block's softmax part
+              (softmax_per_sequence: the lse a n/T wide, or Ulysses' P a s n/T); the backward holds
+              the chunk's whole again
+  zb-h1, zb-v the same bytes: the cp attention's backward and tp's input-gradient collectives in B,
+              W local
   FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split)
   time        as --clock sim charges the step: cp_tp_pipeline_time.py (steptime.py's recurrences over
               cp_time.py's hops of a/T heads and gpt_time.py's tp units and blocking tp collectives)

@@ -19,6 +19,12 @@ attention priced as cp_time.py's ring hops or all-to-alls) with cp_time.py's --t
            residual stream, b n h elements (b n h / T of its tp shard under --sp)
   buckets  each chunk's P_T shards all-reduced over the stage's dp x C ranks of the same tp index
            (place d C + c)
+  recompute cp_pipeline_time.py's over the rank's shards: full the chunk's forward again (its tp
+           collectives and hops included); selective the ring's forward of a/T heads again, or
+           Ulysses' q k^T of its a/(C T) heads, 2 b s (h/(C T)) s / rate a block
+  zb-h1/v  W is each block's six shards' dW, 2 R 12 h (h/T) / rate, the head's 2 R h (V/T) / rate, and
+           accumulating 3 per local parameter; the embedding's whole backward (its --sp all-gather
+           too); B the backward (with its recompute) less W (tensor_gpt_split.py)
 The step ends with the slowest (dp, cp) place's chain; tp ranks of a place do the same work.
 """
 
