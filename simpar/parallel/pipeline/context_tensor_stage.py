@@ -23,7 +23,8 @@ rank's share. Gradients: each chunk's shards all-reduced (SUM) over the stage's 
 same tp index (the mesh's dpcp group). Checkpoints: cp index 0's tp groups assemble the chunks
 (engine.py), the other cp ranks agree (context_stage.py).
 
-Built for every schedule (a stage's several chunks are each such a stack), with or without --sp; under --clock sim costmodel/cp_tp_pipeline_time.py prices the step.
+Built for every schedule (a stage's several chunks are each such a stack), with or without --sp; under
+--clock sim costmodel/cp_tp_pipeline_time.py prices the step.
 --recompute (recompute.py) as context_stage.py's over this rank's a/T heads: full re-runs the chunk's
 forward -- each block's ring hops (2 (C-1) b n h/T) or Ulysses' forward all-to-alls, and the forward's
 tp collectives, again; selective drops each block's softmax part and rebuilds it before the backward
