@@ -146,17 +146,6 @@ CASES = [
         "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
         "heads/tp = 1: that must be divisible by 2",
     ),
-    (  # --cp with --pp (context_stage.py, context_tensor_stage.py with --tp): what is not built yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, schedule="zb-h1"),
-        8,
-        "--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule zb-h1 is not built "
-        "yet",
-    ),
-    (  # --cp --pp recomputes (context_stage.py); with --tp not yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, recompute="full"),
-        8,
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
-    ),
     (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
         8,
