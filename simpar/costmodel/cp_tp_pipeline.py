@@ -42,7 +42,7 @@ from __future__ import annotations
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_pipeline import cp_recompute_kv
-from .gpt import run_result, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes
 from .gpt_tp_pipeline import chunk_ops, recompute_ops
@@ -178,22 +178,8 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         )
         memory.append(mem)
         stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
-        cats = {"model": model, "activation": act}
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "cp": c, "tp": j},
-                "sent": {"data": 0} | {cat: sum(x.sent for x in ops.values()) for cat, ops in cats.items()},
-                "messages": {"data": 0}
-                | {cat: sum(x.messages for x in ops.values()) for cat, ops in cats.items()},
-                "by_op": {
-                    f"{cat}/{op}": {"sent": x.sent, "messages": x.messages}
-                    for cat, ops in cats.items()
-                    for op, x in ops.items()
-                },
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo},
-            }
-        )
+        record = rank_record(r, {"pp": st, "dp": d, "cp": c, "tp": j}, model=model, activation=act)
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
     if hw is not None:  # as --clock sim charges it
