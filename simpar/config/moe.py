@@ -62,12 +62,26 @@ def expert_rules(cfg) -> None:
             ("--tp", cfg.tp > 1),
             ("--pp", cfg.pp > 1),
             ("--zero", cfg.zero > 0),
-            ("--arch resmlp", cfg.arch != "mlp"),
+            ("--arch resmlp", cfg.arch == "resmlp"),
             ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
         )
         if on
     ]
     require(
         not unsupported,
-        f"--experts runs serial and --dp/--ep layouts of --arch mlp; not with {', '.join(unsupported)}",
+        "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
+        + ", ".join(unsupported),
     )
+    if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
+        later = [
+            name
+            for name, on in (
+                ("--cp", cfg.cp > 1),
+                ("--clock sim", cfg.clock == "sim"),
+            )
+            if on
+        ]
+        require(
+            not later,
+            f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}",
+        )

@@ -74,7 +74,6 @@ def model_gpt(cfg) -> None:
     later = [
         name
         for name, used in (
-            ("--experts", cfg.experts > 0),
             ("--data-source root", cfg.data_source == "root"),
             ("--inject nan", (cfg.inject or "").startswith("nan")),  # its inputs are integer tokens
         )
@@ -82,7 +81,7 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; "
+        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp], --pp and --experts/--ep so far; "
         f"{', '.join(later)} not yet (issue 23)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
@@ -283,36 +282,12 @@ def layout_cp(cfg) -> None:
         f"--sp with --cp {cfg.cp} splits each rank's seq-len/cp = {n} tokens of a sequence evenly over "
         f"--tp {cfg.tp}: --seq-len {cfg.seq_len} must be a multiple of cp*tp = {cfg.cp * cfg.tp}",
     )
-    if cfg.pp > 1:  # cp inside pipeline stages (parallel/pipeline/context_stage.py)
-        layout_cp_pp(cfg)
-    if cfg.zero >= 2 and cfg.clock == "sim":  # costmodel/cp_zero_time.py: a hop waiting on a late
-        # neighbour is not priced; that happens only when ZeRO's rings leave chunks uneven. The gpt units:
-        # the embedding (V + s) h, the blocks 12 h^2 + 13 h, the head 2 h + h V (model/gpt.py).
-        h, p = cfg.hidden, cfg.dp * cfg.cp
-        units = ((cfg.vocab + cfg.seq_len) * h, 12 * h * h + 13 * h, 2 * h + h * cfg.vocab)
-        require(
-            all(n % p == 0 for n in units),
-            f"--cp with --zero {cfg.zero} under --clock sim needs dp*cp = {p} to divide every unit's "
-            f"parameters {list(units)} (uneven chunks are not timed yet): use --clock wall or --zero 1",
-        )
+    # --pp: cp inside the stages runs every schedule and --recompute, with or without --tp [--sp]
+    # (parallel/pipeline/context_stage.py, context_tensor_stage.py; costmodel/cp_pipeline.py and
+    # cp_tp_pipeline.py predict them)
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
-    )
-
-
-def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: every schedule, --recompute (context_stage.py); with --tp [--sp]: gpipe, 1f1b,
-    interleaved, no --recompute (context_tensor_stage.py). --clock sim is timed in closed form by
-    costmodel/cp_pipeline_time.py (cp_tp_pipeline_time.py with --tp)."""
-    require(
-        cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b", "interleaved"),
-        f"--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is "
-        "not built yet",
-    )
-    require(
-        cfg.tp == 1 or cfg.recompute == "none",
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
     )
 
 

@@ -25,10 +25,9 @@ The plan divides Korthikanti et al.'s (2022, Table 2) per-layer activations by C
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .gpt import plan as gpt_plan
-from .gpt import unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -118,81 +117,84 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
         act_sent, act_msgs = kv * steps, cp_messages(C, cfg.cp_algo) * L * len(rows) * steps
         # not overlapped: an upper bound (the ring overlaps each hop with its block)
         comm_s = max(comm_s, grad_s + act_sent * cp_link.beta + act_msgs * cp_link.alpha)
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": 0, "dp": d, "cp": c, "tp": 0},
-                "sent": {"data": 0, "model": model.sent, "activation": act_sent},
-                "messages": {"data": 0, "model": model.messages, "activation": act_msgs},
-                "by_op": {
-                    "model/grad-allreduce": {"sent": model.sent, "messages": model.messages},
-                    f"activation/{op}": {"sent": act_sent, "messages": act_msgs},
-                },
-            }
-        )
+        activation = {op: Cost(sent=act_sent, messages=act_msgs)}
+        coords = {"pp": 0, "dp": d, "cp": c, "tp": 0}
+        ranks.append(rank_record(r, coords, model={"grad-allreduce": model}, activation=activation))
         opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
         mem["activations_peak"] = cp_activation_bytes(max(rows), s, L, h, a, C, cfg.cp_algo, prec.act)
         memory.append(mem)
-    per_step = {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")}
     # as the simulated clock charges a step: each ring hop overlaps its blocks (cp_time.py)
     from .cp_time import cp_step_seconds
 
     timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
     step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"] * max(steps, 1)
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {
-                k: max(r["sent"][k] for r in ranks) / max(steps, 1) for k in ("data", "model", "activation")
-            },
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": P,
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s / max(steps, 1),
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    return run_result(cfg, hw, steps, ranks, memory, P, (step_s, compute_s, comm_s / max(steps, 1)))
 
 
 def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **kw) -> dict:
-    """gpt.plan for dp x cp x tp x pp GPUs, plus the cp traffic.
+    """gpt.plan for dp x cp x tp x pp GPUs, plus the cp traffic, its attention timed hop by hop.
 
-    gpt.plan run with dp x C ranks sharing the batch is already right for everything but the cp
-    traffic: a cp rank holds b = B/(dp M K) sequences of s/C tokens, and Korthikanti's per-layer bytes
-    for s tokens of b/C sequences (every term linear in b) equal those for s/C tokens of b sequences
-    with the s^2 term divided by C -- the activations of the layout without cp, / C. Compute is 1/C
-    of it (the causal work is balanced), the gradient all-reduce runs over the dp x C ranks (stride
-    tp, as the mesh numbers them), ZeRO shards over them too (Megatron's distributed optimizer).
-    cp traffic per GPU per step: cp_kv_elems for b sequences of s/C tokens, K/V h/t wide under tp, per
-    layer of the stage and micro-batch; its time on the cp group's link (stride tp, C ranks) is added
-    whole -- an upper bound: the ring overlaps each hop with the block it computes."""
+    gpt.plan run with dp x C ranks sharing the batch is already right for everything but the
+    attention: a cp rank holds b = B/(dp M K) sequences of s/C tokens, and Korthikanti's per-layer
+    bytes for s tokens of b/C sequences (every term linear in b) equal those for s/C tokens of b
+    sequences with the s^2 term divided by C -- the activations of the layout without cp, / C. The
+    gradient all-reduce runs over the dp x C ranks (stride tp, as the mesh numbers them), ZeRO shards
+    over them too (Megatron's distributed optimizer), and every matmul but the attention's scores
+    divides over them.
+
+    The attention is priced as the simulated clock prices simpar's (cp_time.py, on the cp group's
+    link: C ranks, stride tp; h/t wide, a/t heads under tp), at the plan's matmul rate (the plan
+    counts no memory-bound work: FlashAttention keeps a block's scores on chip): gpt.plan's score
+    products, Narayanan's s/(6h) term (12 B s^2 L h FLOPs, 16 under full recomputation), leave its
+    compute, and each layer of a stage adds per micro-batch
+      ring      forward  sum_{t<C-1} max(k_t f, w + alpha) + 2 f, backward likewise (cp_time.py's table):
+                only the 2C+1 causal blocks of a rank, each hop's K/V transfer hidden behind them
+      Ulysses   4 blocking all-to-alls each way + the core of a/C heads over all s tokens
+    the forward twice under full recomputation, every micro-batch slot of 1F1B's (M + pp - 1) per
+    accumulation step (full recomputation's second forward sends its K/V again: counted in the bytes).
+    compute_s keeps the blocks' compute, cp_s the transfer time left exposed; cp_wire_s is the
+    traffic's whole time on the link (bytes x beta + messages x alpha): cp_s never exceeds it
+    stretched by the bubble, (M + pp - 1)/M."""
+    from .cp_time import ring_parts, ring_seconds, ulysses_parts, ulysses_seconds
     from .hardware import group_link
 
-    C = cp
+    C, L, h, a, s = cp, shape.layers, shape.hidden, shape.heads, shape.seq
     base = gpt_plan(shape, batch, hw, dp=dp * C, **kw)
     tp, pp = base["layout"]["tp"], base["layout"]["pp"]
     M, K = base["layout"]["microbatches"], base["layout"]["grad_accum"]
     b = batch / (dp * M * K)
-    layers = -(-shape.layers // pp)
-    bpe = PRECISIONS[kw.get("precision", "mixed")].act
-    per_layer = cp_kv_bytes(1, shape.seq // C, shape.hidden // tp, C, algo, bpe) * b
+    layers = -(-L // pp)
+    precision, full = kw.get("precision", "mixed"), kw.get("recompute", "none") == "full"
+    bpe, rate = PRECISIONS[precision].act, hw.flop_rate(precision)
+    per_layer = cp_kv_bytes(1, s // C, h // tp, C, algo, bpe) * b
+    messages = cp_messages(C, algo)
+    if full and C > 1:  # the forward runs again in backward: its K/V (or all-to-alls) once more
+        per_layer += cp_kv_elems(1, s // C, h // tp, C, algo)["forward"] * bpe * b
+        messages += (C - 1) * (1 if algo == "ring" else 4)
     cp_bytes = per_layer * layers * M * K
     link = group_link(hw, "dp", C, tp, 1)
-    cp_s = cp_bytes * link.beta + cp_messages(C, algo) * layers * M * K * link.alpha if C > 1 else 0.0
-    step_s = base["time"]["step_s"] + cp_s
+    cp_wire_s = cp_bytes * link.beta + messages * layers * M * K * link.alpha if C > 1 else 0.0
+    t = base["time"]
+    compute_s, cp_s = t["compute_s"], 0.0
+    if C > 1:
+        slots = K * (M + pp - 1) * layers  # a stage's layer passes per step, the 1F1B bubble's included
+        scores = (16 if full else 12) * batch * s * s * L * h / base["world"] / rate * (M + pp - 1) / M
+        n, forwards = s // C, 2 if full else 1
+        if algo == "ring":
+            forward, backward, _ = ring_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
+            f, g, _, _ = ring_parts(b, n, h // tp, a // tp, bpe, rate, 0.0, link)
+            f, g = (2 * C + 1) * f, (2 * C + 1) * g  # a rank's blocks: its share of the triangle
+        else:
+            forward, backward, _ = ulysses_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
+            _, f, g = ulysses_parts(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
+        compute_s += slots * (forwards * f + g) - scores
+        cp_s = slots * (forwards * (forward - f) + backward - g)
+    step_s = compute_s + t["tp_s"] + t["dp_s"] + cp_s
     return {
         **base,
         "layout": dict(base["layout"], dp=dp, cp=C, cp_algo=algo),
         "cp_bytes_per_gpu": cp_bytes,
-        "time": dict(base["time"], step_s=step_s, cp_s=cp_s),
-        "mfu": base["mfu"] * base["time"]["step_s"] / step_s,
+        "time": dict(t, step_s=step_s, compute_s=compute_s, cp_s=cp_s, cp_wire_s=cp_wire_s),
+        "mfu": base["mfu"] * t["step_s"] / step_s,
     }

@@ -38,16 +38,13 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
-
-CATS = ("data", "model", "activation")
 
 
 def cp_unit_kept_bytes(unit: int, L: int, h: int, a: int, s: int, C: int, algo: str, bpe: int) -> int:
@@ -160,22 +157,10 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         )
         memory.append(mem)
         stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
-        by_op = {f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in ops.items()}
-        by_op["model/grad-allreduce"] = {"sent": model.sent, "messages": model.messages}
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "cp": c, "tp": 0},
-                "sent": {"data": 0, "model": model.sent, "activation": sum(x.sent for x in ops.values())},
-                "messages": {
-                    "data": 0,
-                    "model": model.messages,
-                    "activation": sum(x.messages for x in ops.values()),
-                },
-                "by_op": by_op,
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo},
-            }
+        record = rank_record(
+            r, {"pp": st, "dp": d, "cp": c, "tp": 0}, activation=ops, model={"grad-allreduce": model}
         )
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
     if hw is not None and cfg.tp == 1:  # as --clock sim charges it
@@ -183,26 +168,5 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
 
         timed = cp_pipeline_step_seconds(cfg, dp, sizes, hw)
         step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    per_step = {k: sum(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS}
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "stage_units": bounds,
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {k: max(x["sent"][k] for x in ranks) / max(steps, 1) for k in CATS},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": (S - 1) / (M + S - 1),
-        "params": sum(sizes),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    pipeline = {"bubble": (S - 1) / (M + S - 1), "stage_units": bounds}
+    return run_result(cfg, hw, steps, ranks, memory, sum(sizes), (step_s, compute_s, comm_s), **pipeline)

@@ -52,18 +52,24 @@ RING_FWD, RING_BWD, CORE_FWD, CORE_BWD = (2, 6), (5, 6), (2, 6), (4, 4)
 RING_BLOCKS_FIRST, RING_BLOCKS_OTHER = 3, 2  # causal blocks a rank computes at hop 0 and at every other
 
 
-def ring_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
-    """(forward, backward, compute only) seconds of one block's ring attention on one rank (module
-    docstring)."""
+def ring_parts(b: int, n: int, h: int, a: int, bpe: int, rate: float, stream: float, link) -> tuple:
+    """(f, g, w_kv, w_dkv): one ring block's forward and backward, and one hop's K/V and dK/dV
+    message on the wire (module docstring)."""
     m = n // 2
 
     def block(charges):
         products, sweeps = charges
         return products * 2 * b * m * h * m / rate + sweeps * b * a * m * m * bpe * stream
 
-    f, g = block(RING_FWD), block(RING_BWD)
     w_kv = 2 * b * n * h * bpe / link.bw
     w_dkv = 2 * b * n * h * loss_bpe(bpe) / link.bw  # the partial sums travel in the wide type
+    return block(RING_FWD), block(RING_BWD), w_kv, w_dkv
+
+
+def ring_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
+    """(forward, backward, compute only) seconds of one block's ring attention on one rank (module
+    docstring)."""
+    f, g, w_kv, w_dkv = ring_parts(b, n, h, a, bpe, rate, stream, link)
     blocks = [RING_BLOCKS_FIRST] + [RING_BLOCKS_OTHER] * (C - 1)
     forward = sum(max(k * f, w_kv + link.alpha) for k in blocks[:-1]) + blocks[-1] * f
     backward = max(blocks[0] * g, w_kv + link.alpha)
@@ -75,14 +81,21 @@ def ring_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, 
 
 def ulysses_seconds(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
     """(forward, backward, compute only) seconds of one block's all-to-all attention on one rank."""
+    piece, forward, backward = ulysses_parts(b, n, h, a, C, bpe, rate, stream, link)
+    A = (C - 1) * (link.alpha + piece)
+    return 4 * A + forward, 4 * A + backward, forward + backward
+
+
+def ulysses_parts(b: int, n: int, h: int, a: int, C: int, bpe: int, rate: float, stream: float, link):
+    """(piece, core forward, core backward): one all-to-all round's message on the wire (b n h / C
+    elements) and the attention of a/C heads over all s = n C tokens (module docstring)."""
     s = n * C
-    A = (C - 1) * (link.alpha + b * n * h // C * bpe / link.bw)
 
     def core(charges):
         products, sweeps = charges
         return products * 2 * b * s * (h // C) * s / rate + sweeps * b * (a // C) * s * s * bpe * stream
 
-    return 4 * A + core(CORE_FWD), 4 * A + core(CORE_BWD), core(CORE_FWD) + core(CORE_BWD)
+    return b * n * h // C * bpe / link.bw, core(CORE_FWD), core(CORE_BWD)
 
 
 def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:

@@ -30,10 +30,9 @@ blocks, tp's all-reduces blocking on the tp link).
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step
+from .gpt import rank_record, run_result
 from .gpt_tp import local_unit_sizes, micro_step_ops
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
@@ -90,25 +89,7 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
             kv += cp_kv_bytes(b, s // C, h // T, C, cfg.cp_algo, prec.act) * L * steps
             kv_msgs += cp_messages(C, cfg.cp_algo) * L * steps
         act[cp_op] = Cost(sent=kv, messages=kv_msgs)
-        by_op = {f"model/{op}": {"sent": x.sent, "messages": x.messages} for op, x in model.items()}
-        by_op.update({f"activation/{op}": {"sent": x.sent, "messages": x.messages} for op, x in act.items()})
-        ranks.append(
-            {
-                "rank": w,
-                "coords": {"pp": 0, "dp": d, "cp": c, "tp": j},
-                "sent": {
-                    cat: sum(x.sent for x in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "messages": {
-                    cat: sum(x.messages for x in ops.values())
-                    for cat, ops in (("model", model), ("activation", act))
-                }
-                | {"data": 0},
-                "by_op": by_op,
-            }
-        )
+        ranks.append(rank_record(w, {"pp": 0, "dp": d, "cp": c, "tp": j}, model=model, activation=act))
         memory.append(
             {
                 "params": P_T * prec.param,
@@ -121,24 +102,6 @@ def predict_cp_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
 
     timed = cp_step_seconds(cfg, dp, sizes, hw, precision_of(cfg), prec.act)
     step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    cats = ("data", "model", "activation")
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": {k: sum(r["sent"][k] for r in ranks) / max(steps, 1) for k in cats},
-            "per_rank_per_step_max": {k: max(r["sent"][k] for r in ranks) / max(steps, 1) for k in cats},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": sum(local_unit_sizes(L, h, s, V, 1)),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    return run_result(
+        cfg, hw, steps, ranks, memory, sum(local_unit_sizes(L, h, s, V, 1)), (step_s, compute_s, comm_s)
+    )

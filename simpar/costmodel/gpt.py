@@ -249,6 +249,39 @@ def rank_record(rank: int, coords: dict, **categories: dict) -> dict:
     }
 
 
+def run_result(cfg, hw, steps: int, ranks: list, memory: list, params: int, time: tuple, **extra) -> dict:
+    """A gpt or cp run's prediction, keyed like its metrics (predict.predict_from_config): the ranks'
+    records (rank_record) with the per-step totals and per-rank maxima, memory per rank and its max,
+    the model's FLOPs per step (and the hardware's, recomputation included, where the ranks carry
+    "flops"), and `time` = (step_s, compute_s, comm_s per step). `extra`: bubble, stage_units."""
+    step_s, compute_s, comm_s = time
+    per, cats = max(steps, 1), ("data", "model", "activation")
+    if all("flops" in r for r in ranks):
+        extra["hardware_flops_per_step"] = sum(
+            r["flops"]["forward"] * 3 + r["flops"]["recompute"] for r in ranks
+        )
+    return {
+        "steps": steps,
+        "layout": layout_name(cfg),
+        "hardware": getattr(hw, "name", None),
+        "comm": {
+            "ranks": ranks,
+            "per_step": {k: sum(r["sent"][k] for r in ranks) / per for k in cats},
+            "per_rank_per_step_max": {k: max(r["sent"][k] for r in ranks) / per for k in cats},
+        },
+        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
+        "bubble": 0.0,
+        "params": params,
+        "flops_per_step": flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab),
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "comm_s": comm_s,
+            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
+        },
+    } | extra
+
+
 def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a step time of `simpar train --arch gpt` (serial,
     --dp, --zero 1-3): parallel/data.py's buckets and parallel/zero.py's per-unit chunks, written again.
@@ -310,26 +343,4 @@ def predict_run(cfg, world_size: int, steps: int, hw) -> dict:
         rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
         compute_s = flops_per_step(rows, s, L, h, V) / rate if rate else 0.0
         step_s = compute_s + comm_s / max(steps, 1)
-    per_step = {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {
-                c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in ("data", "model", "activation")
-            },
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": P,
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s / max(steps, 1),
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    return run_result(cfg, hw, steps, ranks, memory, P, (step_s, compute_s, comm_s / max(steps, 1)))

@@ -25,9 +25,8 @@ simpar's executor (parallel/pipeline/) is NOT imported: its rules are written do
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
-from .gpt import flops_per_step, rank_record, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
@@ -135,29 +134,5 @@ def predict_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
 
         timed = pipeline_step_seconds(cfg, p, sizes, hw)
         step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    per_step = {c: sum(x["sent"][c] for x in ranks) / max(steps, 1) for c in ("data", "model", "activation")}
-    flops = flops_per_step(cfg.batch, s, L, h, V)
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "stage_units": bounds,
-        "comm": {
-            "ranks": ranks,
-            "per_step": per_step,
-            "per_rank_per_step_max": {
-                c: max(x["sent"][c] for x in ranks) / max(steps, 1) for c in ("data", "model", "activation")
-            },
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": bubble,
-        "params": sum(sizes),
-        "flops_per_step": flops,
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    pipeline = {"bubble": bubble, "stage_units": bounds}
+    return run_result(cfg, hw, steps, ranks, memory, sum(sizes), (step_s, compute_s, comm_s), **pipeline)

@@ -28,9 +28,8 @@ without dropout; gpt.py's serial count is t = 1):
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import flops_per_step, rank_record
+from .gpt import flops_per_step, rank_record, run_result
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 
 
@@ -133,24 +132,6 @@ def predict_tp_run(cfg, world_size: int, steps: int, hw) -> dict:
         compute_s = flops_per_step(rows, s, L, h, V) / t / rate if rate else 0.0
         comm_s /= max(steps, 1)
         step_s = compute_s + comm_s
-    cats = ("data", "model", "activation")
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "comm": {
-            "ranks": ranks,
-            "per_step": {c: sum(r["sent"][c] for r in ranks) / max(steps, 1) for c in cats},
-            "per_rank_per_step_max": {c: max(r["sent"][c] for r in ranks) / max(steps, 1) for c in cats},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": 0.0,
-        "params": sum(local_unit_sizes(L, h, s, V, 1)),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    return run_result(
+        cfg, hw, steps, ranks, memory, sum(local_unit_sizes(L, h, s, V, 1)), (step_s, compute_s, comm_s)
+    )

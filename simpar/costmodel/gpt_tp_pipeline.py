@@ -25,9 +25,8 @@ parallel/pipeline/engine.py running tensor_gpt.GptTensorStack on each chunk, wri
 
 from __future__ import annotations
 
-from ..config import layout_name
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import flops_per_step, rank_record, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes, micro_step_ops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
@@ -166,26 +165,5 @@ def predict_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
 
     timed = pipeline_step_seconds(cfg, p, sizes, hw, local)
     step_s, compute_s, comm_s = timed["step_s"], timed["compute_s"], timed["comm_s"]
-    cats = ("data", "model", "activation")
-    return {
-        "steps": steps,
-        "layout": layout_name(cfg),
-        "hardware": getattr(hw, "name", None),
-        "stage_units": bounds,
-        "comm": {
-            "ranks": ranks,
-            "per_step": {c: sum(x["sent"][c] for x in ranks) / max(steps, 1) for c in cats},
-            "per_rank_per_step_max": {c: max(x["sent"][c] for x in ranks) / max(steps, 1) for c in cats},
-        },
-        "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
-        "bubble": (S - 1) / (M + S - 1),
-        "params": sum(sizes),
-        "flops_per_step": flops_per_step(cfg.batch, s, L, h, V),
-        "hardware_flops_per_step": sum(x["flops"]["forward"] * 3 + x["flops"]["recompute"] for x in ranks),
-        "time": {
-            "step_s": step_s,
-            "compute_s": compute_s,
-            "comm_s": comm_s,
-            "samples_per_s": cfg.batch / step_s if step_s > 0 else float("inf"),
-        },
-    }
+    pipeline = {"bubble": (S - 1) / (M + S - 1), "stage_units": bounds}
+    return run_result(cfg, hw, steps, ranks, memory, sum(sizes), (step_s, compute_s, comm_s), **pipeline)

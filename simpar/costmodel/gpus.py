@@ -25,6 +25,20 @@ def ring_protocols(ll_max: tuple) -> dict:
     }
 
 
+# One blocking torch.distributed.all_reduce as all_reduce_bench.py times it (CUDA events around the
+# call, after a barrier): Python, c10d's work and stream events, beyond the one launch tuning.cc's base
+# latency holds (nccl.Launch "torch"). Read from that bench's 32 KiB point on 8 x H200 (39.96 us,
+# marked fit in validation/collectives.csv) less the closed form's eager price there (15.41 us); the
+# same sweep's 2 MiB point checks it. stas00/ml-engineering network/benchmarks/results/all-reduce-8xH200.md
+TORCH_CALL_S = 24.55e-6
+
+# NCCL_ALGO=Tree all-reduce with one GPU per node (nccl.tree_options): protocol -> (base latency, the
+# network's latency per tree level). tuning.cc baseLatencies' Tree row (6.8, 14, 8.4 us; line 151) and
+# hwLatencies NET Tree (5.0, 8.5, 14 us; line 171), which tuning.cc uses for every algorithm when
+# ppn == 1 ("latencies are fully exposed", line 386); a tree all-reduce adds 2 log2(nNodes) of them
+# (line 416).
+TREE_PROTOCOLS = {"LL": (6.8e-6, 5.0e-6), "LL128": (14.0e-6, 8.5e-6), "Simple": (8.4e-6, 14.0e-6)}
+
 RING_PROTOCOLS = ring_protocols((141e9, 45e9, 35e9))  # Hopper's LL ceilings
 AMPERE_PROTOCOLS = ring_protocols((87.7e9, 22.5e9, 19.0e9))
 
@@ -48,8 +62,9 @@ _NVLINK4 = dict(
     intra_bw=370 * GB,  # NCCL's effective NVLink 4 bandwidth, ring busbw (nccl-tests#212, maintainer)
     devices_per_node=8,
     nvls_bw=276 * GB,  # NVLS all-reduce algbw, large sizes (nccl-tests#212: ~275; MAMF-style fit, see below)
-    nvls_lat=150e-6,  # fitted: the 0.5-16 GiB H200 sweep (ml-engineering network/README) is ~ S/276 GB/s
-    # + 150 us (NCCL's own model says 25 us: NVLS's channels fill slowly at medium sizes)
+    nvls_lat=150e-6 - TORCH_CALL_S,  # fitted: the 0.5-16 GiB H200 sweep (ml-engineering network/README)
+    # is ~ S/276 GB/s + 150 us, of which TORCH_CALL_S is that bench's torch.distributed call, not NVLS
+    # (NCCL's own model says 25 us: NVLS's channels fill slowly at medium sizes)
     nvls_min_ranks=5,  # NCCL picks NVLS above 4 GPUs on H200 (ml-engineering network/README, SHARP)
     ring_proto=RING_PROTOCOLS,
     reduce_in_transfer=True,
@@ -65,7 +80,8 @@ _NVLINK4_SOURCES = [
     f"achievable GEMM rate 80.3% of peak: {MAMF} (H100 SXM BF16 794.5)",
     "NVLink 4: 450 GB/s per direction; NCCL gets ~370 GB/s ring busbw, NVLS ~480 busbw / ~275 algbw "
     "(github.com/NVIDIA/nccl-tests/issues/212, maintainer); NVLS above 4 GPUs and its latency fitted to "
-    "the 8x H200 sweep of stas00/ml-engineering network/README.md",
+    "the 8x H200 sweep of stas00/ml-engineering network/README.md, less that bench's PyTorch call "
+    "(24.55 us, read from its 32 KiB point: network/benchmarks/results/all-reduce-8xH200.md)",
     f"protocols LL/LL128/Simple: {TUNING_CC}",
     f"memory: {HBM_SHARE:.0%} of the HBM spec, the measured share on A100 (NVIDIA/cuda-samples#311)",
     "kernel launch 3.0 us: cuLaunchKernel of a no-op kernel (meta-pytorch/tritonbench#1017)",

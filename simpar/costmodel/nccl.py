@@ -27,10 +27,19 @@ its bus bandwidth is min(NVLink ring, m x NIC) (the multi-node points in validat
 
 The reduction inside a GPU collective runs in the same kernel as the copy (its cost is in the bus
 bandwidth); on the CPU profile `local` it is charged apart, at gamma per byte.
+
+Launch (the host side, `Launch` below): tuning.cc's base latency (baseLatencies, lines 149-152 at commit
+5067397; ncclTopoGetAlgoTime adds it once per call, line 653) is read here as a device part plus ONE
+eager kernel launch (the profile's launch_s), the launch nccl-tests pays with one process per GPU,
+the setup tuning.cc's numbers were tuned on. (tuning.cc does not split it; the split is simpar's,
+held by the small-message points in validation/collectives.csv.) A benchmark that launches otherwise
+pays another host cost in place of that one launch: CUDA graphs, one process driving several GPUs, a
+framework's call.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -102,6 +111,42 @@ def ring_steps(kind: str, p: int) -> int:
     return 2 * (p - 1) if kind == "all-reduce" else p - 1
 
 
+# -- NCCL_ALGO=Tree across nodes, one GPU per node (validation points that forced it) ----------------
+
+# tuning.cc treeCorrectionFactor (line 623 at commit 5067397; applied in ncclTopoGetAlgoTime, line 630),
+# by protocol, for nBytes/64 = 2^0 .. 2^22 (64 B .. 256 MiB): "Trees are not perfectly sticking to the
+# model for medium sizes" -- NCCL multiplies the tree's bandwidth by it.
+TREE_CORRECTION = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}  # fmt: skip
+
+
+def tree_correction(protocol: str, nbytes: float) -> float:
+    """The share of its bandwidth NCCL's tuner gives a tree all-reduce of `nbytes` (1 outside the table)."""
+    log = int(math.log2(nbytes)) - 6 if nbytes >= 64 else -1
+    return TREE_CORRECTION[protocol][log] if 0 <= log < len(TREE_CORRECTION[protocol]) else 1.0
+
+
+def tree_options(tune: GroupTuning, tree: dict, nbytes: float) -> list[Timing]:
+    """A tree all-reduce over nodes with one GPU each, as tuning.cc prices it: the tree's base latency,
+    then up and down the tree, 2 log2(nodes) levels of the network's tree latency (`tree`: protocol ->
+    (base s, per-level s)); its bytes as the ring's (on 2 nodes the tree is one exchange), at the ring
+    protocol's bandwidth times tree_correction."""
+    steps = ring_steps("all-reduce", tune.p)
+    levels = 2 * math.log2(tune.nodes)
+    return [
+        Timing(
+            f"tree/{t.name}",
+            tree[t.name][0],
+            levels * tree[t.name][1] / steps,
+            t.bw * tree_correction(t.name, nbytes),
+        )
+        for t in tune.options("all-reduce", nvls=False)
+    ]
+
+
 def bus_factor(kind: str, p: int) -> float:
     """nccl-tests' busbw = algbw x this (doc/PERFORMANCE.md): what each rank puts on the wire."""
     if kind == "all-reduce":
@@ -117,6 +162,70 @@ def rail_bandwidth(intra_bw: float, nic_bw: float, nics_per_node: int, members: 
     its share of the node's NICs, and never faster than the NVLink ring inside the node."""
     rails = min(members, nics_per_node / max(1, groups))
     return min(intra_bw, rails * nic_bw)
+
+
+# -- launch: the host's part of a collective --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the collective was started, in nccl-tests' words (a validation point's `launch` column).
+
+    mode         eager: one ncclAllReduce per call, each kernel launched by the host (nccl-tests'
+                 default); graphs: captured in a CUDA graph that one launch replays (nccl-tests -G);
+                 torch: eager, through torch.distributed (a Python and c10d call around it)
+    per_process  GPUs one host thread drives (nccl-tests -g N): their N launches run one after the
+                 other, and the collective starts when the last GPU's kernel does
+    graph_ops    collectives per CUDA graph (nccl-tests -G M): one graph launch per GPU serves M
+
+    The host cost of a call is per_process x launch_s (graphs: / graph_ops), plus framework_s for
+    torch. tuning.cc's base latency already holds one eager launch, so a point pays the difference
+    (`extra_seconds`): 0 for plain nccl-tests with one process per GPU, what the trainer also assumes.
+    Checked by validation/collectives.csv: nccl-tests#123 (one process, 2-8 A100s: +4.2 us a GPU,
+    2 hops and one launch), nccl#1259 (2 H100s in CUDA graphs: below tuning.cc's price) and
+    nccl#583 (2 A100s from one process: above it).
+    """
+
+    mode: str = "eager"
+    per_process: int = 1
+    graph_ops: int = 1
+
+    def host_seconds(self, launch_s: float, framework_s: float = 0.0) -> float:
+        launches = self.per_process * launch_s
+        if self.mode == "graphs":
+            return launches / self.graph_ops
+        return launches + (framework_s if self.mode == "torch" else 0.0)
+
+    def label(self) -> str:
+        """The launch in the `launch` column's words (parse_launch reads it back)."""
+        counts = (f" g={self.per_process}" if self.per_process > 1 else "") + (
+            f" G={self.graph_ops}" if self.graph_ops > 1 else ""
+        )
+        return self.mode + counts
+
+    def extra_seconds(self, launch_s: float, framework_s: float = 0.0) -> float:
+        """What this launch costs beyond the one eager launch inside tuning.cc's base latency."""
+        return self.host_seconds(launch_s, framework_s) - launch_s
+
+
+LAUNCH_MODES = ("eager", "graphs", "torch")
+
+
+def parse_launch(text: str) -> Launch:
+    """`eager`, `eager g=8`, `graphs g=2 G=10`, `torch` (g: GPUs per process, G: collectives per
+    graph; nccl-tests' -g and -G). Empty: eager, one process per GPU."""
+    words = text.split()
+    if not words:
+        return Launch()
+    mode, counts = words[0], {"g": 1, "G": 1}
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"launch {text!r}: the mode is one of {', '.join(LAUNCH_MODES)}")
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key not in counts or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"launch {text!r}: expected g=N (GPUs per process) or G=N (per graph)")
+        counts[key] = int(value)
+    return Launch(mode, counts["g"], counts["G"])
 
 
 # -- compute ------------------------------------------------------------------------------------------

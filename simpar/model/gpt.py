@@ -322,24 +322,6 @@ class HeadUnit:
         return flat.copy(), np.empty(0, flat.dtype)
 
 
-def gpt_units(model, rt=PLAIN) -> list:
-    """[embedding, L blocks, head] with unit indices 0 .. L+1 of `model` (the model section: blocks,
-    hidden, heads, seq_len, vocab); `rt`: the run's runtime (its kernels), which every unit gets."""
-    L = model.blocks
-    units = (
-        [EmbeddingUnit(model.vocab, model.seq_len, model.hidden)]
-        + [BlockUnit(i, model.hidden, model.heads, model.seq_len, L) for i in range(1, L + 1)]
-        + [HeadUnit(L + 1, model.hidden, model.vocab, model.seq_len)]
-    )
-    for unit in units:
-        unit.rt = rt
-    return units
-
-
-def gpt_param_count(model) -> int:
-    return sum(u.size for u in gpt_units(model))
-
-
 def gpt_logits(units, weights, tokens):
     """Logits (batch, s, V) from full weights [(flat, empty) per unit], as forward computes them."""
     x = tokens

@@ -8,7 +8,8 @@
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp
-  expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all
+  expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
+               expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -48,6 +49,10 @@ def build_strategy(cfg, mesh):
         from .context import ContextParallel
 
         return ContextParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt":
+        from .expert_gpt import GptExpertParallel  # MoE transformer blocks, ep inside dp
+
+        return GptExpertParallel(sections, mesh)
     if cfg.experts:
         from .expert import ExpertParallel
 

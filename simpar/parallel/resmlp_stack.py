@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.gpt import gpt_units
+from ..model.gpt_build import gpt_units
 from ..model.mlp import Context, Linear, ParamStore
 from ..model.resmlp import BlockContext, LinearUnit, build_units
 from ..runtime.context import PLAIN

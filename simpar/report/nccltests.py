@@ -11,7 +11,8 @@ A log looks like (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md explains the 
 Each table row gives two points, out-of-place and in-place time (us). The collective comes from the
 test's name (in the log, or --op), the GPU count from the `Rank` lines (or --gpus), the node count
 from their distinct host names (or --nodes). Older logs have no `root` column; `mpirun
---tag-output` prefixes ("[0]") are ignored.
+--tag-output` prefixes ("[0]") are ignored. The header's `nGpus N` (-g: GPUs one process drives) and
+`graph: G` (-G: collectives per CUDA graph) become the point's `launch` (nccl.Launch).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ _NUM = r"(\d+(?:\.\d+)?|N/A)"
 _ROW = re.compile(
     rf"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(?:(-?\d+)\s+)?{_NUM}\s+{_NUM}\s+{_NUM}\s+(\S+)\s+{_NUM}\s+{_NUM}\s+{_NUM}"
 )
+
+
+_HEADER = re.compile(r"nGpus\s+(\d+).*?(?:graph:\s*(\d+))?\s*$", re.MULTILINE)
+
+
+def detect_launch(text: str) -> str:
+    """The `launch` column from the header line: `eager g=N`, `graphs g=N G=M`, or "" (not printed)."""
+    m = _HEADER.search(text)
+    if not m:
+        return ""
+    per_process, graph = int(m.group(1)), int(m.group(2) or 0)
+    words = ["graphs" if graph > 0 else "eager"] + ([f"g={per_process}"] if per_process > 1 else [])
+    return " ".join(words + ([f"G={graph}"] if graph > 1 else []))
 
 
 def detect_op(text: str) -> str | None:
@@ -64,6 +78,7 @@ def parse(
     nodes = nodes or len(set(ranks.values())) or 1
     if not gpus:
         raise SimparError(f"{where}: no '#  Rank N ... on HOST' lines to count GPUs by; pass --gpus")
+    launch = detect_launch(text)
     points = []
     for line in text.splitlines():
         line = re.sub(r"\[\d+\]", " ", line)
@@ -84,6 +99,7 @@ def parse(
                     "gpus": gpus,
                     "nodes": nodes,
                     "algorithm": "auto",
+                    "launch": launch,
                     "dtype": m.group(3),
                     "size_bytes": size,
                     "value": float(m.group(col)),

@@ -34,17 +34,21 @@ def check_cp(shape, cp: int, algo: str) -> None:
 def cp_lines(p: dict, without: dict) -> list[str]:
     """The cp layout against the same dp x tp x pp without it (`without`: gpt.plan's answer), and
     for the ring with C <= 8 the picture of who computes which block."""
-    lay, mem, mem0 = p["layout"], p["memory_per_gpu"], without["memory_per_gpu"]
+    lay, mem, mem0, t = p["layout"], p["memory_per_gpu"], without["memory_per_gpu"], p["time"]
     C, op = lay["cp"], "cp-kv" if lay["cp_algo"] == "ring" else "cp-alltoall"
     picture = block_picture(C) if lay["cp_algo"] == "ring" and C <= 8 else []
+    hides = (
+        "each ring hop lasts the longer of its blocks and its K/V transfer, the 1F1B bubble included"
+        if lay["cp_algo"] == "ring"
+        else "Ulysses' all-to-alls block, the 1F1B bubble included"
+    )
     return picture + [
         f"context parallelism: cp {C} ({lay['cp_algo']}), each GPU holds s/{C} tokens of every sequence; "
         f"{p['world']} GPUs = dp {lay['dp']} x cp {C} x tp {lay['tp']} x pp {lay['pp']}",
         f"  memory per GPU: {fmt_si(mem['total'])} with cp {C}, {fmt_si(mem0['total'])} without (activations "
         f"{fmt_si(mem['activations'])} = {fmt_si(mem0['activations'])} / {C})",
-        f"  {op} traffic per GPU per step: {fmt_si(p['cp_bytes_per_gpu'])}, {fmt_time(p['time']['cp_s'])} "
-        "on the cp link, added to the step unoverlapped (an upper bound: the ring overlaps each hop with "
-        "its block)",
+        f"  {op} traffic per GPU per step: {fmt_si(p['cp_bytes_per_gpu'])}, {fmt_time(t['cp_wire_s'])} on "
+        f"the cp link; {fmt_time(t['cp_s'])} of the step waits for it ({hides})",
     ]
 
 

@@ -142,7 +142,8 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
             else ""
         ),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
-        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped)",
+        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped"
+        + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),
         f"MFU: {p['mfu']:.1%} of the dense peak (model FLOPs / (step time x GPUs x peak); {hw.name}'s "
         f"achievable GEMM rate is {hw.flop_rate(prec) / hw.peak_rate(prec):.1%} of its peak, so compute "
         "alone reaches at most that)",

@@ -123,14 +123,14 @@ def serial_prediction(cfg, hw) -> float:
 
 def param_count(cfg) -> int:
     """Parameters of the whole model (every expert, every block), as the metrics report them."""
-    if cfg.experts:
+    if cfg.experts and cfg.arch != "gpt":  # gpt: gpt_param_count counts every block's E experts
         from ..model.moe import moe_param_count
 
         return sum(moe_param_count(cfg.layers, cfg.experts))
     if cfg.arch == "mlp":
         return parameter_count(cfg.layers)
     if cfg.arch == "gpt":
-        from ..model.gpt import gpt_param_count
+        from ..model.gpt_build import gpt_param_count
 
         return gpt_param_count(cfg.model)
     from ..model.resmlp import build_units

@@ -15,7 +15,7 @@ import io
 import os
 import statistics
 
-from ..costmodel import hardware, nccl
+from ..costmodel import gpus, hardware, nccl
 from ..errors import SimparError
 
 REQUIRED = ("id", "quantity", "op", "profile", "value", "unit", "source_url")
@@ -73,6 +73,7 @@ def read_points(path: str) -> list[dict]:
             for key in ("gpus", "nodes", "size_bytes", "m", "n", "k"):
                 row[key] = int(row[key]) if row.get(key) else 0
             row["tolerance"] = float(row["tolerance"]) if row.get("tolerance") else TOLERANCE
+            row["launch"] = nccl.parse_launch(row.get("launch") or "").label()  # checked, in its words
         except ValueError as exc:
             raise SimparError(f"{where}: {exc}") from None
         if row["value"] <= 0 or row["unit"] not in UNITS:
@@ -93,17 +94,35 @@ def group_bw(hw, p: int, nodes: int) -> tuple[float, float]:
 
 
 def collective_seconds(
-    hw, op: str, size: float, p: int, nodes: int, algorithm: str = "auto"
+    hw, op: str, size: float, p: int, nodes: int, algorithm: str = "auto", launch: nccl.Launch | None = None
 ) -> tuple[float, str]:
-    """Seconds of one collective of `size` bytes (nccl-tests' size: the whole buffer) and how it ran."""
+    """Seconds of one collective of `size` bytes (nccl-tests' size: the whole buffer) and how it ran;
+    `launch`: how the source started it (nccl.Launch: the host's part beyond tuning.cc's one launch)."""
     if op not in COLLECTIVES:
         raise SimparError(f"unknown collective {op!r} (choose from {', '.join(COLLECTIVES)})")
     bw, alpha = group_bw(hw, p, nodes)
     tune = hardware.tuning(hw, p, nodes, bw, alpha)
     algo, _, proto = algorithm.partition("/")
     step = size if op == "send-recv" else size / p
-    t = tune.choose(op, step, nvls=algo in ("auto", "nvls"), only=proto or ("NVLS" if algo == "nvls" else ""))
-    return t.seconds(nccl.ring_steps(op, p), step), t.name
+    if algo == "tree":  # NCCL_ALGO=Tree: priced only as a source ran it, one GPU per node
+        if op != "all-reduce" or p != nodes or nodes < 2:
+            raise SimparError(
+                f"algorithm tree is priced for an all-reduce over nodes of one GPU, not {op} on {p}"
+            )
+        options = nccl.tree_options(tune, gpus.TREE_PROTOCOLS, size)
+        steps = nccl.ring_steps(op, p)
+        t = min(
+            (o for o in options if not proto or o.name == f"tree/{proto}"),
+            key=lambda o: o.seconds(steps, step),
+        )
+    else:
+        t = tune.choose(
+            op, step, nvls=algo in ("auto", "nvls"), only=proto or ("NVLS" if algo == "nvls" else "")
+        )
+    if not (launch and hw.ring_proto and launch != nccl.Launch()):
+        return t.seconds(nccl.ring_steps(op, p), step), t.name
+    extra = launch.extra_seconds(hw.launch_s, gpus.TORCH_CALL_S)
+    return t.seconds(nccl.ring_steps(op, p), step) + extra, f"{t.name} {launch.label()}"
 
 
 def predict(point: dict, hw) -> tuple[float, str]:
@@ -111,9 +130,9 @@ def predict(point: dict, hw) -> tuple[float, str]:
     op, q, unit = point["op"], point["quantity"], UNITS[point["unit"]]
     if op in COLLECTIVES:
         size = point["size_bytes"]
-        t, how = collective_seconds(
-            hw, op, size, point["gpus"], point["nodes"] or 1, point.get("algorithm") or "auto"
-        )
+        launch = nccl.parse_launch(point.get("launch") or "")
+        algorithm = point.get("algorithm") or "auto"
+        t, how = collective_seconds(hw, op, size, point["gpus"], point["nodes"] or 1, algorithm, launch)
         values = {"time": t, "algbw": size / t, "busbw": size / t * nccl.bus_factor(op, point["gpus"])}
     elif op == "gemm":
         prec = PRECISION.get(point["dtype"], point["dtype"])

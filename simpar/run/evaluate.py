@@ -13,7 +13,8 @@ def evaluate(weights, data: Dataset, activation: str, cfg: RunConfig | None = No
     """Validation accuracy of full weights; `cfg` says the architecture (default: the MLP)."""
     x = data.x_val
     if cfg is not None and cfg.arch == "gpt":  # token accuracy (copy: on the copied half only)
-        from ..model.gpt import gpt_logits, gpt_units, token_accuracy
+        from ..model.gpt import gpt_logits, token_accuracy
+        from ..model.gpt_build import gpt_units
 
         logits = gpt_logits(gpt_units(cfg.model), weights, x)
         return token_accuracy(logits, data.y_val, data.val_mask)

@@ -11,7 +11,7 @@ import math
 
 from .. import job
 from ..config import RunConfig, SimparError, layout_name
-from ..model.gpt import gpt_units
+from ..model.gpt_build import gpt_units
 from ..runtime import flight
 from ..runtime.comm import Communicator
 from . import checkpoint

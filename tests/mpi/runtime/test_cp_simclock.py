@@ -15,8 +15,11 @@ import json
 
 import pytest
 
+from simpar.costmodel import gpt as cg
+from simpar.costmodel.cp import plan_cp
 from simpar.run.launch import run
 from tests.mpi.runtime.test_simclock import TWO_PER_NODE
+from tests.unit.costmodel.test_cp_plan_time import MATMULS_ONLY, TINY
 
 # s = 64, h = 32 on `local`: a ring block computes longer than its K/V take to arrive (cp_time.py)
 LONG = ["--arch", "gpt", "--n-layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "64"]
@@ -50,3 +53,22 @@ def test_grad_accum_across_nodes_of_two(tmp_path, layout):
     assert res.returncode == 0, res.stderr[-3000:]
     m = json.loads(path.read_text())
     assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-6)
+
+
+def test_plan_equals_a_simulated_run_where_their_models_meet(tmp_path):
+    """`plan --cp` (costmodel/cp.py) prices the ring hop by hop as the clock runs it: on a profile that
+    charges matmuls only (the plan's model), cp4's simulated step is the plan's step. Its hop 0 hides
+    the K/V transfer behind three blocks, the later hops' two blocks do not."""
+    hw, path = tmp_path / "hw.json", tmp_path / "m.json"
+    hw.write_text(json.dumps(MATMULS_ONLY.to_dict()))
+    tiny = ["--n-layers", str(TINY["blocks"]), "--hidden", str(TINY["hidden"]), "--heads", str(TINY["heads"])]
+    tiny += ["--vocab", str(TINY["vocab"]), "--batch", str(TINY["batch"]), "--seq-len", "64"]
+    args = ["train", "--arch", "gpt", *tiny, "--dataset", "copy", "--samples", "32", "--steps", "2"]
+    args += ["--cp", "4", "--dtype", "float64", "--clock", "sim", "--hardware", str(hw), "--quiet"]
+    res = run(4, [*args, "--metrics-out", str(path)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    shape = cg.Shape(TINY["blocks"], TINY["hidden"], TINY["heads"], 64, TINY["vocab"])
+    plan = plan_cp(shape, TINY["batch"], MATMULS_ONLY, 4, "ring", precision="fp64", optimizer="sgd")
+    sim = json.loads(path.read_text())["time"]["sim"]
+    assert plan["time"]["step_s"] == pytest.approx(sim["step_s"], rel=1e-9)
+    assert 0 < plan["time"]["cp_s"] < plan["time"]["cp_wire_s"]  # part of the traffic hidden, part not

@@ -25,7 +25,8 @@ USAGE = (
     "e.g. stall@rank=1,step=3,seconds=20; got {!r}"
 )
 ROUTER = "options of a mixture of experts' router; add --experts E"
-UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp; not with "
+UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
+GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep; not yet with "
 
 # (RunConfig fields, world size, the message)
 CASES = [
@@ -72,7 +73,8 @@ CASES = [
     (
         dict(arch="gpt", dataset="text", pp=2, inject="nan@rank=0,step=1"),
         2,
-        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp] and --pp so far; --inject nan not "
+        "--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp], --pp and --experts/--ep so far; "
+        "--inject nan not "
         "yet (issue 23)",
     ),
     (
@@ -138,28 +140,11 @@ CASES = [
         2,
         "--cp-algo ulysses gives each of the --cp 2 ranks whole heads: --heads 3 must be divisible by 2",
     ),
-    (
-        dict(arch="gpt", dataset="text", cp=3, zero=3, clock="sim", hidden=16, heads=4, seq_len=12, vocab=16),
-        3,
-        "--cp with --zero 3 under --clock sim needs dp*cp = 3 to divide every unit's parameters "
-        "[448, 3280, 288] (uneven chunks are not timed yet): use --clock wall or --zero 1",
-    ),
     (  # --cp with --tp (parallel/context_tensor.py): Ulysses splits a tp rank's heads over cp
         dict(arch="gpt", dataset="text", cp=2, tp=2, cp_algo="ulysses", heads=2),
         4,
         "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
         "heads/tp = 1: that must be divisible by 2",
-    ),
-    (  # --cp with --pp (context_stage.py, context_tensor_stage.py with --tp): what is not built yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, schedule="zb-h1"),
-        8,
-        "--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule zb-h1 is not built "
-        "yet",
-    ),
-    (  # --cp --pp recomputes (context_stage.py); with --tp not yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, recompute="full"),
-        8,
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
     ),
     (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
@@ -268,6 +253,13 @@ CASES = [
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
+    ),
+    (dict(arch="gpt", dataset="copy", experts=2, tp=2), 2, UNSUPPORTED + "--tp"),
+    (dict(arch="gpt", dataset="copy", experts=2, cp=2), 2, GPT_MOE + "--cp"),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
+        1,
+        GPT_MOE + "--clock sim",
     ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (

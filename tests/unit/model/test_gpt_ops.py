@@ -20,7 +20,8 @@ from simpar.model.attention import (
     self_attention_forward,
     split_heads,
 )
-from simpar.model.gpt import BlockUnit, EmbeddingUnit, HeadUnit, gpt_logits, gpt_units
+from simpar.model.gpt import BlockUnit, EmbeddingUnit, HeadUnit, gpt_logits
+from simpar.model.gpt_build import gpt_units
 from simpar.model.mlp import softmax_cross_entropy
 
 B, S, H, A, V = 2, 5, 8, 2, 11

@@ -127,4 +127,68 @@ def test_gpu_collectives_reduce_inside_the_copy_and_pick_protocols_by_size():
     assert t_big["latency"] == pytest.approx(8.4e-6 + 14 * 3.4e-6)
     # and NVLink SHARP only when asked (--collectives auto) and worth it on 8 GPUs of one node
     t_nvls = chunktime.op_time(big, link, 0.0, ring=True, nvls=True)
-    assert sum(t_nvls.values()) == pytest.approx(150e-6 + (1 << 30) / 276e9, rel=1e-3)
+    # 150 us fitted to the H200 torch sweep, less that bench's call overhead (24.55 us)
+    assert sum(t_nvls.values()) == pytest.approx(125.45e-6 + (1 << 30) / 276e9, rel=1e-3)
+
+
+def test_the_launch_column_prices_the_host_side_of_a_call():
+    """tuning.cc's base latency = a device part + ONE eager launch (launch_s, 3 us). A benchmark that
+    launches otherwise pays its own host cost in place of that launch: nothing more for one process per
+    GPU (what the trainer's price is), N serial launches for one process driving N GPUs (-g N), one
+    graph launch per GPU shared by G collectives under CUDA graphs (-G G), and torch's call overhead.
+    The prices are written here from tuning.cc's numbers, not read from simpar's tables."""
+    from simpar.costmodel import gpus, nccl
+
+    a100, h100 = hardware.load("dgx-a100"), hardware.load("dgx-h100")
+    base, hop, launch = 6.6e-6, 0.6e-6, 3.0e-6  # ring LL (tuning.cc), cuLaunchKernel (tritonbench#1017)
+
+    def price(hw, p, text, size=8):
+        return validation.collective_seconds(hw, "all-reduce", size, p, 1, "ring", nccl.parse_launch(text))
+
+    # one process per GPU: exactly the price without a launch column (the trainer's)
+    assert price(a100, 8, "eager") == validation.collective_seconds(a100, "all-reduce", 8, 8, 1, "ring")
+    for g in range(2, 9):  # one process drives g GPUs: g launches, one after the other
+        t, how = price(a100, g, f"eager g={g}")
+        assert how == f"LL eager g={g}"
+        assert t == pytest.approx(base - launch + 2 * (g - 1) * hop + g * launch, rel=1e-3)
+    t, how = price(h100, 2, "graphs g=2 G=10", size=128)  # nccl#1259: ~5.6-6.0 us measured
+    assert how == "LL graphs g=2 G=10"
+    assert t == pytest.approx(base - launch + 2 * hop + 2 * launch / 10, rel=1e-3)
+    t, _ = price(h100, 8, "torch", size=32768)
+    assert t - price(h100, 8, "eager", size=32768)[0] == pytest.approx(gpus.TORCH_CALL_S)
+    # the column reads back in its own words, and refuses what it does not know
+    assert nccl.parse_launch("graphs g=2 G=10").label() == "graphs g=2 G=10"
+    assert nccl.parse_launch("") == nccl.Launch() and nccl.Launch().label() == "eager"
+    for bad in ("grafs", "eager g=0", "eager n=2", "torch g=x"):
+        with pytest.raises(ValueError, match="launch"):
+            nccl.parse_launch(bad)
+    # an nccl-tests log says how it launched in its header
+    header = "# nThread 1 nGpus 2 minBytes 128 maxBytes 65536 step: 2(factor) warmup iters: 5 iters: 100 "
+    assert nccltests.detect_launch(header + "agg iters: 1 validation: 1 graph: 10\n") == "graphs g=2 G=10"
+    assert nccltests.detect_launch(header.replace("nGpus 2", "nGpus 8") + "graph: 0\n") == "eager g=8"
+    assert nccltests.detect_launch(NEW_FORMAT) == "eager"
+    graphed = NEW_FORMAT.replace("agg iters: 1", "agg iters: 1 graph: 10").replace("nGpus 1", "nGpus 2")
+    rows = validation.evaluate(nccltests.parse(graphed, "g.log"), "ib-cluster")
+    assert {r["launch"] for r in rows} == {"graphs g=2 G=10"}
+    assert all("graphs" in r["priced_as"] for r in rows)
+
+
+def test_a_forced_tree_across_two_nodes_is_priced_as_tuning_cc_prices_it():
+    """NCCL_ALGO=Tree, 2 nodes x 1 H100 (nccl-tests#232): the tree's base latency, 2 levels of the
+    network's tree latency, and the bytes at the NIC's protocol bandwidth divided down by tuning.cc's
+    treeCorrectionFactor (0.6 for LL128 and Simple at 2 MiB, 0.9 for LL128 at 32 MiB). Numbers from
+    tuning.cc and the profile's 47 GB/s NIC, written here."""
+    from simpar.costmodel import nccl
+
+    ib = hardware.load("ib-cluster")
+    assert nccl.tree_correction("LL128", 2 << 20) == 0.6 and nccl.tree_correction("Simple", 2 << 20) == 0.6
+    assert nccl.tree_correction("LL128", 32 << 20) == 0.9 and nccl.tree_correction("Simple", 1 << 30) == 1.0
+    for size, proto, base, level, share, corr in (
+        (2 << 20, "Simple", 8.4e-6, 14.0e-6, 1.0, 0.6),
+        (32 << 20, "LL128", 14.0e-6, 8.5e-6, 0.92, 0.9),
+    ):
+        t, how = validation.collective_seconds(ib, "all-reduce", size, 2, 2, "tree")
+        assert how == f"tree/{proto}"
+        assert t == pytest.approx(base + 2 * level + size / (47e9 * share * corr), rel=1e-6)
+    with pytest.raises(validation.SimparError, match="one GPU"):
+        validation.collective_seconds(ib, "all-reduce", 1 << 20, 16, 2, "tree")

@@ -1,0 +1,180 @@
+"""The MoE transformer (--arch gpt --experts E [--ep P] --dp D) in closed form: parallel/expert_gpt.py's
+bytes and memory written again, with costmodel/moe.py's routing rules (the MLP's, reused).
+
+Tokens, not rows: micro-step k of G has N_k = chunk(B, G, k) s global tokens (B sequences of s), dp
+rank d holds n_d = chunk(chunk(B, G, k), D, d) s of them, in global order after lower ranks'. Each of
+the L blocks routes them (top-K of E, capacity cap_k = ceil(C K N_k / E) filled in that order:
+moe.kept_in_row_order), so with kept[s][e] the assignments of rank s that expert e keeps, per block
+and micro-step, rank d (ep rank j = d mod P of the group starting at g = d - j) sends, h wide,
+
+  ep-dispatch, ep-combine-grad   sum_{e not on j} kept[d][e] x h x bpe
+  ep-combine, ep-dispatch-grad   sum_{s in g..g+P-1, s != d} sum_{e on j} kept[s][e] x h x bpe
+
+each in P-1 messages (--alltoall pairwise; bruck: moe.py's Bruck sum), category activation. The
+routing makes these data-dependent: the exact numbers come from the run's routing histograms
+(metrics["moe"]["routed_by_rank"], what the router chose; which of them fit is decided here again);
+without them, balanced routing and no drops: kept[s][e] = n_s K / E, i.e. per block and micro-step
+4 x (P-1)/P x n_d K h bpe in all four. Once per step (model): the non-expert parameters
+M = (V + s) h + L (4h^2 + 8h + hE) + 2h + hV all-reduced over the D dp ranks, and the rank's
+L E/P experts of 8h^2 + 5h over its D/P expert-data-parallel ranks (ring: 2(p-1)/p x n each).
+ep-histogram (control, not counted in the three categories): D x E int64 per block.
+
+Memory: (M + L E/P (8h^2 + 5h)) x bytes for params, grads and optimizer state. Activations kept at the
+end of the fullest micro-step's forward, per rank (elements, model dtype; tokens int64):
+  embedding 8 n bytes (token ids); head 2 n h + n (LN_f's xh, its output, 1/sigma)
+  per block n (7h + a s + 2) (LN1's xh, attention's input, q k v, its output, scores, LN2's xh, two
+  1/sigma -- gpt.py's block without its MLP), the FFN's input n h, the router's n E probabilities
+  (4-byte float32 under --precision mixed-bf16: Switch's selective precision), the kept outputs that
+  came back sum_e kept[d][e] h, and 9h (input, W1's output, GELU's) per row each of the rank's
+  experts received from its group.
+Time: a rough estimate only (--clock sim is refused for this layout): the dense model's matmul FLOPs
+with the MLP's counted K times plus the router's, and each collective at the dp link's alpha, beta.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .gpt import flops_per_step, run_result
+from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .spec import PRECISIONS, precision_of, split
+
+
+class Routing:
+    """What moe.alltoall_pieces reads: experts and ep."""
+
+    def __init__(self, experts: int, ep: int):
+        self.experts, self.ep = experts, ep
+
+
+def param_counts(cfg) -> tuple[int, int]:
+    """(non-expert parameters M, parameters of one rank's L E/P experts)."""
+    L, h, s, V, E = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts
+    dense = (V + s) * h + L * (4 * h * h + 8 * h + h * E) + 2 * h + h * V
+    return dense, L * (E // cfg.ep) * (8 * h * h + 5 * h)
+
+
+def capacity(cfg, tokens: int) -> int:
+    """ceil(C K N / E), as moe.capacity (Fedus et al. 2021, eq. 3, with K choices)."""
+    return math.ceil(cfg.capacity_factor * cfg.top_k * tokens / cfg.experts)
+
+
+def kept_per_micro_step(cfg, D: int, routing: dict | None, steps: int) -> list[tuple[int, list]]:
+    """[(micro-step index k, [kept matrix D x E per block])], step-major: from the run's routing
+    (exact) or balanced (fractional rows, no drops)."""
+    G, s = cfg.grad_accum, cfg.seq_len
+    seqs = split(cfg.batch, G)
+    if routing is not None:
+        return [
+            (i % G, [kept_in_row_order(H, capacity(cfg, seqs[i % G] * s)) for H in micro])
+            for i, micro in enumerate(routing["routed_by_rank"])
+        ]
+    out = []
+    for _ in range(steps):
+        for k in range(G):
+            kept = [[chunk(seqs[k], D, r) * s * cfg.top_k / cfg.experts] * cfg.experts for r in range(D)]
+            out.append((k, [kept] * cfg.blocks))
+    return out
+
+
+def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -> float:
+    """The module docstring's activations of rank d in micro-step k (the router's probabilities in
+    float32 under --precision mixed-*, 4 bytes, the rest in bpe)."""
+    h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
+    n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
+    per, j = E // P, d % P
+    elems = 2 * n * h + n
+    for kept in kept_blocks:
+        elems += n * (7 * h + a * s + 2) + n * h + sum(kept[d]) * h
+        elems += sum(
+            9 * h * sum(kept[q][e] for q in range(d - j, d - j + P)) for e in range(j * per, (j + 1) * per)
+        )
+    router_bpe = 4 if precision_of(cfg) == "mixed" else bpe
+    return 8 * n + elems * bpe + len(kept_blocks) * n * E * router_bpe
+
+
+def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    D, P, h = (cfg.dp if cfg.dp is not None else world_size), cfg.ep, cfg.hidden
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    micro = kept_per_micro_step(cfg, D, routing, steps)
+    steps = len(micro) // cfg.grad_accum if routing is not None else steps
+    dense, experts = param_counts(cfg)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    link = None
+    if hw is not None and D > 1:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", D, 1, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    for d in range(D):
+        ops: dict[str, Cost] = {}
+
+        def add(op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        if P > 1:
+            for _, blocks in micro:
+                for kept in blocks:
+                    pieces = alltoall_pieces(Routing(cfg.experts, P), kept, d)
+                    for op in OPS:
+                        c = ALLTOALL[cfg.alltoall]([[r * h for r in line] for line in pieces[op]], P, d % P)
+                        add(op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
+        add("grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+        add("expert-grad-allreduce", ALLREDUCE[cfg.collectives](experts, D // P, d // P), prec.grad, steps)
+        cat = lambda op: "model" if "grad-allreduce" in op else "activation"  # noqa: E731
+        sent = {"data": 0, "model": 0, "activation": 0}
+        messages = dict(sent)
+        for op, c in ops.items():
+            sent[cat(op)] += c.sent
+            messages[cat(op)] += c.messages
+        if link is not None:
+            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values()))
+        ranks.append(
+            {
+                "rank": d,
+                "coords": {"pp": 0, "dp": d, "tp": 0},
+                "sent": sent,
+                "messages": messages,
+                "by_op": {
+                    f"{cat(op)}/{op}": {"sent": c.sent, "messages": c.messages} for op, c in ops.items()
+                },
+            }
+        )
+        n = dense + experts
+        peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
+        memory.append(
+            {
+                "params": n * prec.param,
+                "grads": n * prec.grad,
+                "optimizer": n * opt_bpp,
+                "activations_peak": round(peak),
+            }
+        )
+    L, s, V, K, E = cfg.blocks, cfg.seq_len, cfg.vocab, cfg.top_k, cfg.experts
+
+    def moe_flops(rows: int) -> int:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / rate if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    step_s = compute_s + per_step_comm
+    timing = (step_s, compute_s, per_step_comm)
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        dense + experts * P,
+        timing,
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+    )
