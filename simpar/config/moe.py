@@ -76,12 +76,12 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                ("--cp", cfg.cp > 1),
+                ("--cp with --precision mixed-*", cfg.cp > 1 and cfg.mixed),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on
         ]
         require(
             not later,
-            f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}",
+            f"--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with {', '.join(later)}",
         )
