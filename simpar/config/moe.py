@@ -77,6 +77,10 @@ def expert_rules(cfg) -> None:
             name
             for name, on in (
                 ("--cp with --precision mixed-*", cfg.cp > 1 and cfg.mixed),
+                (
+                    "--cp with --tp or --pp",
+                    cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1),
+                ),  # context_expert.py: dp x cp
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on
