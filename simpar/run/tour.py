@@ -251,8 +251,8 @@ def moe_note(mixed: bool, algorithm: str | None = None) -> str:
         "close to serial's, not equal: under mixed precision each layout's weights differ by roundoff, "
         "so a row near a tie may pick another expert"
         if mixed
-        else "the same in every layout because capacity is global and filled in global row order, so dp "
-        "and dp x ep compute the serial model"
+        else "the same in every layout because capacity is global and filled in global token order, so dp, "
+        "dp x ep and cp compute the serial model"
     )
     return (
         "(a2a/step: the all-to-alls of expert parallelism -- ep-dispatch, ep-combine and their -grad -- "
