@@ -76,7 +76,6 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                ("--cp with --precision mixed-*", cfg.cp > 1 and cfg.mixed),
                 (
                     "--cp with --tp or --pp",
                     cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1),

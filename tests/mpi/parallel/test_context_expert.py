@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from tests.conftest import assert_same_model, split_sizes, train_json
+from tests.mpi.parallel import test_gpt_moe
 
 L, H, A, S, V, B, E, K, CF, STEPS, G = 2, 16, 2, 8, 17, 6, 4, 2, 1.0, 2, 2
 ARGS = ["--arch", "gpt", "--n-layers", str(L), "--hidden", str(H), "--heads", str(A), "--seq-len", str(S)]
@@ -109,3 +110,22 @@ def test_dp2_cp2_ep2_drops_the_serial_tokens_and_resumes_serially(serial, tmp_pa
     check_bytes(run, 2, 2, 2)
     resumed = train_json(1, [*ARGS, "--resume", str(ckpt / "step-000001")], tmp_path, "resumed")
     assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+
+
+def test_mixed_bf16_dp2_cp2_ep2_bytes_and_memory_as_predicted(serial, tmp_path):
+    """--precision mixed-bf16 (test_gpt_moe.py's model and serial run, so the serial trains once a
+    session): the first loss is serial's up to bfloat16 roundoff; every rank's bytes (the ring's dK, dV
+    partial sums in float32, the rest in 2 bytes), params/grads/optimizer and activations as predicted."""
+    args = [a for a in test_gpt_moe.ARGS if a not in ("--dtype", "float64")] + ["--precision", "mixed-bf16"]
+    ref = serial(args)
+    run = train_json(4, [*args, "--dp", "2", "--cp", "2", "--ep", "2"], tmp_path)
+    assert abs(run["losses"][0] / ref["losses"][0] - 1) <= 1e-3
+    assert run["prediction_mismatches"] == []
+    assert run["comm"]["ranks"][0]["by_op"]["activation/ep-dispatch"]["sent"] > 0
+    for r, p in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
+        assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control")} == {
+            k: v["sent"] for k, v in p["by_op"].items()
+        }
+    assert [r["activations_peak"] for r in run["memory"]["ranks"]] == [
+        r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]
+    ]

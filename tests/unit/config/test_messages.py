@@ -256,11 +256,6 @@ CASES = [
     ),
     (dict(arch="gpt", dataset="copy", experts=2, tp=2), 2, UNSUPPORTED + "--tp"),
     (
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, precision="mixed-bf16"),
-        2,
-        GPT_MOE + "--cp with --precision mixed-*",
-    ),
-    (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
         GPT_MOE + "--clock sim",
