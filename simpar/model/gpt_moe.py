@@ -20,7 +20,8 @@ dense block's (gpt.py, stream (seed, block, 1)), the router normal with std 1/sq
 
 `MoEFFN` runs one block's routing on one rank, with an `exchange` that says where the experts live:
 LOCAL (every expert here: the serial run, and evaluation) or parallel/expert_gpt.py's all-to-alls over
-the ep group. `train_pass` is one micro-step's forward and backward over the units; the strategy runs
+the ep group; its `plan` fills capacity (parallel/context_expert.py plans again per sequence chunk,
+for cp ranks). `train_pass` is one micro-step's forward and backward over the units; the strategy runs
 it and tests/unit/model/test_gpt_moe.py checks it against finite differences in float64.
 """
 
