@@ -259,6 +259,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_pipeline import predict_cp_pipeline_run
 
         return predict_cp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "cp", 1) > 1 and cfg.experts:  # MoE blocks with cp, experts over ep (cp_moe.py)
+        from .cp_moe import predict_cp_moe_run
+
+        return predict_cp_moe_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.zero:  # ZeRO over dp x cp (costmodel/cp_zero.py)
         from .cp_zero import predict_cp_zero_run
 

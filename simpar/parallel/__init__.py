@@ -7,7 +7,8 @@
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
-               attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp
+               attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
+               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
@@ -41,6 +42,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
         return ContextPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.experts:
+        from .context_expert import ContextExpertParallel  # MoE blocks, experts over ep at each cp coordinate
+
+        return ContextExpertParallel(sections, mesh)
     if cfg.cp > 1 and cfg.zero:
         from .context_zero import ContextZero  # ZeRO over the dp x cp group
 
