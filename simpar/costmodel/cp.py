@@ -165,11 +165,17 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     M, K = base["layout"]["microbatches"], base["layout"]["grad_accum"]
     b = batch / (dp * M * K)
     layers = -(-L // pp)
-    precision, full = kw.get("precision", "mixed"), kw.get("recompute", "none") == "full"
+    precision, mode = kw.get("precision", "mixed"), kw.get("recompute", "none")
+    full = mode == "full"
+    # full: the forward runs again in backward. selective: Ulysses rebuilds P from its local q and k
+    # (q k^T, half its forward, as gpt.plan counts for attention without cp); the plan keeps the ring's
+    # log-sum-exp (a n per sequence, as FlashAttention-style kernels do), so the ring runs once -- while
+    # simpar's own --cp --pp run drops it and re-runs the ring (parallel/pipeline/context_stage.py)
+    redo = 1.0 if mode == "full" else 0.5 if mode == "selective" and algo == "ulysses" else 0.0
     bpe, rate = PRECISIONS[precision].act, hw.flop_rate(precision)
     per_layer = cp_kv_bytes(1, s // C, h // tp, C, algo, bpe) * b
     messages = cp_messages(C, algo)
-    if full and C > 1:  # the forward runs again in backward: its K/V (or all-to-alls) once more
+    if full and C > 1:  # the forward's K/V (or all-to-alls) once more
         per_layer += cp_kv_elems(1, s // C, h // tp, C, algo)["forward"] * bpe * b
         messages += (C - 1) * (1 if algo == "ring" else 4)
     cp_bytes = per_layer * layers * M * K
@@ -179,8 +185,10 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     compute_s, cp_s = t["compute_s"], 0.0
     if C > 1:
         slots = K * (M + pp - 1) * layers  # a stage's layer passes per step, the 1F1B bubble's included
-        scores = (16 if full else 12) * batch * s * s * L * h / base["world"] / rate * (M + pp - 1) / M
-        n, forwards = s // C, 2 if full else 1
+        # gpt.plan's score matmuls (4 B s^2 L h a forward, 12 a step; selective adds q k^T's 2 again)
+        per_pass = {"full": 16, "selective": 14}.get(mode, 12)
+        scores = per_pass * batch * s * s * L * h / base["world"] / rate * (M + pp - 1) / M
+        n, forwards, computes = s // C, 2 if full else 1, 1 + redo
         if algo == "ring":
             forward, backward, _ = ring_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
             f, g, _, _ = ring_parts(b, n, h // tp, a // tp, bpe, rate, 0.0, link)
@@ -188,7 +196,7 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
         else:
             forward, backward, _ = ulysses_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
             _, f, g = ulysses_parts(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
-        compute_s += slots * (forwards * f + g) - scores
+        compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
     step_s = compute_s + t["tp_s"] + t["dp_s"] + cp_s
     return {

@@ -92,10 +92,14 @@ def narayanan_params(L: int, h: int, s: int, V: int) -> float:
 
 def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "none") -> float:
     """Narayanan et al. 2021, sec. 5.1: 72 B s L h^2 (1 + s/6h + V/12Lh); full recomputation runs each
-    block's forward again (the head's is not recomputed): 96 B s L h^2 (1 + s/6h + V/16Lh)."""
+    block's forward again (the head's is not recomputed): 96 B s L h^2 (1 + s/6h + V/16Lh); selective
+    (Korthikanti et al. 2022, sec. 4.2, as simpar rebuilds P from q and k): + 2 B L s^2 h."""
     if recompute == "full":
         return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    model = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    if recompute == "selective":  # q k^T again, 2 s^2 h per sequence and block (o is kept: no P v)
+        return model + 2 * B * L * s * s * h
+    return model
 
 
 # -- activation memory per layer -----------------------------------------------------------------------
@@ -181,7 +185,7 @@ def plan(
     act_layer = korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute)
     activations = math.ceil(L / pp) * in_flight * act_layer * PRECISIONS[precision].act / 2
     model_flops = flops_per_step(batch, s, L, h, V)
-    hw_flops = flops_per_step(batch, s, L, h, V, "full" if recompute == "full" else "none")
+    hw_flops = flops_per_step(batch, s, L, h, V, recompute)
     rate = hw.flop_rate(precision)
     compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
     tp_link, dp_link = group_link(hw, "tp", dp, tp, pp), group_link(hw, "dp", dp, tp, pp)
@@ -205,6 +209,7 @@ def plan(
             "zero": zero,
             "microbatches": M,
             "grad_accum": grad_accum,
+            "recompute": recompute,
         },
         "world": world,
         "params": param_count(L, h, s, V),

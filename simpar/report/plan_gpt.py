@@ -136,11 +136,10 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         "2022, Table 2), x ceil(L/pp) layers x min(pp, M) micro-batches in flight (1F1B)",
         f"FLOPs per step: {p['flops_per_step']:.3e} = 72 B s L h^2 (1 + s/6h + V/12Lh) (Narayanan et al. "
         f"2021 sec. 5.1); the hardware does {p['hardware_flops_per_step']:.3e}"
-        + (
-            " (full recomputation: 96 ... V/16Lh)"
-            if p["hardware_flops_per_step"] != p["flops_per_step"]
-            else ""
-        ),
+        + {
+            "full": " (full recomputation: 96 ... V/16Lh)",
+            "selective": " (selective recomputation: + 2 B L s^2 h, q k^T again)",
+        }.get(p["layout"].get("recompute", "none"), ""),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
         f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped"
         + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),

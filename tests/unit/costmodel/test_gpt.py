@@ -53,14 +53,16 @@ def matmul_flops(B, s, L, h, V, recompute=False):
     return 3 * (L * block + head) + (L * block if recompute else 0)
 
 
-@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
 def test_flops_per_step_is_narayanans_formula_and_the_matmul_count(recompute):
     B, L, h, s, V = 1536, GPT3["L"], GPT3["h"], GPT3["s"], GPT3["V"]
     if recompute == "full":
         paper = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
     else:
         paper = 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
-    assert cg.flops_per_step(B, s, L, h, V, recompute) == pytest.approx(paper, rel=1e-12)
+    # selective: every block's q k^T again (P rebuilt from the kept q and k), 2 s^2 h per sequence
+    extra = 2 * B * L * s * s * h if recompute == "selective" else 0
+    assert cg.flops_per_step(B, s, L, h, V, recompute) == pytest.approx(paper + extra, rel=1e-12)
     assert paper == pytest.approx(matmul_flops(B, s, L, h, V, recompute == "full"), rel=1e-12)
 
 
