@@ -60,7 +60,7 @@ def expert_rules(cfg) -> None:
         name
         for name, on in (
             ("--tp", cfg.tp > 1),
-            ("--pp", cfg.pp > 1),
+            ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
             ("--zero", cfg.zero > 0),
             ("--arch resmlp", cfg.arch == "resmlp"),
             ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
@@ -84,4 +84,19 @@ def expert_rules(cfg) -> None:
         require(
             not later,
             f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}",
+        )
+    if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
+        later = [
+            name
+            for name, on in (
+                (f"--schedule {cfg.schedule}", cfg.schedule not in ("gpipe", "1f1b")),
+                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
+                (f"--precision {cfg.precision}", cfg.mixed),
+            )
+            if on
+        ]
+        require(
+            not later,
+            f"--arch gpt --experts --pp runs --schedule gpipe and 1f1b in full precision; not yet with "
+            f"{', '.join(later)}",
         )
