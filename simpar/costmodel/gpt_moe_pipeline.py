@@ -1,0 +1,182 @@
+"""MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S, D dp ranks a stage) in closed
+form: parallel/pipeline/expert_stage.py's bytes and memory written again, not imported.
+
+  micro-steps  a step is G M micro-steps (G = --grad-accum, M = --microbatches): micro-step i has
+               N_i = chunk(B, G M, i) sequences, dp rank d chunk(N_i, D, d) = b of them; pass g's
+               micro-batch mb is micro-step g M + mb (the serial run's --grad-accum G M)
+  stages       the units (embedding, L MoE blocks of 4h^2 + 8h + hE + E (8h^2 + 5h), head) cut into S
+               contiguous runs balanced by parameter count (stages.balanced_counts, as partition.py)
+  boundaries   per micro-batch and boundary the residual stream b s h forward ("pp-send-act") and its
+               gradient b s h backward ("pp-send-grad"), times bpe, as costmodel/gpt_pipeline.py
+  all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
+               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced
+  gradients    once per step the stage's dense parameters (embedding, head, blocks' dense parts)
+               all-reduced over its D dp ranks, its experts (its blocks' E/P each) over D/P ranks (ring)
+  memory       params, grads, optimizer state of the stage's dense parameters and its experts
+  activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
+               b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
+               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
+  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
+               bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .gpt import flops_per_step, rank_record, run_result
+from .gpt_moe import Routing, capacity
+from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .order import peak_alive
+from .spec import PRECISIONS, precision_of, split
+from .stages import balanced_counts
+
+TOKEN_BYTES = 8
+
+
+def unit_params(cfg) -> list[tuple[int, int]]:
+    """(dense parameters, parameters of ONE rank's E/P experts) per unit: embedding, blocks, head."""
+    h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
+    block = (4 * h * h + 8 * h + h * E, (E // P) * (8 * h * h + 5 * h))
+    return [((V + s) * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V, 0)]
+
+
+def stage_bounds(cfg) -> list[tuple[int, int]]:
+    """Each stage's units [lo, hi): balanced by the full units' sizes, every expert counted."""
+    E, h = cfg.experts, cfg.hidden
+    full = [
+        dense + (E * (8 * h * h + 5 * h) if 0 < u <= cfg.blocks else 0)
+        for u, (dense, _) in enumerate(unit_params(cfg))
+    ]
+    counts = cfg.stage_layers or balanced_counts(full, cfg.pp)
+    return [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(cfg.pp)]
+
+
+def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
+    """Per micro-step of the run: per block (unit 1..L) the D x E kept matrix, from the run's routing
+    (exact) or balanced (fractional rows, no drops)."""
+    GM, s, E, K = cfg.grad_accum * cfg.microbatches, cfg.seq_len, cfg.experts, cfg.top_k
+    seqs = split(cfg.batch, GM)
+    if routing is not None:
+        return [
+            [kept_in_row_order(H, capacity(cfg, seqs[i % GM] * s)) for H in micro]
+            for i, micro in enumerate(routing["routed_by_rank"])
+        ]
+    return [
+        [[[chunk(seqs[i % GM], D, r) * s * K / E] * E for r in range(D)]] * cfg.blocks
+        for i in range(steps * GM)
+    ]
+
+
+def block_kept_elems(cfg, kept, n: int, d: int) -> float:
+    """Elements one MoE block keeps on dp rank d for n tokens (router's n E counted apart)."""
+    h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
+    per, j = E // P, d % P
+    received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
+    return n * (7 * h + a * s + 2) + n * h + sum(kept[d]) * h + 9 * h * received
+
+
+def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    S, M, G, h, s, E = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.hidden, cfg.seq_len, cfg.experts
+    D, P = (cfg.dp if cfg.dp is not None else world_size // S), cfg.ep
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    micro = micro_kept(cfg, D, routing, steps)
+    steps = len(micro) // (G * M)
+    seqs = split(cfg.batch, G * M)
+    bounds, units = stage_bounds(cfg), unit_params(cfg)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    link = None
+    if hw is not None and D > 1:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", D, 1, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    for r in range(world_size):
+        st, d = divmod(r, D)
+        lo, hi = bounds[st]
+        blocks = [u for u in range(lo, hi) if 0 < u <= cfg.blocks]
+        act: dict[str, Cost] = {}
+        model: dict[str, Cost] = {}
+
+        def add(ops: dict, op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        for i, kept_blocks in enumerate(micro):
+            n = chunk(seqs[i % (G * M)], D, d) * s * h  # this rank's residual stream
+            if st < S - 1:
+                add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+            if st > 0:
+                add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+            for u in blocks if P > 1 else ():
+                pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
+                for op in OPS:
+                    c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
+                    add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
+        dense = sum(units[u][0] for u in range(lo, hi))
+        experts = sum(units[u][1] for u in range(lo, hi))
+        add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+        if experts:
+            add(
+                model,
+                "expert-grad-allreduce",
+                ALLREDUCE[cfg.collectives](experts, D // P, d // P),
+                prec.grad,
+                steps,
+            )
+        if link is not None:
+            every = list(act.values()) + list(model.values())
+            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
+        ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": 0}, model=model, activation=act))
+
+        def held(i: int, b: int) -> float:
+            """Bytes micro-step i's forward keeps on this rank's chunk, b = its sequences here."""
+            n, router = b * s, 4 if precision_of(cfg) == "mixed" else bpe
+            out = TOKEN_BYTES * n if lo == 0 else 0
+            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            for u in blocks:
+                out += block_kept_elems(cfg, micro[i][u - 1], n, d) * bpe + n * E * router
+            return out
+
+        peak = 0
+        for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
+            b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
+            size = lambda m, c, p=p, b=b: held(p + m, b[m])  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, 1, size))
+        n = dense + experts
+        memory.append(
+            {
+                "params": n * prec.param,
+                "grads": n * prec.grad,
+                "optimizer": n * opt_bpp,
+                "activations_peak": round(peak),
+            }
+        )
+    L, V, K = cfg.blocks, cfg.vocab, cfg.top_k
+
+    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / S / rate * (M + S - 1) / M if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in units)
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        (compute_s + per_step_comm, compute_s, per_step_comm),
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, seqs[0] * s),
+        bubble=(S - 1) / (M + S - 1),
+        stage_units=bounds,
+    )
