@@ -1,0 +1,76 @@
+"""costmodel/gpt_moe_pipeline.py's closed forms for MoE blocks on pipeline stages, written again here:
+the stage cut, the boundaries' b s h per micro-batch (the serial run's micro-steps of G M, then dp),
+the all-to-alls of the stage's blocks (balanced: 4 (P-1)/P n K h bpe per block and micro-step; from a
+routing with drops: counted here by hand), the stage's dense and expert all-reduces, its memory; and
+the feeder's G x M cut (run/data.feeder_splits)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.config import RunConfig
+from simpar.costmodel import predict_from_config
+from simpar.costmodel.hardware import LOCAL_DEFAULTS
+from simpar.run.data import feeder_splits
+
+H, A, S, V, E, K = 16, 2, 8, 17, 4, 2
+SHAPE = dict(arch="gpt", hidden=H, heads=A, seq_len=S, vocab=V, dataset="copy", dtype="float64")
+SHAPE |= dict(experts=E, top_k=K, optimizer="adam", steps=1)
+BLOCK, EXPERT = 4 * H * H + 8 * H + H * E, 8 * H * H + 5 * H
+
+
+def sizes(n: int, p: int) -> list[int]:
+    return [n // p + (i < n % p) for i in range(p)]
+
+
+def ring(n: int, p: int, r: int) -> int:
+    c = sizes(n, p)
+    return 2 * n - c[r] - c[(r + 1) % p] if p > 1 else 0
+
+
+@pytest.mark.parametrize(
+    "L,D,P,G,M,B,schedule",
+    [(2, 2, 2, 1, 2, 8, "gpipe"), (4, 2, 1, 2, 2, 10, "1f1b"), (4, 4, 4, 1, 2, 16, "1f1b")],
+)
+def test_balanced_bytes_and_memory(L, D, P, G, M, B, schedule):
+    """Two stages: the embedding and the first L/2 blocks, the other L/2 blocks and the head."""
+    layout = dict(pp=2, dp=D, ep=P, grad_accum=G, microbatches=M, schedule=schedule)
+    cfg = RunConfig(**SHAPE, blocks=L, batch=B, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 2 * D, steps=1, hw=LOCAL_DEFAULTS)
+    assert pred["stage_units"] == [(0, L // 2 + 1), (L // 2 + 1, L + 2)]
+    dense = [(V + S) * H + L // 2 * BLOCK, L // 2 * BLOCK + 2 * H + H * V]
+    experts = L // 2 * E // P * EXPERT
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st, d = divmod(r, D)
+        rows = [sizes(n, D)[d] for n in sizes(B, G * M)]  # this rank's sequences per micro-step
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        assert by_op[f"activation/{'pp-send-act' if st == 0 else 'pp-send-grad'}"] == sum(rows) * S * H * 8
+        a2a = sum(4 * (P - 1) * b * S * K * H * 8 * (L // 2) / P for b in rows)
+        assert sum(v for k, v in by_op.items() if "/ep-" in k) == pytest.approx(a2a, abs=4)
+        assert by_op["model/grad-allreduce"] == ring(dense[st], D, d) * 8
+        assert by_op.get("model/expert-grad-allreduce", 0) == ring(experts, D // P, d // P) * 8
+        mem = pred["memory"]["ranks"][r]
+        assert (mem["params"], mem["optimizer"]) == ((dense[st] + experts) * 8, (dense[st] + experts) * 16)
+    assert pred["params"] == (V + S) * H + L * (BLOCK + E * EXPERT) + 2 * H + H * V
+
+
+def test_routing_with_drops_counted_by_hand():
+    """One micro-step of 2 sequences (16 tokens, capacity ceil(1 x 2 x 16 / 4) = 8), dp2 x ep2: rank 0
+    routed [8, 4, 2, 2] and keeps them all; rank 1 routed [6, 2, 6, 2] and keeps [0, 2, 6, 2] (expert 0
+    full). Rank 0 (experts 0, 1) dispatches 2 + 2 = 4 rows and gets back rank 1's 0 + 2; rank 1
+    dispatches 0 + 2 = 2 and returns rank 0's 2 + 2 = 4: rows x h x 8 B, the same on both stages."""
+    cfg = RunConfig(**SHAPE, blocks=2, batch=2, pp=2, dp=2, ep=2, microbatches=1, capacity_factor=1.0)
+    Hs = [[8, 4, 2, 2], [6, 2, 6, 2]]
+    pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS, routing={"routed_by_rank": [[Hs, Hs]]})
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        out, back = (4, 2) if r % 2 == 0 else (2, 4)
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        assert by_op["activation/ep-dispatch"] == by_op["activation/ep-combine-grad"] == out * H * 8
+        assert by_op["activation/ep-combine"] == by_op["activation/ep-dispatch-grad"] == back * H * 8
+
+
+def test_the_feeder_cuts_g_x_m_micro_steps_only_for_moe_pipelines():
+    base = dict(arch="gpt", dataset="copy", grad_accum=2, microbatches=3)
+    assert feeder_splits(RunConfig(**base, experts=4, pp=2)) == 6
+    assert feeder_splits(RunConfig(**base, experts=4)) == 2
+    assert feeder_splits(RunConfig(**base, pp=2)) == 2
