@@ -266,7 +266,12 @@ CASES = [
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, tp=2), 2, UNSUPPORTED + "--tp"),
+    (dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp"),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, tp=2, sp=True, precision="mixed-bf16"),
+        2,
+        "--arch gpt --experts --tp runs without --sp in full precision; not yet with --sp, --precision mixed-bf16",
+    ),
     (dict(arch="gpt", dataset="copy", experts=2, cp=2), 2, GPT_MOE + "--cp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-h1", recompute="full"),
