@@ -9,7 +9,9 @@
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
-               expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts)
+               expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
+               expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
+               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
