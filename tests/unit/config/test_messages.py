@@ -270,7 +270,8 @@ CASES = [
     (
         dict(arch="gpt", dataset="copy", experts=2, tp=2, sp=True, precision="mixed-bf16"),
         2,
-        "--arch gpt --experts --tp runs without --sp in full precision; not yet with --sp, --precision mixed-bf16",
+        "--arch gpt --experts --tp runs without --sp in full precision; not yet with --sp, "
+        "--precision mixed-bf16",
     ),
     (dict(arch="gpt", dataset="copy", experts=2, cp=2), 2, GPT_MOE + "--cp"),
     (
