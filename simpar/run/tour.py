@@ -63,6 +63,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
         if n % 2 == 0 and n > 2:
             candidates += with_sp(f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2), cfg)
             candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
+            candidates.append((f"dp{n // 2}xep2xtp2", dict(dp=n // 2, ep=2, tp=2)))  # --experts only
             if n == 4:
                 candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
         candidates += context_layouts(n)
