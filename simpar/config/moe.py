@@ -95,7 +95,7 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                (f"--schedule {cfg.schedule}", cfg.schedule not in ("gpipe", "1f1b")),
+                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
                 (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
                 (f"--precision {cfg.precision}", cfg.mixed),
             )
@@ -103,6 +103,6 @@ def expert_rules(cfg) -> None:
         ]
         require(
             not later,
-            f"--arch gpt --experts --pp runs --schedule gpipe and 1f1b in full precision; not yet with "
-            f"{', '.join(later)}",
+            "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+            f"precision; not yet with {', '.join(later)}",
         )

@@ -28,7 +28,7 @@ from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
 from .moe import OPS, alltoall_pieces, kept_in_row_order
-from .order import peak_alive
+from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
 from .stages import balanced_counts
 
@@ -43,14 +43,16 @@ def unit_params(cfg) -> list[tuple[int, int]]:
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:
-    """Each stage's units [lo, hi): balanced by the full units' sizes, every expert counted."""
+    """Each chunk's units [lo, hi) (one chunk a stage; --schedule interleaved: S V, chunk c on stage
+    c mod S): balanced by the full units' sizes, every expert counted."""
     E, h = cfg.experts, cfg.hidden
     full = [
         dense + (E * (8 * h * h + 5 * h) if 0 < u <= cfg.blocks else 0)
         for u, (dense, _) in enumerate(unit_params(cfg))
     ]
-    counts = cfg.stage_layers or balanced_counts(full, cfg.pp)
-    return [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(cfg.pp)]
+    C = n_chunks(cfg.schedule, cfg.pp, cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    counts = cfg.stage_layers or balanced_counts(full, C)
+    return [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(C)]
 
 
 def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
@@ -80,6 +82,7 @@ def block_kept_elems(cfg, kept, n: int, d: int) -> float:
 def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
     S, M, G, h, s, E = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.hidden, cfg.seq_len, cfg.experts
+    Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
     D, P = (cfg.dp if cfg.dp is not None else world_size // S), cfg.ep
     prec = PRECISIONS[precision_of(cfg)]
     bpe = prec.act
@@ -94,10 +97,10 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
 
         link = group_link(hw, "dp", D, 1, 1)
     ranks, memory, comm_s = [], [], 0.0
+    C = len(bounds)
     for r in range(world_size):
         st, d = divmod(r, D)
-        lo, hi = bounds[st]
-        blocks = [u for u in range(lo, hi) if 0 < u <= cfg.blocks]
+        mine = stage_chunks(cfg.schedule, S, Vs, st)
         act: dict[str, Cost] = {}
         model: dict[str, Cost] = {}
 
@@ -105,53 +108,56 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
 
+        def blocks(c: int) -> list[int]:
+            return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]
+
         for i, kept_blocks in enumerate(micro):
             n = chunk(seqs[i % (G * M)], D, d) * s * h  # this rank's residual stream
-            if st < S - 1:
-                add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
-            if st > 0:
-                add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-            for u in blocks if P > 1 else ():
-                pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
-                for op in OPS:
-                    c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
-                    add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
-        dense = sum(units[u][0] for u in range(lo, hi))
-        experts = sum(units[u][1] for u in range(lo, hi))
-        add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
-        if experts:
-            add(
-                model,
-                "expert-grad-allreduce",
-                ALLREDUCE[cfg.collectives](experts, D // P, d // P),
-                prec.grad,
-                steps,
-            )
+            for c in mine:
+                if c < C - 1 and chunk_stage(cfg.schedule, S, c + 1) != st:
+                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
+                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+                for u in blocks(c) if P > 1 else ():
+                    pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
+                    for op in OPS:
+                        c_ = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
+                        cost = Cost(round(c_.sent), c_.messages, 0, c_.rounds, math.ceil(c_.round_elems))
+                        add(act, op, cost, bpe)
+        n_params = 0
+        for c in mine:  # one all-reduce of the chunk's dense part, one of its experts (expert_stage.py)
+            dense = sum(units[u][0] for u in range(*bounds[c]))
+            experts = sum(units[u][1] for u in range(*bounds[c]))
+            add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+            if experts:  # a chunk without blocks has none (expert_stage.py skips an empty buffer)
+                edp = ALLREDUCE[cfg.collectives](experts, D // P, d // P)
+                add(model, "expert-grad-allreduce", edp, prec.grad, steps)
+            n_params += dense + experts
         if link is not None:
             every = list(act.values()) + list(model.values())
             comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
         ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": 0}, model=model, activation=act))
 
-        def held(i: int, b: int) -> float:
-            """Bytes micro-step i's forward keeps on this rank's chunk, b = its sequences here."""
+        def held(i: int, b: int, c: int) -> float:
+            """Bytes micro-step i's forward keeps on chunk c, b = this rank's sequences of it."""
             n, router = b * s, 4 if precision_of(cfg) == "mixed" else bpe
+            lo, hi = bounds[c]
             out = TOKEN_BYTES * n if lo == 0 else 0
             out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
-            for u in blocks:
+            for u in blocks(c):
                 out += block_kept_elems(cfg, micro[i][u - 1], n, d) * bpe + n * E * router
             return out
 
         peak = 0
         for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
             b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
-            size = lambda m, c, p=p, b=b: held(p + m, b[m])  # noqa: E731
-            peak = max(peak, peak_alive(cfg.schedule, S, M, st, 1, size))
-        n = dense + experts
+            size = lambda m, c, p=p, b=b: held(p + m, b[m], c)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
         memory.append(
             {
-                "params": n * prec.param,
-                "grads": n * prec.grad,
-                "optimizer": n * opt_bpp,
+                "params": n_params * prec.param,
+                "grads": n_params * prec.grad,
+                "optimizer": n_params * opt_bpp,
                 "activations_peak": round(peak),
             }
         )

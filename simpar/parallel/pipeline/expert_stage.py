@@ -1,4 +1,5 @@
-"""MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S [--dp D], --schedule gpipe/1f1b).
+"""MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S [--dp D]; --schedule naive, gpipe,
+1f1b or interleaved: a stage's several chunks are each such a stack).
 
 The mesh (runtime/mesh.py) nests pp outside dp = edp x ep: a stage is D ranks, and its ep groups are P
 consecutive dp ranks of that stage. A stage's chunk is the units lo..hi-1 of model/gpt_build.gpt_units
@@ -18,7 +19,7 @@ expert_gpt.py's --dp D --ep P --grad-accum G M), equal at 1e-12 in float64 with 
 
 Bytes per rank and step (costmodel/gpt_moe_pipeline.py): per micro-batch of b sequences on this rank,
 b s h per boundary forward ("pp-send-act") and backward ("pp-send-grad"), as gpt's pipeline; the
-all-to-alls of its stage's blocks from the routing (costmodel/gpt_moe.py's rule); once per step the
+all-to-alls of its stage's blocks from the routing (costmodel/gpt_moe.py's rule); once per step each chunk's
 stage's dense parameters all-reduced over dp (`model/grad-allreduce`) and its experts over the D/P
 expert-data-parallel ranks (`model/expert-grad-allreduce`), no buckets and no overlap, as expert_gpt.py.
 
@@ -28,7 +29,8 @@ ep rank 0, `control`), then gathered to world rank 0; any layout (serial include
 The routing of every stage's blocks comes to rank 0 beside the final weights (full_weights, after the
 ledger's snapshot), for the metrics' `moe` summary and the prediction.
 
-Refused in one line (config/moe.py): the other schedules, --recompute, mixed precision, --tp, --cp.
+Refused in one line (config/moe.py): zb-h1 and zb-v (their W pass splits every unit's backward),
+--recompute, mixed precision, --tp, --cp.
 """
 
 from __future__ import annotations

@@ -27,7 +27,10 @@ USAGE = (
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
 GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep; not yet with "
-GPT_MOE_PP = "--arch gpt --experts --pp runs --schedule gpipe and 1f1b in full precision; not yet with "
+GPT_MOE_PP = (
+    "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full precision; "
+    "not yet with "
+)
 
 # (RunConfig fields, world size, the message)
 CASES = [

@@ -74,3 +74,26 @@ def test_the_feeder_cuts_g_x_m_micro_steps_only_for_moe_pipelines():
     assert feeder_splits(RunConfig(**base, experts=4, pp=2)) == 6
     assert feeder_splits(RunConfig(**base, experts=4)) == 2
     assert feeder_splits(RunConfig(**base, pp=2)) == 2
+
+
+def test_interleaved_two_chunks_a_stage():
+    """--schedule interleaved --virtual-stages 2, L = 2: four chunks of one unit, stage 0 holding the
+    embedding and block 2, stage 1 block 1 and the head. Every chunk boundary crosses stages, so per
+    micro-batch stage 0 sends 2 activations and 1 gradient, stage 1 1 and 2, b s h each; each chunk
+    all-reduces its own dense part (and its experts) in its own call."""
+    layout = dict(pp=2, dp=2, ep=2, microbatches=2, schedule="interleaved", virtual_stages=2)
+    cfg = RunConfig(**SHAPE, blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+    assert pred["stage_units"] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    chunks = [[(V + S) * H, BLOCK], [BLOCK, 2 * H + H * V]]
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st, d = divmod(r, 2)
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        stream = 8 // 2 * S * H * 8  # 4 sequences a step on this dp rank, in 2 micro-batches
+        acts, grads = (2, 1) if st == 0 else (1, 2)
+        sent = (by_op["activation/pp-send-act"], by_op["activation/pp-send-grad"])
+        assert sent == (acts * stream, grads * stream)
+        assert by_op["model/grad-allreduce"] == sum(ring(n, 2, d) for n in chunks[st]) * 8
+        assert "model/expert-grad-allreduce" not in by_op  # D/P = 1
+        a2a = 4 * (2 - 1) / 2 * 4 * S * K * H * 8  # one block a stage, 4 sequences: 4 (P-1)/P n K h
+        assert sum(v for k, v in by_op.items() if "/ep-" in k) == pytest.approx(a2a)

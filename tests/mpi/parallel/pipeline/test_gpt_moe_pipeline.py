@@ -94,3 +94,20 @@ def test_1f1b_pp2_dp2_accumulating_equals_serial(serial, tmp_path, schedule):
     assert_same_model(run, ref, rtol=1e-12)
     assert run["moe"]["dropped"] == ref["moe"]["dropped"]
     check_bytes(run, 2, 1, 2, 2)
+
+
+def test_interleaved_equals_serial_and_its_prediction(serial, tmp_path):
+    """--schedule interleaved --virtual-stages 2: four one-unit chunks, two a stage; equal to serial
+    --grad-accum 2 with its drops, the ledger op by op equal to costmodel/gpt_moe_pipeline.py's (whose
+    interleaved closed form tests/unit/costmodel/test_gpt_moe_pipeline.py writes out)."""
+    ref = serial([*ARGS, "--grad-accum", "2"])
+    pp = ["--pp", "2", "--dp", "2", "--ep", "2", "--schedule", "interleaved", "--virtual-stages", "2"]
+    run = train_json(4, [*ARGS, *pp, "--microbatches", "2"], tmp_path)
+    assert_same_model(run, ref, rtol=1e-12)
+    assert run["moe"]["dropped"] == ref["moe"]["dropped"] and run["prediction_mismatches"] == []
+    for r, p in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
+        assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control") and v["sent"]} == {
+            k: v["sent"] for k, v in p["by_op"].items()
+        }
+    got = [r["activations_peak"] for r in run["memory"]["ranks"]]
+    assert got == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]
