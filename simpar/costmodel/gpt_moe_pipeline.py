@@ -4,15 +4,17 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
   micro-steps  a step is G M micro-steps (G = --grad-accum, M = --microbatches): micro-step i has
                N_i = chunk(B, G M, i) sequences, dp rank d chunk(N_i, D, d) = b of them; pass g's
                micro-batch mb is micro-step g M + mb (the serial run's --grad-accum G M)
-  stages       the units (embedding, L MoE blocks of 4h^2 + 8h + hE + E (8h^2 + 5h), head) cut into S
-               contiguous runs balanced by parameter count (stages.balanced_counts, as partition.py)
-  boundaries   per micro-batch and boundary the residual stream b s h forward ("pp-send-act") and its
-               gradient b s h backward ("pp-send-grad"), times bpe, as costmodel/gpt_pipeline.py
+  chunks       the units (embedding, L MoE blocks of 4h^2 + 8h + hE + E (8h^2 + 5h), head) cut into S
+               contiguous runs (interleaved: S V, chunk c on stage c mod S) balanced by parameter count
+               (stages.balanced_counts, as partition.py)
+  boundaries   per micro-batch and chunk boundary between stages the residual stream b s h forward
+               ("pp-send-act") and its gradient b s h backward ("pp-send-grad"), times bpe, as
+               costmodel/gpt_pipeline.py
   all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
                routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced
-  gradients    once per step the stage's dense parameters (embedding, head, blocks' dense parts)
-               all-reduced over its D dp ranks, its experts (its blocks' E/P each) over D/P ranks (ring)
-  memory       params, grads, optimizer state of the stage's dense parameters and its experts
+  gradients    once per step and chunk its dense parameters (embedding, head, blocks' dense parts)
+               all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring)
+  memory       params, grads, optimizer state of the rank's chunks' dense parameters and experts
   activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
                b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
                head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
