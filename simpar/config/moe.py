@@ -59,7 +59,7 @@ def expert_rules(cfg) -> None:
     unsupported = [
         name
         for name, on in (
-            ("--tp", cfg.tp > 1 and (cfg.arch != "gpt" or cfg.pp > 1)),
+            ("--tp", cfg.tp > 1 and cfg.arch != "gpt"),
             ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
             ("--zero", cfg.zero > 0),
             ("--arch resmlp", cfg.arch == "resmlp"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
 from .moe import OPS, alltoall_pieces, kept_in_row_order
@@ -37,11 +37,13 @@ from .stages import balanced_counts
 TOKEN_BYTES = 8
 
 
-def unit_params(cfg) -> list[tuple[int, int]]:
-    """(dense parameters, parameters of ONE rank's E/P experts) per unit: embedding, blocks, head."""
+def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
+    """(dense parameters, parameters of ONE rank's E/P experts) per unit on one of T tp ranks:
+    embedding V h/T + s h, a block 4h^2/T + 3h/T + 5h + hE (attention by heads, LayerNorms, bo and
+    the router whole: expert_tensor_gpt.py), head 2h + hV/T; the experts whole on every tp rank."""
     h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
-    block = (4 * h * h + 8 * h + h * E, (E // P) * (8 * h * h + 5 * h))
-    return [((V + s) * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V, 0)]
+    block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, (E // P) * (8 * h * h + 5 * h))
+    return [(V * h // T + s * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V // T, 0)]
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:
@@ -73,25 +75,28 @@ def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
     ]
 
 
-def block_kept_elems(cfg, kept, n: int, d: int) -> float:
-    """Elements one MoE block keeps on dp rank d for n tokens (router's n E counted apart)."""
+def block_kept_elems(cfg, kept, n: int, d: int, T: int = 1) -> float:
+    """Elements one MoE block keeps on dp rank d for n tokens (router's n E counted apart); under tp
+    this rank's heads' q, k, v, output and scores are 1/T (costmodel/gpt_moe_tp.py)."""
     h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
     per, j = E // P, d % P
     received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-    return n * (7 * h + a * s + 2) + n * h + sum(kept[d]) * h + 9 * h * received
+    attention = 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+    return attention + n * h + sum(kept[d]) * h + 9 * h * received
 
 
 def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
     S, M, G, h, s, E = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.hidden, cfg.seq_len, cfg.experts
     Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-    D, P = (cfg.dp if cfg.dp is not None else world_size // S), cfg.ep
+    T = cfg.tp
+    D, P = (cfg.dp if cfg.dp is not None else world_size // (S * T)), cfg.ep
     prec = PRECISIONS[precision_of(cfg)]
     bpe = prec.act
     micro = micro_kept(cfg, D, routing, steps)
     steps = len(micro) // (G * M)
     seqs = split(cfg.batch, G * M)
-    bounds, units = stage_bounds(cfg), unit_params(cfg)
+    bounds, units = stage_bounds(cfg), unit_params(cfg, T)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     link = None
     if hw is not None and D > 1:
@@ -101,7 +106,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     ranks, memory, comm_s = [], [], 0.0
     C = len(bounds)
     for r in range(world_size):
-        st, d = divmod(r, D)
+        (st, d), k = divmod(r // T, D), r % T  # world rank (st D + d) T + k
         mine = stage_chunks(cfg.schedule, S, Vs, st)
         act: dict[str, Cost] = {}
         model: dict[str, Cost] = {}
@@ -109,6 +114,20 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         def add(ops: dict, op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        def tensor_ops(act: dict, c: int, R: int, k: int) -> None:
+            """Chunk c's tp traffic for R token rows (gpt_moe_tp.py): attention's g and f per block,
+            the vocabulary's embedding all-reduce on the first chunk, head and loss on the last."""
+            ar = ALLREDUCE[cfg.collectives]
+            for _ in blocks(c):
+                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe)
+                add(act, "tp-f-allreduce", ar(R * h, T, k), bpe)
+            if bounds[c][0] == 0:
+                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
+            if bounds[c][1] == cfg.blocks + 2:
+                add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
+                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), bpe)
+                add(act, "vocab-ce-sums", ar(2 * R, T, k), bpe)
 
         def blocks(c: int) -> list[int]:
             return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]
@@ -120,6 +139,8 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                     add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
                 if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
                     add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+                if T > 1:
+                    tensor_ops(act, c, n // h, k)
                 for u in blocks(c) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
                     for op in OPS:
@@ -138,7 +159,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         if link is not None:
             every = list(act.values()) + list(model.values())
             comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
-        ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": 0}, model=model, activation=act))
+        ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": k}, model=model, activation=act))
 
         def held(i: int, b: int, c: int) -> float:
             """Bytes micro-step i's forward keeps on chunk c, b = this rank's sequences of it."""
@@ -147,7 +168,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             out = TOKEN_BYTES * n if lo == 0 else 0
             out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
             for u in blocks(c):
-                out += block_kept_elems(cfg, micro[i][u - 1], n, d) * bpe + n * E * router
+                out += block_kept_elems(cfg, micro[i][u - 1], n, d, T) * bpe + n * E * router
             return out
 
         peak = 0
@@ -171,9 +192,9 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / S / rate * (M + S - 1) / M if rate else 0.0
+    compute_s = moe_flops(rows) / (S * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
-    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in units)
+    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     return run_result(
         cfg,
         hw,

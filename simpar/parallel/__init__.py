@@ -47,14 +47,14 @@ def build_strategy(cfg, mesh):
         from .context import ContextParallel
 
         return ContextParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt" and cfg.pp > 1:
+        from .pipeline.expert_stage import ExpertPipelineParallel  # MoE blocks on pipeline stages (and tp)
+
+        return ExpertPipelineParallel(sections, mesh)
     if cfg.experts and cfg.arch == "gpt" and cfg.tp > 1:
         from .expert_tensor_gpt import ExpertTensorParallel  # attention over tp, experts replicated on it
 
         return ExpertTensorParallel(sections, mesh)
-    if cfg.experts and cfg.arch == "gpt" and cfg.pp > 1:
-        from .pipeline.expert_stage import ExpertPipelineParallel  # MoE blocks on pipeline stages
-
-        return ExpertPipelineParallel(sections, mesh)
     if cfg.experts and cfg.arch == "gpt":
         from .expert_gpt import GptExpertParallel  # MoE transformer blocks, ep inside dp
 

@@ -21,8 +21,9 @@ expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmod
 
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
-gather) and the experts of its ep group's tp-0 ranks (`control`). Refused in one line (config/moe.py):
---sp, --pp with --tp, mixed precision with --tp.
+gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
+(config/moe.py): --sp and mixed precision with --tp.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ class ExpertTensorStack(GptTensorStack):
     with their experts replicated over tp. One store: every unit's tp shard, then this ep rank's
     experts of every block."""
 
-    def __init__(self, model, layout, mesh, mine: range, exchange):
+    def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
         self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, False
         t, k, dtype = self.comm.size, self.comm.rank, model.compute_dtype()
         self.rt = mesh.world.runtime
-        full = gpt_units(model, self.rt)
+        full = [u for u in gpt_units(model, self.rt) if indices is None or u.index in indices]
         wrap = {EmbeddingUnit: ShardedEmbedding, MoEBlockUnit: ShardedMoEBlock}
         self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in full]
         dense, experts = [], []
@@ -140,6 +141,34 @@ class ExpertTensorStack(GptTensorStack):
                 grad = u.backward(p, g, ctx, grad)
             meter.free(held)
         return grad
+
+    # -- full shape (pipeline/expert_stage.py's interface): per unit (whole flat, every expert) ---------
+    def full_units(self, flat, pieces: list):
+        """On tp rank 0: [(unit index, whole flat, empty)] from this rank's `flat` (laid out like
+        store.params) and `pieces` (every ep rank's expert part, ep rank 0's first); None elsewhere.
+        Every tp rank calls it: its dense shards are gathered over tp."""
+        shards = self.comm.gather_object(flat[: self.n_dense].copy(), root=0)
+        if self.comm.rank != 0:
+            return None
+        out, at, offset = [], 0, 0
+        for u, (p, _) in zip(self.units, self.flats):
+            part = [u.join([shard[offset : offset + p.size] for shard in shards])]
+            offset += p.size
+            if isinstance(u, ShardedMoEBlock):  # this block's E/P experts in each piece, global order
+                n = (u.unit.E // len(pieces)) * expert_size(u.h)
+                part += [piece[at : at + n] for piece in pieces]
+                at += n
+            out.append((u.index, np.concatenate(part), np.zeros(0, flat.dtype)))
+        return out
+
+    def flat_from(self, full: list, mine: range, dtype) -> np.ndarray:
+        dense, experts = [], []
+        for u in self.units:
+            flat = full[u.index][0]
+            moe = isinstance(u, ShardedMoEBlock)
+            dense.append(u.cut(flat[: u.unit.dense] if moe else flat))
+            experts += [u.unit.expert_flats(flat)[e] for e in mine] if moe else []
+        return np.concatenate([a.reshape(-1) for a in dense + experts]).astype(dtype)
 
 
 class ExpertTensorParallel(Strategy):

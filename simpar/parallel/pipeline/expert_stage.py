@@ -29,8 +29,11 @@ ep rank 0, `control`), then gathered to world rank 0; any layout (serial include
 The routing of every stage's blocks comes to rank 0 beside the final weights (full_weights, after the
 ledger's snapshot), for the metrics' `moe` summary and the prediction.
 
+With --tp a chunk is expert_tensor_gpt.py's ExpertTensorStack over its units (attention and the
+vocabulary over tp, the MoE part replicated on it; each tp rank sends its own copy of the boundary's
+b s h, and of the all-to-alls over its tp index's ep group): pp x dp x ep x tp, every factor free.
 Refused in one line (config/moe.py): zb-h1 and zb-v (their W pass splits every unit's backward),
---recompute, mixed precision, --tp, --cp.
+--recompute, mixed precision, --sp, --cp.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
 from ...run.data import distributed_sampler, micro_steps
 from ..expert_gpt import EpExchange
+from ..expert_tensor_gpt import ExpertTensorStack
 from .engine import PipelineParallel
 
 
@@ -141,6 +145,8 @@ class ExpertPipelineParallel(PipelineParallel):
 
     def _stack(self, model, layout, mesh, lo: int, hi: int):
         # called inside PipelineParallel.__init__: self.layout and the groups above are already set
+        if mesh.tp > 1:  # attention and vocabulary over tp, the MoE part replicated on it
+            return ExpertTensorStack(model, layout, mesh, self.mine, EpExchange(self), range(lo, hi))
         return MoEChunkStack(model, mesh.world.runtime, lo, hi, self.mine, EpExchange(self))
 
     def _micro_batch_rows(self, global_batch: int) -> list[list[int]]:
@@ -164,7 +170,8 @@ class ExpertPipelineParallel(PipelineParallel):
         for st in self.stacks.values():
             st.aux = 0.0
         loss = super().train_step(passes, global_batch)
-        return loss + sum(st.aux for st in self.stacks.values())
+        aux = sum(st.aux for st in self.stacks.values())
+        return loss + aux if self.mesh.tp_index == 0 else loss  # tp ranks hold the same aux shares
 
     def _run(self, flight) -> None:
         self._pass += 1
@@ -235,8 +242,8 @@ class ExpertPipelineParallel(PipelineParallel):
         """Each stage's first ep group assembles its chunks' full units on its dp rank 0 (ep ranks
         1..P-1 send their experts, one `control` message a chunk); world rank 0 collects the stages."""
         pieces = None
-        if self.mesh.dp_index < self.ep.size:
-            pieces = []
+        if self.mesh.dp_index < self.ep.size:  # with --tp: in each tp index's ep group alike
+            parts = []
             for c, flat in zip(self.chunks, local):
                 st = self.stacks[c]
                 mine = np.ascontiguousarray(flat[st.n_dense :])
@@ -244,8 +251,9 @@ class ExpertPipelineParallel(PipelineParallel):
                     self.ep.send(mine, 0, "control", op)
                     continue
                 got = [self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)]
-                pieces += st.full_units(flat, [mine] + got)
-            pieces = pieces if self.ep.rank == 0 else None
+                parts.append(st.full_units(flat, [mine] + got))  # None off tp rank 0
+            if self.ep.rank == 0 and None not in parts:
+                pieces = [piece for part in parts for piece in part]
         gathered = self.mesh.world.gather_object(pieces, root=0)
         if self.mesh.world.rank != 0:
             return None

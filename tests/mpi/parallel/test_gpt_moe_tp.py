@@ -76,3 +76,20 @@ def test_tp2_dp2_ep2_equals_serial_with_exact_bytes_and_resumes_serially(serial,
         }
     got = [r["activations_peak"] for r in run["memory"]["ranks"]]
     assert got == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]
+
+
+def test_tp2_pp2_equals_serial_and_its_prediction(serial, tmp_path):
+    """pp x tp (expert_stage.py's stacks are expert_tensor_gpt.py's, one chunk a stage): 1f1b with 2
+    micro-batches equals serial --grad-accum 2 with its drops, the ledger op by op equal to
+    costmodel/gpt_moe_pipeline.py's (closed form: tests/unit/costmodel/test_gpt_moe_pipeline.py)."""
+    ref = serial([*TP_ARGS, "--grad-accum", "2"])
+    run = train_json(4, [*TP_ARGS, "--tp", "2", "--pp", "2", "--microbatches", "2"], tmp_path)
+    assert_same_model(run, ref, rtol=1e-12)
+    assert run["moe"]["dropped"] == ref["moe"]["dropped"] and run["prediction_mismatches"] == []
+    for r, p in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
+        assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control") and v["sent"]} == {
+            k: v["sent"] for k, v in p["by_op"].items()
+        }
+    assert "activation/tp-g-allreduce" in run["comm"]["ranks"][0]["by_op"]
+    got = [r["activations_peak"] for r in run["memory"]["ranks"]]
+    assert got == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]

@@ -269,7 +269,6 @@ CASES = [
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, tp=2, sp=True, precision="mixed-bf16"),
         2,

@@ -97,3 +97,32 @@ def test_interleaved_two_chunks_a_stage():
         assert "model/expert-grad-allreduce" not in by_op  # D/P = 1
         a2a = 4 * (2 - 1) / 2 * 4 * S * K * H * 8  # one block a stage, 4 sequences: 4 (P-1)/P n K h
         assert sum(v for k, v in by_op.items() if "/ep-" in k) == pytest.approx(a2a)
+
+
+def test_pp_x_tp_adds_attention_and_vocabulary_traffic_per_chunk():
+    """pp2 x dp2 x ep2 x tp2, L = 2, gpipe, 2 micro-batches of 2 sequences (R = 16 rows): stage 0 (the
+    embedding and block 1) sends, per micro-batch, one ring all-reduce of R h for the embedding and one
+    each for block 1's g and f (T = 2: 2 (T-1)/T R h = R h elements); stage 1 (block 2 and the head)
+    block 2's g and f, the head's all-reduce, the row maxima (T-1) R and the sums 2 R; each tp rank its
+    own b s h copy at the boundary; its dense shards all-reduced over dp."""
+    T, D = 2, 2
+    layout = dict(pp=2, dp=D, ep=2, tp=T, microbatches=2, schedule="gpipe")
+    cfg = RunConfig(**(SHAPE | dict(vocab=18)), blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS)
+    R, Vt = 2 * S, 18
+    block = 4 * H * H // T + 3 * H // T + 5 * H + H * E
+    dense = [Vt * H // T + S * H + block, block + 2 * H + H * Vt // T]
+    stream = 2 * R * H * 8  # R h elements, once per micro-batch: ring all-reduce over 2 or a boundary
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st, d = divmod(r // T, D)
+        by_op = {op: v["sent"] for op, v in rank["by_op"].items()}
+        want = {"activation/tp-g-allreduce": stream, "activation/tp-f-allreduce": stream}
+        if st == 0:
+            want |= {"activation/vocab-embed-allreduce": stream, "activation/pp-send-act": stream}
+        else:
+            want |= {"activation/vocab-head-allreduce": stream, "activation/pp-send-grad": stream}
+            want |= {"activation/vocab-ce-max": 2 * R * 8, "activation/vocab-ce-sums": 2 * 2 * R * 8}
+        for op, n in want.items():
+            assert by_op[op] == n, (r, op)
+        assert by_op["model/grad-allreduce"] == ring(dense[st], D, d) * 8
+        assert pred["memory"]["ranks"][r]["params"] == (dense[st] + E // 2 * EXPERT) * 8
