@@ -229,37 +229,18 @@ class ExpertTensorParallel(Strategy):
 
     def _gather(self, flat, op: str):
         """dp rank 0's tp group gathers its dense shards on tp rank 0 (world rank 0); the tp-0 ranks
-        of the first ep group send it their experts (one `control` message each)."""
+        of the first ep group send it their experts (one `control` message each; the other tp
+        indices' ep groups do the same, their result unused)."""
         st = self.stack
-        if self.mesh.dp_index >= self.ep.size:
-            return None
-        dense = self.tp.gather_object(flat[: st.n_dense].copy(), root=0) if self.mesh.dp_index == 0 else None
-        if self.mesh.tp_index != 0:
+        if self.mesh.dp_index >= self.ep.size:  # every tp index's ep group alike (full_units gathers tp)
             return None
         mine = np.ascontiguousarray(flat[st.n_dense :])
         if self.ep.rank != 0:
             self.ep.send(mine, 0, "control", op)
             return None
-        pieces = [mine] + [
-            self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)
-        ]
-        out, at, offset = [], 0, 0
-        for u, (p, _) in zip(st.units, st.flats):
-            part = [u.join([shard[offset : offset + p.size] for shard in dense])]
-            offset += p.size
-            if isinstance(u, ShardedMoEBlock):  # this block's E/P experts in each piece, global order
-                n = len(self.mine) * expert_size(u.h)
-                part += [piece[at : at + n] for piece in pieces]
-                at += n
-            out.append((np.concatenate(part), np.zeros(0, flat.dtype)))
-        return out
+        got = [self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)]
+        units = st.full_units(flat, [mine] + got)  # a tp gather: None off tp rank 0
+        return None if units is None else [(W, b) for _, W, b in units]
 
     def slice_full(self, full, dtype=None):
-        dense, experts = [], []
-        for u in self.stack.units:
-            flat = full[u.index][0]
-            moe = isinstance(u, ShardedMoEBlock)
-            dense.append(u.cut(flat[: u.unit.dense] if moe else flat))
-            experts += [u.unit.expert_flats(flat)[e] for e in self.mine] if moe else []
-        parts = [a.reshape(-1) for a in dense + experts]
-        return [np.concatenate(parts).astype(dtype or self.stack.store.params.dtype)]
+        return [self.stack.flat_from(full, self.mine, dtype or self.stack.store.params.dtype)]
