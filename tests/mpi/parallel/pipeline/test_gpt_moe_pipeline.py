@@ -1,7 +1,8 @@
 """--arch gpt --experts --ep --pp (parallel/pipeline/expert_stage.py): MoE blocks on pipeline stages,
 equal to the serial run with --grad-accum G M in float64 -- tokens dropped by capacity included, since
 the pipeline's micro-batches are that run's micro-steps -- with every rank's ledger op by op against
-closed forms written here from the run's routing histograms, and a checkpoint resumed serially.
+closed forms written here from the run's routing histograms (gpipe), or equal to the prediction
+(interleaved, with accumulation), and a checkpoint resumed serially.
 
 The model (tests/mpi/parallel/test_gpt_moe.py's: L = 2 blocks) on pp2 x dp2: stage 0 holds the
 embedding and block 1, stage 1 block 2 and the head (the balanced cut of the full units' sizes). With
@@ -15,8 +16,6 @@ micro-step i of G M holding N_i = chunk(B, G M, i) sequences, dp rank d b = chun
 from __future__ import annotations
 
 import math
-
-import pytest
 
 from tests.conftest import assert_same_model, split_sizes, train_json
 from tests.mpi.parallel.test_gpt_moe import ARGS, EXPERT, B, C, E, H, K, S, V, kept_in_order, ring_allreduce
@@ -84,30 +83,21 @@ def test_gpipe_pp2_dp2_ep2_equals_serial_with_drops_and_resumes_serially(serial,
     assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b"])
-def test_1f1b_pp2_dp2_accumulating_equals_serial(serial, tmp_path, schedule):
-    """1f1b with --grad-accum 2 x 2 micro-batches = serial --grad-accum 4; --ep 1, so each expert's
-    gradient is all-reduced over the 2 expert-data-parallel ranks."""
+def test_interleaved_accumulating_equals_serial_and_its_prediction(serial, tmp_path):
+    """--schedule interleaved --virtual-stages 2 (four one-unit chunks, two a stage, each all-reducing
+    its own dense part and experts) with --grad-accum 2 x 2 micro-batches = serial --grad-accum 4;
+    --ep 1, so each expert's gradient is all-reduced over the 2 expert-data-parallel ranks. The ledger
+    op by op equals costmodel/gpt_moe_pipeline.py's, whose interleaved closed form
+    tests/unit/costmodel/test_gpt_moe_pipeline.py writes out (1f1b: tests/mpi/parallel/test_gpt_moe_tp.py)."""
     ref = serial([*ARGS, "--grad-accum", "4"])
-    pp = ["--pp", "2", "--dp", "2", "--schedule", schedule, "--microbatches", "2", "--grad-accum", "2"]
-    run = train_json(4, [*ARGS, *pp], tmp_path)
-    assert_same_model(run, ref, rtol=1e-12)
-    assert run["moe"]["dropped"] == ref["moe"]["dropped"]
-    check_bytes(run, 2, 1, 2, 2)
-
-
-def test_interleaved_equals_serial_and_its_prediction(serial, tmp_path):
-    """--schedule interleaved --virtual-stages 2: four one-unit chunks, two a stage; equal to serial
-    --grad-accum 2 with its drops, the ledger op by op equal to costmodel/gpt_moe_pipeline.py's (whose
-    interleaved closed form tests/unit/costmodel/test_gpt_moe_pipeline.py writes out)."""
-    ref = serial([*ARGS, "--grad-accum", "2"])
-    pp = ["--pp", "2", "--dp", "2", "--ep", "2", "--schedule", "interleaved", "--virtual-stages", "2"]
-    run = train_json(4, [*ARGS, *pp, "--microbatches", "2"], tmp_path)
+    pp = ["--pp", "2", "--dp", "2", "--schedule", "interleaved", "--virtual-stages", "2"]
+    run = train_json(4, [*ARGS, *pp, "--microbatches", "2", "--grad-accum", "2"], tmp_path)
     assert_same_model(run, ref, rtol=1e-12)
     assert run["moe"]["dropped"] == ref["moe"]["dropped"] and run["prediction_mismatches"] == []
     for r, p in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
         assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control") and v["sent"]} == {
             k: v["sent"] for k, v in p["by_op"].items()
         }
+        assert r["by_op"]["model/expert-grad-allreduce"]["sent"] > 0
     got = [r["activations_peak"] for r in run["memory"]["ranks"]]
     assert got == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]
