@@ -76,14 +76,15 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                ("--cp", cfg.cp > 1),
+                # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
+                ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on
         ]
         require(
             not later,
-            f"--arch gpt --experts runs serially and with --dp/--ep; not yet with {', '.join(later)}",
+            f"--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with {', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
         later = [name for name, on in (("--sp", cfg.sp), (f"--precision {cfg.precision}", cfg.mixed)) if on]

@@ -282,35 +282,30 @@ def layout_cp(cfg) -> None:
         f"--sp with --cp {cfg.cp} splits each rank's seq-len/cp = {n} tokens of a sequence evenly over "
         f"--tp {cfg.tp}: --seq-len {cfg.seq_len} must be a multiple of cp*tp = {cfg.cp * cfg.tp}",
     )
-    if cfg.pp > 1:  # cp inside pipeline stages (parallel/pipeline/context_stage.py)
-        layout_cp_pp(cfg)
+    # --pp: cp inside the stages runs every schedule and --recompute, with or without --tp [--sp]
+    # (parallel/pipeline/context_stage.py, context_tensor_stage.py; costmodel/cp_pipeline.py and
+    # cp_tp_pipeline.py predict them)
     require(
         cfg.collectives == "ring",
         f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
     )
 
 
-def layout_cp_pp(cfg) -> None:
-    """--cp with --pp: every schedule, --recompute (context_stage.py); with --tp [--sp]: gpipe, 1f1b,
-    interleaved, no --recompute (context_tensor_stage.py). --clock sim is timed in closed form by
-    costmodel/cp_pipeline_time.py (cp_tp_pipeline_time.py with --tp)."""
-    require(
-        cfg.tp == 1 or cfg.schedule in ("gpipe", "1f1b", "interleaved"),
-        f"--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule {cfg.schedule} is "
-        "not built yet",
-    )
-    require(
-        cfg.tp == 1 or cfg.recompute == "none",
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
-    )
-
-
 def layout_zero(cfg) -> None:
-    if cfg.zero:
-        require(
-            cfg.tp == 1 and cfg.pp == 1,
-            "--zero shards data parallelism (dp, or dp x cp); combine it with --dp and --cp only",
+    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards, any arch (parallel/zero_mesh.py)."""
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):
+        require(  # DeepSpeed's PipelineEngine asserts the same (deepspeed/runtime/pipe/engine.py,
+            # https://github.com/deepspeedai/DeepSpeed/issues/4164): docs/strategies.md says why
+            cfg.pp == 1 or cfg.zero == 1,
+            f"--zero {cfg.zero} with --pp: gradient (and parameter) partitioning does not fit the "
+            "pipeline's accumulation over micro-batches (DeepSpeed refuses it too); use --zero 1",
         )
+        require(
+            cfg.zero == 1,
+            f"--zero {cfg.zero} with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer "
+            "state); use --zero 1",
+        )
+    if cfg.zero:
         require(
             cfg.collectives == "ring",
             f"--zero uses ring reduce-scatter and all-gather; --collectives {cfg.collectives} applies to "

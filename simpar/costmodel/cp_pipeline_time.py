@@ -26,6 +26,8 @@ forward F: the hops again, each max(blocks, transfer)), Ulysses its heads' q k^T
 attention's backward (its hops, its dK/dV partial sums, or Ulysses' all-to-alls) is in B; W is a
 block's six weight matrices' dW, 2 R 12 h^2 / rate, and accumulating 3 per parameter; the head's
 2 R h V / rate and the accumulation; the embedding's whole backward (R = b n rows).
+With --tp (cp_tp_pipeline_time.py's CpTpChunkCosts, self.local.tp = T) the same terms on the tp rank's
+shards: attention of a/T heads over width h/T, Ulysses' q k^T of a/(C T) heads, W's h x h/T and h x V/T.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ class CpChunkCosts(GptChunkCosts):
         return self._memo[r]
 
     def _attention(self, r: int):
-        """(forward, backward) seconds of one block's attention for r sequences (cp_time.py)."""
-        C, h, a, n = self.cfg.cp, self.cfg.hidden, self.cfg.heads, self.cfg.seq_len // self.cfg.cp
+        """(forward, backward) seconds of one block's attention for r sequences (cp_time.py), over the
+        rank's heads: all a (a/T of width h/T with --tp, cp_tp_pipeline_time.py)."""
+        C, T, n = self.cfg.cp, self.local.tp, self.cfg.seq_len // self.cfg.cp
+        h, a = self.cfg.hidden // T, self.cfg.heads // T
         attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
         f, b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
         return f, b
@@ -81,23 +85,24 @@ class CpChunkCosts(GptChunkCosts):
     def recompute(self, r: int) -> float:
         if self.cfg.recompute == "selective" and self.cfg.cp_algo == "ring":  # the ring's forward again
             return self._blocks() * self._attention(r)[0]
-        if self.cfg.recompute == "selective":  # Ulysses: q k^T of my a/C heads over all s tokens
+        if self.cfg.recompute == "selective":  # Ulysses: q k^T of my a/(C T) heads over all s tokens
             s, h, C = self.cfg.seq_len, self.cfg.hidden, self.cfg.cp
-            return self._blocks() * 2 * r * s * s * (h // C) / self.rate
+            return self._blocks() * 2 * r * s * s * (h // (C * self.local.tp)) / self.rate
         return super().recompute(r)  # full: self.forward(r, loss=False), the hops included
 
     def weight_layers(self, r: int) -> list[float]:
         """The W pass of each unit on R = r n rows, the last unit first (module docstring)."""
         R, h, L = r * self.cfg.seq_len // self.cfg.cp, self.cfg.hidden, self.cfg.blocks
+        T = self.local.tp  # --tp: this rank's shards, h x h/T and h x V/T (tensor_gpt_split.py)
         out = []
         for u in reversed(range(self.lo, self.hi)):
             accumulate = ACCUMULATE * self.sizes[u] * self.bpe * self.stream
-            if u == 0:  # the embedding: its whole backward
-                out.append(self._units(r)[1][0])
+            if u == 0:  # the embedding: its whole backward (--tp --sp: its all-gather of dL/dx too)
+                out.append(self._units(r)[1][0] + (self._tp(r)[1][0] if T > 1 else 0.0))
             elif u <= L:
-                out.append(2 * R * 12 * h * h / self.rate + accumulate)
+                out.append(2 * R * 12 * h * (h // T) / self.rate + accumulate)
             else:
-                out.append(2 * R * h * self.cfg.vocab / self.rate + accumulate)
+                out.append(2 * R * h * (self.cfg.vocab // T) / self.rate + accumulate)
         return out
 
     def bucket_seconds(self, s_sizes: list, d: int) -> list[tuple[list[int], float]]:

@@ -123,7 +123,7 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, False) if cost.messages else 0.0
 
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
-    ends, computes, comms = [], [], []
+    ends, computes, comms, before_dp = [], [], [], []
     for w in range(p * T):  # the cp ranks of a dp row do the same work; their ring chunks differ
         g, j = divmod(w, T)  # g: the rank's place in its dpcp group, d C + c
         d = g // C
@@ -151,6 +151,7 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
             comm += L * (attn_f + attn_b - attn_compute)  # the attention's exposed transfers
             comm += sum(fwd_c) + loss_c + sum(bwd_c)  # tp's blocking all-reduces
         comm += sum(sync)
+        before_dp.append((clock, compute, comm))  # before the gradient buckets (zero_mesh_time.py)
         end = backward_start
         for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
             cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, g)
@@ -161,4 +162,4 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
-    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}
+    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

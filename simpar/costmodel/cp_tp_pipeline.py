@@ -20,7 +20,18 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
               the stage's dp x C ranks of the same tp index (place d C + c); --sp: each of the
               chunk's units' LayerNorm gradients (4h a block, 2h the head) all-reduced over tp
   activations cp_tp.py's per-unit table on n tokens (its --sp rows too), alive as the schedule's
-              order says
+              order says (order.peak_alive; zb-h1 and zb-v hold them until the W pass)
+  --recompute per block of the chunk and micro-batch, cp_pipeline.cp_recompute_kv with width h/T: ring
+              2 (C-1) b n h/T bpe again under full and selective (the ring's forward rebuilds the
+              log-sum-exp), Ulysses 4 (C-1) (b n h/T)/C bpe under full only; full adds the chunk's
+              forward tp messages again (gpt_tp_pipeline.recompute_ops on R = b n rows: each block's 2
+              g all-reduces of R h, the embedding's; --sp their gathers/scatters and the head's
+              gather). Kept per sequence (kept_bytes): full the chunk's input (8 n bytes of token ids,
+              or n h elements, n h/T under --sp), selective all but each block's softmax part
+              (softmax_per_sequence: the lse a n/T wide, or Ulysses' P a s n/T); the backward holds
+              the chunk's whole again
+  zb-h1, zb-v the same bytes: the cp attention's backward and tp's input-gradient collectives in B,
+              W local
   FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split)
   time        as --clock sim charges the step: cp_tp_pipeline_time.py (steptime.py's recurrences over
               cp_time.py's hops of a/T heads and gpt_time.py's tp units and blocking tp collectives)
@@ -30,10 +41,11 @@ from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import run_result, unit_sizes
+from .cp_pipeline import cp_recompute_kv
+from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .gpt_tp import local_unit_sizes
-from .gpt_tp_pipeline import chunk_ops
+from .gpt_tp_pipeline import chunk_ops, recompute_ops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, dp_buckets, precision_of, split
 from .stages import balanced_counts
@@ -48,10 +60,36 @@ def kept_per_sequence(
         return TOKEN_BYTES * n
     if unit > L:
         return ((n * h + n * h // T + n // T) if sp else (2 * n * h + n)) * bpe
-    scores = a * n // T * wide_bytes(bpe) if algo == "ring" else a * s * n // T * bpe
+    scores = softmax_per_sequence(unit, L, a, s, C, T, algo, bpe)
     if sp:  # LayerNorms and residuals on the tp rank's n/T rows
         return (2 * n * h + 14 * n * h // T + 2 * n // T) * bpe + scores
     return (4 * n * h + 12 * n * h // T + 2 * n) * bpe + scores
+
+
+def softmax_per_sequence(unit: int, L: int, a: int, s: int, C: int, T: int, algo: str, bpe: int) -> int:
+    """Bytes of one sequence's block that --recompute selective drops on a (cp, tp) rank: the ring's
+    log-sum-exp of the a/T heads (a n / T, wide type), Ulysses' P of its a/(T C) heads (a s n / T)."""
+    if not 0 < unit <= L:
+        return 0
+    n = s // C
+    return a * n // T * wide_bytes(bpe) if algo == "ring" else a * s * n // T * bpe
+
+
+def kept_bytes(bounds, L, h, a, s, C, T, algo, bpe, sp, mode) -> list[tuple[int, int]]:
+    """Per chunk (held from forward to backward, held during its backward) per sequence under
+    --recompute `mode` (module docstring): full keeps the chunk's input, selective all but the
+    softmax parts, none everything."""
+    n, out = s // C, []
+    for lo, hi in bounds:
+        full = sum(kept_per_sequence(u, L, h, a, s, C, T, algo, bpe, sp) for u in range(lo, hi))
+        if mode == "full":  # its n tokens' ids, or the tp rank's copy (--sp: shard) of the stream
+            out.append((TOKEN_BYTES * n if lo == 0 else (n * h // T if sp else n * h) * bpe, full))
+        elif mode == "selective":
+            drop = sum(softmax_per_sequence(u, L, a, s, C, T, algo, bpe) for u in range(lo, hi))
+            out.append((full - drop, full))
+        else:
+            out.append((full, full))
+    return out
 
 
 def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
@@ -70,6 +108,8 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
     bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(K)]
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    mode = cfg.recompute
+    held = kept_bytes(bounds, L, h, a, s, C, T, algo, bpe, cfg.sp, mode)
     ranks, memory, stage_s = [], [], []
     for r in range(world_size):
         st, rest = divmod(r, dp * C * T)
@@ -83,7 +123,7 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, steps)
 
-        fwd = 0
+        fwd = redo = 0
         mine = stage_chunks(sched, S, Vs, st)
         for k in mine:
             lo, hi = bounds[k]
@@ -94,13 +134,25 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                     add(act, "pp-send-act", Cost(stream, 1, 0, 1, stream), bpe)
                 if k > 0 and chunk_stage(sched, S, k - 1) != st:
                     add(act, "pp-send-grad", Cost(stream, 1, 0, 1, stream), bpe)
-                for op, costs in chunk_ops(lo, hi, L, b * n, h, T, j, cfg.sp, cfg.collectives).items():
+                ops = chunk_ops(lo, hi, L, b * n, h, T, j, cfg.sp, cfg.collectives)
+                if mode == "full":  # the chunk's forward again: its tp messages once more
+                    again_tp = recompute_ops(lo, hi, L, b * n, h, T, j, cfg.sp, cfg.collectives)
+                    for op, costs in again_tp.items():
+                        ops[op] = ops.get(op, []) + costs
+                for op, costs in ops.items():
                     for cost in costs:
                         add(act, op, cost, ce_bpe if op.startswith("vocab-ce") else bpe)
                 if blocks:
-                    kv = Cost(blocks * cp_kv_bytes(b, n, h // T, C, algo, bpe), blocks * cp_messages(C, algo))
-                    act[cp_op] = act.get(cp_op, Cost()) + Cost(kv.sent * steps, kv.messages * steps)
-                fwd += b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // (C * T)
+                    again, again_msgs = cp_recompute_kv(b, n, h // T, C, algo, bpe, mode)
+                    sent = blocks * (cp_kv_bytes(b, n, h // T, C, algo, bpe) + again)
+                    messages = blocks * (cp_messages(C, algo) + again_msgs)
+                    act[cp_op] = act.get(cp_op, Cost()) + Cost(sent * steps, messages * steps)
+                chunk_fwd = b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // (C * T)
+                fwd += chunk_fwd
+                if mode == "full":
+                    redo += chunk_fwd
+                elif mode == "selective":  # the ring's score products again (4 s n h); Ulysses' q k^T
+                    redo += blocks * b * (4 if algo == "ring" else 2) * s * n * h // T
             for elems in dp_buckets(local[lo:hi], prec.grad, cfg.bucket_mb):
                 add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](elems, dp * C, g), prec.grad)
             for u in range(max(lo, 1), hi) if cfg.sp else ():  # LayerNorm gradients of my rows
@@ -112,35 +164,25 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                 )
         P = sum(sum(local[slice(*bounds[k])]) for k in mine)
         mem = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": P * opt_bpp}
-        per_seq = [
-            sum(kept_per_sequence(u, L, h, a, s, C, T, algo, bpe, cfg.sp) for u in range(*bd))
-            for bd in bounds
-        ]
         mem["activations_peak"] = max(
-            peak_alive(sched, S, len(step), st, Vs, lambda m, k, step=step: step[m] * per_seq[k])
+            peak_alive(
+                sched,
+                S,
+                len(step),
+                st,
+                Vs,
+                lambda m, k, step=step: step[m] * held[k][0],
+                None if mode == "none" else (lambda m, k, step=step: step[m] * (held[k][1] - held[k][0])),
+            )
             for step in rows
         )
         memory.append(mem)
-        stage_s.append(3 * fwd / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
-        cats = {"model": model, "activation": act}
-        ranks.append(
-            {
-                "rank": r,
-                "coords": {"pp": st, "dp": d, "cp": c, "tp": j},
-                "sent": {"data": 0} | {cat: sum(x.sent for x in ops.values()) for cat, ops in cats.items()},
-                "messages": {"data": 0}
-                | {cat: sum(x.messages for x in ops.values()) for cat, ops in cats.items()},
-                "by_op": {
-                    f"{cat}/{op}": {"sent": x.sent, "messages": x.messages}
-                    for cat, ops in cats.items()
-                    for op, x in ops.items()
-                },
-                "flops": {"forward": fwd, "backward": 2 * fwd, "recompute": 0},
-            }
-        )
+        stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        record = rank_record(r, {"pp": st, "dp": d, "cp": c, "tp": j}, model=model, activation=act)
+        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
-    if hw is not None and cfg.recompute == "none":  # as --clock sim charges it
+    if hw is not None:  # as --clock sim charges it
         from .cp_tp_pipeline_time import cp_tp_pipeline_step_seconds
 
         timed = cp_tp_pipeline_step_seconds(cfg, dp, sizes, local, hw)

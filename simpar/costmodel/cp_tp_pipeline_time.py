@@ -19,6 +19,12 @@ attention priced as cp_time.py's ring hops or all-to-alls) with cp_time.py's --t
            residual stream, b n h elements (b n h / T of its tp shard under --sp)
   buckets  each chunk's P_T shards all-reduced over the stage's dp x C ranks of the same tp index
            (place d C + c)
+  recompute cp_pipeline_time.py's over the rank's shards: full the chunk's forward again (its tp
+           collectives and hops included); selective the ring's forward of a/T heads again, or
+           Ulysses' q k^T of its a/(C T) heads, 2 b s (h/(C T)) s / rate a block
+  zb-h1/v  W is each block's six shards' dW, 2 R 12 h (h/T) / rate, the head's 2 R h (V/T) / rate, and
+           accumulating 3 per local parameter; the embedding's whole backward (its --sp all-gather
+           too); B the backward (with its recompute) less W (tensor_gpt_split.py)
 The step ends with the slowest (dp, cp) place's chain; tp ranks of a place do the same work.
 """
 
@@ -27,7 +33,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .cp_pipeline_time import CpChunkCosts
-from .cp_time import ring_seconds, ulysses_seconds
 from .gpt_time import clock_rates, optimizer_seconds, tp_collectives, unit_seconds
 from .order import n_chunks, stage_chunks
 from .spec import PRECISIONS, precision_of
@@ -44,14 +49,12 @@ class CpTpChunkCosts(CpChunkCosts):
 
     def _units(self, r: int):
         if r not in self._memo:
-            C, T, L = self.cfg.cp, self.cfg.tp, self.cfg.blocks
+            C, L = self.cfg.cp, self.cfg.blocks
             n = self.cfg.seq_len // C
             fwd, bwd, loss = unit_seconds(
                 self.local, r * n, self.sizes, self.bpe, self.rate, self.stream, self.overhead
             )
-            attention = ring_seconds if self.cfg.cp_algo == "ring" else ulysses_seconds
-            h, a = self.cfg.hidden // T, self.cfg.heads // T  # this tp rank's width and heads
-            attn_f, attn_b, _ = attention(r, n, h, a, C, self.bpe, self.rate, self.stream, self.links["cp"])
+            attn_f, attn_b = self._attention(r)  # this tp rank's a/T heads of width h/T
             fwd = [t + (attn_f if 0 < u <= L else 0.0) for u, t in enumerate(fwd)]
             bwd = [t + (attn_b if 0 < u <= L else 0.0) for u, t in enumerate(bwd)]
             self._memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss

@@ -114,7 +114,7 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
         )
 
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
-    ends, computes, comms = [], [], []
+    ends, computes, comms, before_dp = [], [], [], []
     for rank in range(p * t):
         d, j = divmod(rank, t)
         # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
@@ -137,6 +137,7 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
             compute += sum(fwd) + loss + sum(bwd)
             comm += sum(fwd_c) + loss_c + sum(bwd_c)
         comm += sum(sync)
+        before_dp.append((clock, compute, comm))  # before data parallelism's traffic (zero_mesh_time.py)
         end = backward_start
         if p > 1:  # the last micro-step's buckets, one after another on the dp stream
             for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):
@@ -148,4 +149,4 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
-    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms)}
+    return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

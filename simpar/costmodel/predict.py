@@ -129,7 +129,7 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
     starts = data_ready(spec, links["world"]) if spec.data_source == "root" else [0.0] * spec.pp
     data_s = max(starts)
     # The step: one pipeline chain per data-parallel index (its stages' slowest tensor-parallel rank).
-    timed, chain_ranks, chunk_costs = {}, {}, {}
+    timed, chain_ranks, chunk_costs, stages_of = {}, {}, {}, {}
     for d in sorted({r["coords"]["dp"] for r in out}):
         stages = {}
         for s in range(spec.pp):
@@ -147,10 +147,14 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
             )
         zero_s = max(r["time_s"]["dp"] for r in out) if spec.zero else 0.0
         timed[d] = step_time(spec, hw, links, stages, zero_s, starts)
-        chunk_costs[d] = stages[0][0][0]
+        chunk_costs[d], stages_of[d] = stages[0][0][0], stages
     # ZeRO: every dp rank through every ring round (zero_time.py); past `representative_ranks`' limit
     # (plan on thousands of ranks) one rank's blocking collectives summed (step_time) stand in for it
-    if spec.zero and len(chunk_costs) == spec.dp:
+    if spec.zero == 1 and (spec.tp > 1 or spec.pp > 1) and len(timed) == spec.dp:  # zero_mesh_time.py
+        from .zero_mesh_time import zero1_mesh_steps
+
+        timed = zero1_mesh_steps(spec, hw, links["dp"], stages_of, timed, zero_s)
+    elif spec.zero and len(chunk_costs) == spec.dp:
         timed = zero_steps(spec, hw, links, chunk_costs, shape.sizes[0], starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])
     makespan = timed[worst_d]["makespan"]
@@ -238,6 +242,11 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     steps = steps if steps is not None else (cfg.steps or 1)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and cfg.arch == "gpt":  # ZeRO-1 in tp/pp shards (zero_mesh.py)
+        from .zero_mesh import predict_zero_mesh_run, without_zero
+
+        plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
+        return predict_zero_mesh_run(cfg, world_size, steps, hw, plain)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.pp > 1:  # pp x dp x cp x tp (cp_tp_pipeline.py)
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 
@@ -250,6 +259,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_pipeline import predict_cp_pipeline_run
 
         return predict_cp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "cp", 1) > 1 and cfg.experts:  # MoE blocks with cp, experts over ep (cp_moe.py)
+        from .cp_moe import predict_cp_moe_run
+
+        return predict_cp_moe_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.zero:  # ZeRO over dp x cp (costmodel/cp_zero.py)
         from .cp_zero import predict_cp_zero_run
 

@@ -151,7 +151,7 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
 
     # Gradients / parameters over the data-parallel group.
     p = spec.dp
-    layer_n = [n for c in mine for n in shape.sizes[c]]  # ZeRO runs with tp = pp = 1: the full layers
+    layer_n = [n for c in mine for n in shape.sizes[c]]  # ZeRO-2/3 run with tp = pp = 1: the full layers
     P = sum(layer_n)
     opt_bpp = prec.optimizer[(spec.optimizer, bool(spec.momentum))]
     if spec.zero == 0:
@@ -162,11 +162,13 @@ def predict_rank(spec: Spec, rank: int, shape: Shape | None = None) -> dict:
     else:
         S_r = sum(chunk(n, p, d) for n in layer_n)  # this rank's chunk of every layer
         n_max = max(layer_n)
-        if spec.zero == 1:
-            book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(P, p, d), prec.grad)
-            book.add("model", "param-all-gather", "dp", ring_allgather(P, p, d), prec.param)
-            memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": chunk(P, p, d) * opt_bpp}
-            updated = chunk(P, p, d)
+        if spec.zero == 1:  # one flat store per chunk (the whole model without --pp; with --tp its shard)
+            stores = [sum(shape.sizes[c]) for c in mine]  # parallel/zero.py, zero_mesh.py
+            for n in stores:
+                book.add("model", "grad-reduce-scatter", "dp", ring_reduce_scatter(n, p, d), prec.grad)
+                book.add("model", "param-all-gather", "dp", ring_allgather(n, p, d), prec.param)
+            updated = sum(chunk(n, p, d) for n in stores)
+            memory = {"params": P * prec.param, "grads": P * prec.grad, "optimizer": updated * opt_bpp}
         else:
             updated = S_r
             passes = 1 if spec.zero == 2 else spec.grad_accum

@@ -179,4 +179,6 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
         "dp_exposed": max(0.0, dp_exposed) + zero_dp_s,
         "critical_stage": last,
         "parts": parts[last],
+        "ends": ends,  # each stage's end (zero_mesh_time.py adds ZeRO-1's rings after them)
+        "stage_parts": parts,
     }

@@ -31,9 +31,9 @@ from .steptime import TIMELINE_PARTS
 
 def zero_steps(spec: Spec, hw, links: dict, rank_costs: dict, sizes: list[int], starts: list[float]) -> dict:
     """{d: {makespan, dp_exposed, critical_stage, parts}} of a --zero step, for each dp rank d (in
-    steptime.step_time's shape). `rank_costs[d]`: rank d's chunktime.RankCosts (ZeRO runs with tp = pp =
-    1: one chunk, the whole model); `sizes`: the units' element counts; `starts[0]`: when the ranks
-    have their data (predict.data_ready)."""
+    steptime.step_time's shape). `rank_costs[d]`: rank d's chunktime.RankCosts (here tp = pp = 1: one
+    chunk, the whole model; ZeRO-1 with --tp/--pp is zero_mesh_time.py's); `sizes`: the units' element
+    counts; `starts[0]`: when the ranks have their data (predict.data_ready)."""
     p, stage, K = spec.dp, spec.zero, spec.grad_accum
     costs = [rank_costs[d] for d in range(p)]
     link, gamma, prec = links["dp"], collective_gamma(hw), spec.prec

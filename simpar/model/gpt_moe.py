@@ -20,7 +20,8 @@ dense block's (gpt.py, stream (seed, block, 1)), the router normal with std 1/sq
 
 `MoEFFN` runs one block's routing on one rank, with an `exchange` that says where the experts live:
 LOCAL (every expert here: the serial run, and evaluation) or parallel/expert_gpt.py's all-to-alls over
-the ep group. `train_pass` is one micro-step's forward and backward over the units; the strategy runs
+the ep group; its `plan` fills capacity (parallel/context_expert.py plans again per sequence chunk,
+for cp ranks). `train_pass` is one micro-step's forward and backward over the units; the strategy runs
 it and tests/unit/model/test_gpt_moe.py checks it against finite differences in float64.
 """
 
@@ -31,7 +32,6 @@ import math
 import numpy as np
 
 from ..runtime.context import PLAIN
-from .attention import self_attention_backward, self_attention_forward
 from .gpt import INIT_STD, BlockUnit, Kept, _cut
 from .moe import aux_loss, capacity, histogram, keep_mask, kept_counts, route, router_backward
 from .resmlp import layernorm_backward, layernorm_forward
@@ -84,16 +84,21 @@ class MoEFFN:
         h = self.h
         return _cut(flat, ((h, 4 * h), (4 * h,), (4 * h, h), (h,)))
 
+    def plan(self, top, cap: int):
+        """(H, kept, keep, base): assignments per (dp rank, expert) in global token order, those the
+        cap slots keep, this rank's (n x K) keep mask, and the row of kept where this rank's ep group
+        starts. parallel/context_expert.py plans again for cp ranks, whose tokens interleave."""
+        ex = self.x
+        H = ex.histograms(histogram(top, self.E))
+        return H, kept_counts(H, cap), keep_mask(top, self.E, cap, H[: ex.d].sum(axis=0)), ex.d - ex.j
+
     def forward(self, x, Wr, N: int, B: int):
         """x: this rank's n tokens (n x h); N: the micro-step's global tokens (capacity, f_e); B: the
         step's global tokens (the aux loss weight). Returns y, the aux loss share, ctx, bytes held."""
         E, K, P, ex, h = self.E, self.K, self.x.P, self.x, self.h
         p, top, gates = route(x, Wr, K)
-        H = ex.histograms(histogram(top, E))
         cap = N * K if self.unlimited else capacity(self.C, K, N, E)
-        kept = kept_counts(H, cap)
-        base = ex.d - ex.j
-        keep = keep_mask(top, E, cap, H[: ex.d].sum(axis=0))
+        H, kept, keep, base = self.plan(top, cap)
         aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, B)
         f = p.dtype  # the router's type: float32 under --precision mixed-* (moe.router_dtype)
         dp_aux = dp_aux * f.type(self.loss_scale())  # scaled like dL/dlogits (precision.py)
@@ -233,7 +238,7 @@ class MoEBlockUnit(BlockUnit):
         """(out, aux loss share, ctx, bytes held) with the experts and routing of `ffn`."""
         g1, b1, attn, g2, b2, Wr = self.dense_views(dense)
         h1, (xh1, r1) = layernorm_forward(x, g1, b1)
-        y, actx = self_attention_forward(h1, attn, x.shape[0] // self.s, self.s, self.a, self.rt.kernels)
+        y, actx = self.attend(h1, attn, x.shape[0] // self.s)  # context parallelism swaps its own in
         x2 = x + y
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         m, aux, fctx, held = ffn.forward(h2, Wr, N, B)
@@ -247,7 +252,7 @@ class MoEBlockUnit(BlockUnit):
         dh2 = ffn.backward(dy, fctx, Wr, dWr)
         dx2, gg2, gb2 = layernorm_backward(dh2, (kept.xh2, kept.r2), g2)
         dx2 = dy + dx2
-        dh1 = self_attention_backward(dx2, kept.attn, attn, dattn, self.rt.kernels)
+        dh1 = self.attend_backward(dx2, kept.attn, attn, dattn)
         dx, gg1, gb1 = layernorm_backward(dh1, (kept.xh1, kept.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new

@@ -7,7 +7,8 @@
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
-               attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp
+               attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
+               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
@@ -27,6 +28,10 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
+        from . import zero_mesh
+
+        return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1, cfg.arch == "gpt")(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 
@@ -39,6 +44,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
         return ContextPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.experts:
+        from .context_expert import ContextExpertParallel  # MoE blocks, experts over ep at each cp coordinate
+
+        return ContextExpertParallel(sections, mesh)
     if cfg.cp > 1 and cfg.zero:
         from .context_zero import ContextZero  # ZeRO over the dp x cp group
 

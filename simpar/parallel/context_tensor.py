@@ -39,7 +39,7 @@ import numpy as np
 from ..model.gpt import Kept
 from ..model.ring_attention import chunk_positions
 from .base import Strategy
-from .context_attention import cp_attention_backward, cp_attention_forward
+from .context_attention import cp_attention_backward, cp_attention_forward, cp_core_backward, rebuild_softmax
 from .data import GradientBuckets
 from .tensor_gpt import GptTensorParallel, GptTensorStack, ShardedBlock
 from .vocab_parallel import ShardedEmbedding, VocabParallelReplicas
@@ -107,6 +107,16 @@ class ContextTensorStack(GptTensorStack):
         return cp_attention_backward(
             self.cp_comm, self.algo, dy, actx, params, grads, blk.heads, self.full_seq, self.rt.kernels
         )
+
+    def attend_core_backward(self, blk: ShardedBlock, do, actx):
+        """The zero-bubble B pass's attention core of this rank's a/T heads (tensor_gpt_split.py): over
+        the cp group -- the ring's hops and dK/dV partial sums, or Ulysses' all-to-alls -- all in B."""
+        return cp_core_backward(self.cp_comm, self.algo, do, actx, blk.heads, self.full_seq)
+
+    def rebuild_softmax(self, actx) -> None:
+        """--recompute selective (pipeline/gpt_recompute.py): the softmax part of this rank's heads
+        again -- the ring's forward with its K/V hops of a/T heads, or Ulysses' P locally."""
+        rebuild_softmax(self.cp_comm, self.algo, actx)
 
 
 class ContextVocabReplicas(VocabParallelReplicas):

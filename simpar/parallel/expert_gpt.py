@@ -66,7 +66,7 @@ class GptExpertParallel(Strategy):
         P = self.layout.ep
         per = model.experts // P
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
-        self.units = gpt_units(model, self.rt)
+        self.units = self.make_units()
         dense, experts = [], []
         for u in self.units:  # every rank builds the full shape from (seed, unit) and keeps its part
             full = u.init(model.seed, dtype)
@@ -81,12 +81,17 @@ class GptExpertParallel(Strategy):
         for u in self.units:
             if isinstance(u, MoEBlockUnit):
                 mine = {e: eviews.pop(0) for e in self.mine}
-                ffn = MoEFFN(u.h, u.E, u.K, u.C, u.alpha, mine, exchange, self.rt)
+                ffn = self.ffn_class(u.h, u.E, u.K, u.C, u.alpha, mine, exchange, self.rt)
                 ffn.record = lambda H, kept, i=u.index: self.routing[-1].__setitem__(i, (H, kept))
                 ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)
                 self.ffns[u.index] = ffn
         self.optimizer = build_optimizer(model, self.optimisation, self.dp, self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}
+
+    ffn_class = MoEFFN  # parallel/context_expert.py's plans capacity over cp ranks' chunks
+
+    def make_units(self) -> list:
+        return gpt_units(self.model, self.rt)
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         """--grad-accum G: each micro-step routes its own tokens with its own capacity, as expert.py."""

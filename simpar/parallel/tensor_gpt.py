@@ -36,7 +36,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
-from ..model.attention import self_attention_backward, self_attention_forward
+from ..model.attention import (
+    attention_core_backward,
+    merge_heads,
+    self_attention_backward,
+    self_attention_forward,
+    split_heads,
+)
 from ..model.gpt import BlockUnit, EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
 from ..model.mlp import pending_weight_passes
@@ -118,6 +124,13 @@ class GptTensorStack:
 
     def attend_backward(self, blk: ShardedBlock, dy, actx, params, grads):
         return self_attention_backward(dy, actx, params, grads, self.rt.kernels)
+
+    def attend_core_backward(self, blk: ShardedBlock, do, a):
+        """(dq, dk, dv) merged, of this rank's heads from do = dL/do: the zero-bubble B pass's attention
+        core (tensor_gpt_split.py; context_tensor.py's runs over the cp group)."""
+        b, heads, s, _ = a.q.shape
+        grads = attention_core_backward(split_heads(do, b, s, heads), a.q, a.k, a.v, a.probs)
+        return tuple(merge_heads(g) for g in grads)
 
     def block_forward(self, blk: ShardedBlock, flat, x):
         g1, b1, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, b2, W1, c1, W2, c2 = blk.views(flat)

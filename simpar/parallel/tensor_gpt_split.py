@@ -20,6 +20,10 @@ block's and of the head's tp messages run in B, and W is this rank's local produ
            ("vocab-embed-gather") included. Both tp ranks of a stage run the same schedule, so they
            reach that collective at the same W step.
 
+Under --cp (context_tensor.py, --cp --tp --pp) the attention core is the stack's attend_core_backward:
+context_attention.cp_core_backward on this rank's a/T heads, so the ring's K/V hops and dK/dV partial
+sums (or Ulysses' all-to-alls) are in B as well, and W is still local products alone.
+
 The halves together compute what tensor_gpt.GptTensorStack.block_backward and vocab_parallel's head
 compute fused, and send the same messages (same bytes, same order within B); under half precision each
 product is taken in float32 and rounded back as model/gpt_split.py does. The engine's W pass calls one
@@ -35,19 +39,18 @@ costmodel/gpt_pipeline_time.py writes the same split.
 
 from __future__ import annotations
 
-from ..model.attention import attention_core_backward, merge_heads, split_heads
 from ..model.gpt_split import _add_weight_grads, _dot, _layernorm_dx
 from ..model.mlp import ACTIVATIONS, wide
+from .vocab_parallel import ShardedEmbedding, ShardedHead
 
 
 def split_unit_backward(stack, unit, flat, gflat, ctx, dy, pending: list):
     """The B half of this rank's share of `unit` now (its dL/dx returned, None for the embedding);
     its W half appended to `pending` as one closure."""
-    kind = type(unit).__name__
-    if kind == "ShardedEmbedding":
+    if isinstance(unit, ShardedEmbedding):  # (or cp x tp's PositionedShardedEmbedding, context_tensor.py)
         pending.append(lambda: unit.backward(flat, gflat, ctx, dy))  # run outside B: fused, as serial
         return None
-    if kind == "ShardedHead":
+    if isinstance(unit, ShardedHead):
         return _head(unit, flat, gflat, ctx, dy, pending)
     return _block(stack, unit, flat, gflat, ctx, dy, pending)
 
@@ -87,10 +90,7 @@ def _block(stack, blk, flat, gflat, ctx, dy, pending: list):
     dx2g = stack.g_back(dx2)
     a = ctx.attn
     do = _dot(dx2g, Wo.T, half)
-    b, heads, s, _ = a.q.shape  # this rank's heads
-    dq, dk, dvv = (
-        merge_heads(x) for x in attention_core_backward(split_heads(do, b, s, heads), a.q, a.k, a.v, a.probs)
-    )
+    dq, dk, dvv = stack.attend_core_backward(blk, do, a)  # this rank's heads (under --cp: over cp)
     dh1 = stack.f_back(_dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dvv, Wv.T, half))
     dx = dx2 + _layernorm_dx(dh1, ctx.xh1, ctx.r1, g1, half)  # the residual around attention
     _charge_half(stack, blk, dv.shape[0], dy.shape[0], dy.itemsize, weights=False)

@@ -80,13 +80,15 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
 
 def context_layouts(n: int) -> list[tuple[str, dict]]:
     """--arch gpt's context-parallel layouts (validate refuses them elsewhere): cp2 (on 2 of the
-    ranks), cp n, dp2 x cp2, dp2 x cp2 with ZeRO-1 over the 4 (context_zero.py), cp2 x tp2 and cp2 x pp2
+    ranks), cp n, dp2 x cp2, dp2 x cp2 with ZeRO-1 over the 4 (context_zero.py), with --experts dp2 x
+    cp2 x ep2 (context_expert.py), cp2 x tp2 and cp2 x pp2
     on 4, and cp n with the all-to-all attention."""
     sizes = sorted({2, n}) if n % 2 == 0 else [n]
     out = [(f"cp{c}", dict(dp=1, cp=c, cp_algo="ring")) for c in sizes]
     if n == 4:
         out.append(("dp2xcp2", dict(dp=2, cp=2, cp_algo="ring")))
         out.append(("dp2xcp2-zero1", dict(dp=2, cp=2, cp_algo="ring", zero=1)))
+        out.append(("dp2xcp2xep2", dict(dp=2, cp=2, ep=2, cp_algo="ring")))  # --experts: context_expert.py
         out.append(("cp2xtp2", dict(dp=1, cp=2, tp=2, cp_algo="ring")))  # context_tensor.py
         out.append(("cp2xpp2", dict(dp=1, cp=2, pp=2, schedule="1f1b", cp_algo="ring")))  # context_stage.py
     return out + [(f"cp{n}-ulysses", dict(dp=1, cp=n, cp_algo="ulysses"))]
@@ -253,8 +255,8 @@ def moe_note(mixed: bool, algorithm: str | None = None) -> str:
         "close to serial's, not equal: under mixed precision each layout's weights differ by roundoff, "
         "so a row near a tie may pick another expert"
         if mixed
-        else "the same in every layout because capacity is global and filled in global row order, so dp "
-        "and dp x ep compute the serial model"
+        else "the same in every layout because capacity is global and filled in global token order, so dp, "
+        "dp x ep and cp compute the serial model"
     )
     return (
         "(a2a/step: the all-to-alls of expert parallelism -- ep-dispatch, ep-combine and their -grad -- "

@@ -19,6 +19,7 @@ ranks that differ only along some axes:
   dpcp:  varies edp, ep, cp -- all-reduce gradients of the same shard when cp > 1 (every cp rank
                            saw other tokens of the same model: one combined all-reduce, as Megatron)
   edp:   varies edp       -- all-reduce an expert's gradients over its replicas
+  edpcp: varies edp, cp   -- the same with cp > 1: every cp rank holds its ep rank's experts
   pp:    varies pp        -- pass activations from stage to stage
   world: varies all
 
@@ -44,6 +45,7 @@ GROUPS = {  # group name -> the axes its ranks differ along
     "cp": ("cp",),
     "dpcp": ("edp", "ep", "cp"),
     "edp": ("edp",),
+    "edpcp": ("edp", "cp"),
     "pp": ("pp",),
     "world": AXES,
 }
@@ -131,6 +133,7 @@ class Mesh:
         sizes = axis_sizes(dp, tp, pp, ep, cp)
         mine = coords(world.rank, sizes)
         names = ["tp", "dp", "pp"] + (["ep", "edp"] if experts else []) + (["cp", "dpcp"] if cp > 1 else [])
+        names += ["edpcp"] if experts and cp > 1 else []
         groups = {"world": wrap(world)}
         for name in names:  # every rank splits in this same order (MPI_Comm_split is collective)
             members = group_of(world.rank, name, sizes)

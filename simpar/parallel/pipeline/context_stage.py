@@ -33,8 +33,8 @@ zb-v) split each unit's backward into B and W (model/gpt_split.py): a cp block's
 backward -- dQ, the ring's K/V hops and its dK/dV partial sums sent back around, or Ulysses' four
 all-to-alls -- is on dL/dx's path, so it runs in B (ContextBlock.attend_core_backward); W is the
 linear layers' and LayerNorms' weight gradients alone, no message. With --tp the stage is
-context_tensor_stage.py's (config/rules.py refuses what that does not build in one line). Under --clock
-sim costmodel/cp_pipeline_time.py prices the step.
+context_tensor_stage.py's (every schedule and --recompute there too, on the tp rank's a/T heads). Under
+--clock sim costmodel/cp_pipeline_time.py prices the step.
 """
 
 from __future__ import annotations

@@ -23,9 +23,16 @@ rank's share. Gradients: each chunk's shards all-reduced (SUM) over the stage's 
 same tp index (the mesh's dpcp group). Checkpoints: cp index 0's tp groups assemble the chunks
 (engine.py), the other cp ranks agree (context_stage.py).
 
-Built for --schedule gpipe, 1f1b and interleaved (a stage's several chunks are each such a stack),
-with or without --sp; under --clock sim costmodel/cp_tp_pipeline_time.py prices the step. Refused in
-one line (config/rules.py): --recompute and the zero-bubble schedules with this layout.
+Built for every schedule (a stage's several chunks are each such a stack), with or without --sp; under
+--clock sim costmodel/cp_tp_pipeline_time.py prices the step.
+--recompute (recompute.py) as context_stage.py's over this rank's a/T heads: full re-runs the chunk's
+forward -- each block's ring hops (2 (C-1) b n h/T) or Ulysses' forward all-to-alls, and the forward's
+tp collectives, again; selective drops each block's softmax part and rebuilds it before the backward
+(gpt_recompute.py -> ContextTensorStack.rebuild_softmax: the ring's forward again, hops included;
+Ulysses' P locally). The zero-bubble schedules split each unit as tensor_gpt_split.py does: B holds the
+cp attention's backward (ContextTensorStack.attend_core_backward: hops, dK/dV partial sums, or the
+all-to-alls) and tp's input-gradient collectives, W the rank's local dW alone (the embedding's whole
+backward). costmodel/cp_tp_pipeline.py predicts both.
 """
 
 from __future__ import annotations

@@ -195,11 +195,15 @@ class PipelineParallel(StageMessages, Strategy):
                 flight.labels = {mb: ends(part) for mb, part in enumerate(split_rows(y, rows[k]))}
             self._run(flight)
             loss += flight.loss
-        self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
+        self._update()
         # Only the last stage computes the loss; its tp ranks all hold the same value (count it once),
         # or under --sp each the share of its own rows (resmlp; gpt's head gathers every row).
         by_rows = self.layout.sp and self.model.arch != "gpt"
         return loss if self.is_last and (by_rows or self.mesh.tp_index == 0) else 0.0
+
+    def _update(self) -> None:
+        """The optimizer step on this rank's chunks (zero_mesh.py: ZeRO-1's sharded step instead)."""
+        self.optimizer.step([st.params for st in self.stores], [st.grads for st in self.stores])
 
     def _micro_batch_rows(self, global_batch: int) -> list[list[int]]:
         """Rows of each micro-batch, per grad-accum micro-step, on this rank.

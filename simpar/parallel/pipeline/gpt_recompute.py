@@ -11,7 +11,8 @@ layout still equals the serial run.
 What this costs: one q k^T per block, 2 s^2 h FLOPs a sequence (causal, counted in full as
 Narayanan et al. 2021 count it); attention over V is not redone (o is kept).
 The embedding and the head keep everything (their contexts hold no s^2 term).
-A cp block (parallel/context.py, --cp with --pp) drops its softmax part and rebuilds it itself
+A cp block (parallel/context.py, --cp with --pp; with --tp its stack, context_tensor.py, on the tp
+rank's a/T heads) drops its softmax part and rebuilds it itself
 (context_attention.CPAttentionContext.drop_softmax, rebuild_softmax): the ring's log-sum-exp by running
 the ring's forward again (its K/V hops are real messages again), Ulysses' P locally.
 """
@@ -55,8 +56,11 @@ def restore_selective(contexts: list, stack) -> list:
         attn = getattr(ctx, "attn", None)
         if attn is None:
             continue
-        if hasattr(unit, "rebuild_softmax"):  # a cp block: the ring runs again, or Ulysses' P locally
-            unit.rebuild_softmax(attn)
+        # a cp block (context.py), or a cp x tp stack's block (context_tensor.py: the stack holds the
+        # cp group): the ring runs again, or Ulysses' P locally
+        rebuild = getattr(unit, "rebuild_softmax", None) or getattr(stack, "rebuild_softmax", None)
+        if rebuild is not None:
+            rebuild(attn)
             continue
         attn.probs = softmax_probs(attn.q, attn.k)
         clock = unit.rt.clock

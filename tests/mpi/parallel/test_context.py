@@ -119,10 +119,10 @@ def test_checkpoints_move_between_cp_and_serial(tmp_path):
         ),
         (2, ["--cp", "2", "--seq-len", "6"], "--seq-len 6 must be a multiple of 4"),
         (2, ["--cp", "3"], "world size 2 is not divisible by cp*tp*pp"),
-        (4, ["--cp", "2", "--tp", "2", "--zero", "1"], "combine it with --dp and --cp only"),
+        (4, ["--cp", "2", "--pp", "2", "--zero", "2"], "--zero 2 with --pp: gradient (and parameter)"),
         (1, ["--cp-algo", "ulysses"], "--cp-algo ulysses picks context parallelism's attention: add --cp C"),
     ],
-    ids=["ulysses-heads", "seq-chunks", "world", "zero-tp", "algo-without-cp"],
+    ids=["ulysses-heads", "seq-chunks", "world", "zero2-pp", "algo-without-cp"],
 )
 def test_bad_cp_layouts_are_refused_in_one_line(ranks, extra, message):
     res = run_mpi(ranks, ["train", "--arch", "gpt", "--steps", "1", "--quiet", *extra], timeout=60)

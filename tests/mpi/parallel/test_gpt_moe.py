@@ -131,13 +131,19 @@ def test_dp2_ep2_with_accumulation_equals_serial_with_exact_bytes(serial, tmp_pa
 
 
 def test_tour_with_experts_runs_dp_and_ep_layouts_equal_to_serial(tmp_path):
-    """`tour --arch gpt --experts 4` on 4 ranks: serial, dp4, dp4 x ep2, dp4 x ep4, each with
+    """`tour --arch gpt --experts 4` on 4 ranks: serial, dp4, dp4 x ep2, dp4 x ep4 (and the cp layouts
+    cp2, cp4, dp2 x cp2, dp2 x cp2 x ep2: the same drops, exact predictions), each with
     bytes=pred exact (the tour fails otherwise), losses equal to serial's at 1e-12, bytes = closed form."""
     res = run_mpi(4, ["tour", *ARGS, "--quiet", "--out", str(tmp_path)], timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split() for line in res.stdout.splitlines() if line.split()[-1:] == ["exact"]]
-    assert [r[0] for r in rows] == ["serial", "dp4", "dp4xep2", "dp4xep4"], res.stdout
+    cp = ["cp2", "cp4", "dp2xcp2", "dp2xcp2xep2"]  # parallel/context_expert.py (test_context_expert.py)
+    assert [r[0] for r in rows] == ["serial", "dp4", "dp4xep2", "dp4xep4", *cp], res.stdout
     ref = json.loads((tmp_path / "serial.json").read_text())
+    for name in cp:
+        m = json.loads((tmp_path / f"{name}.json").read_text())
+        assert max(abs(a / b - 1) for a, b in zip(m["losses"], ref["losses"])) <= 1e-12
+        assert m["moe"]["dropped"] == ref["moe"]["dropped"] and m["prediction_mismatches"] == []
     for name, P in (("dp4", 1), ("dp4xep2", 2), ("dp4xep4", 4)):
         m = json.loads((tmp_path / f"{name}.json").read_text())
         assert max(abs(a / b - 1) for a, b in zip(m["losses"], ref["losses"])) <= 1e-12

@@ -26,7 +26,7 @@ USAGE = (
 )
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
-GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep; not yet with "
+GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with "
 GPT_MOE_PP = (
     "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full precision; "
     "not yet with "
@@ -150,17 +150,6 @@ CASES = [
         "--cp-algo ulysses with --tp 2 gives each of the --cp 2 ranks whole heads of its tp rank's "
         "heads/tp = 1: that must be divisible by 2",
     ),
-    (  # --cp with --pp (context_stage.py, context_tensor_stage.py with --tp): what is not built yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, schedule="zb-h1"),
-        8,
-        "--cp with --tp and --pp runs --schedule gpipe, 1f1b or interleaved; --schedule zb-h1 is not built "
-        "yet",
-    ),
-    (  # --cp --pp recomputes (context_stage.py); with --tp not yet
-        dict(arch="gpt", dataset="text", cp=2, pp=2, tp=2, recompute="full"),
-        8,
-        "--cp with --tp and --pp does not recompute yet: drop --recompute",
-    ),
     (
         dict(arch="gpt", dataset="text", cp=2, tp=4, sp=True, seq_len=4),
         8,
@@ -275,7 +264,6 @@ CASES = [
         "--arch gpt --experts --tp runs without --sp in full precision; not yet with --sp, "
         "--precision mixed-bf16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, cp=2), 2, GPT_MOE + "--cp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-h1", recompute="full"),
         2,
@@ -286,6 +274,7 @@ CASES = [
         2,
         GPT_MOE_PP + "--precision mixed-bf16",
     ),
+    (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
@@ -299,9 +288,15 @@ CASES = [
     ),
     # layout: ZeRO
     (
-        dict(zero=1, tp=2),
+        dict(arch="gpt", dataset="text", zero=2, pp=2, batch=8),
         2,
-        "--zero shards data parallelism (dp, or dp x cp); combine it with --dp and --cp only",
+        "--zero 2 with --pp: gradient (and parameter) partitioning does not fit the pipeline's accumulation "
+        "over micro-batches (DeepSpeed refuses it too); use --zero 1",
+    ),
+    (
+        dict(arch="gpt", dataset="text", zero=3, tp=2),
+        2,
+        "--zero 3 with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer state); use --zero 1",
     ),
     (
         dict(zero=1, collectives="tree"),

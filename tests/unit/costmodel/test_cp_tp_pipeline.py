@@ -11,7 +11,8 @@ b = B / (dp M) sequences, n = s/C tokens per cp rank, R = b n rows, elements:
   grads    the stage's P_T shards ring-all-reduced over the dp C = 4 ranks of the same tp index:
            2 (4-1)/4 P_T sent per step (P_T divisible by 4 here, so every rank sends the same)
 And the time: with --tp 1 the closed form is cp_pipeline_time.py's, term for term (tp's collectives
-vanish, a/T = a heads over h/T = h of the width, the same links).
+vanish, a/T = a heads over h/T = h of the width, the same links), with --recompute and zb-h1/zb-v too
+(test_cp_tp_pipeline_recompute.py writes their tp terms).
 """
 
 from __future__ import annotations
@@ -52,10 +53,14 @@ def test_dp2_cp2_tp2_pp2_coordinates_and_bytes_per_rank(sp):
 
 
 @pytest.mark.parametrize("profile", ["local", "dgx-h100"])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
-def test_with_tp_1_the_step_is_cp_pipeline_times(profile, schedule):
+@pytest.mark.parametrize(
+    "schedule, recompute",
+    [("gpipe", "none"), ("1f1b", "full"), ("interleaved", "selective"), ("zb-h1", "none"), ("zb-v", "full")],
+)
+def test_with_tp_1_the_step_is_cp_pipeline_times(profile, schedule, recompute):
     extra = dict(virtual_stages=2) if schedule == "interleaved" else {}
-    cfg = RunConfig(**SHAPE, dp=DP, cp=C, pp=PP, microbatches=M, schedule=schedule, steps=1, **extra)
+    extra |= dict(recompute=recompute, schedule=schedule)
+    cfg = RunConfig(**SHAPE, dp=DP, cp=C, pp=PP, microbatches=M, steps=1, **extra)
     hw, sizes = hardware.load(profile), unit_sizes(L, H, S, V)
     mine = cp_tp_pipeline_step_seconds(cfg, DP, sizes, sizes, hw)
     theirs = cp_pipeline_step_seconds(cfg, DP, sizes, hw)

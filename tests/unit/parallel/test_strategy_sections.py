@@ -39,6 +39,8 @@ BUILT = [
     ("tensor_gpt", "GptTensorParallel", dict(dp=2, tp=2, sp=True, arch="gpt")),
     ("context", "ContextParallel", dict(dp=2, cp=2, arch="gpt")),
     ("context_tensor", "ContextTensorParallel", dict(dp=1, cp=2, tp=2, arch="gpt", cp_algo="ulysses")),
+    ("zero_mesh", "ZeroGptTensorParallel", dict(dp=2, tp=2, zero=1, arch="gpt")),
+    ("zero_mesh", "ZeroContextTensorPipelineParallel", dict(dp=1, cp=2, tp=2, pp=2, zero=1, arch="gpt")),
 ]
 
 

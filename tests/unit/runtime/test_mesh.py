@@ -171,3 +171,15 @@ def test_the_mesh_numbers_cp_between_dp_and_tp(pp, dp, C, tp):
         assert group_of(rank, "dp", sizes) == [((p * dp + j) * C + c) * tp + t for j in range(dp)]
         assert group_of(rank, "tp", sizes) == [((p * dp + d) * C + c) * tp + i for i in range(tp)]
         assert group_of(rank, "pp", sizes) == [((i * dp + d) * C + c) * tp + t for i in range(pp)]
+
+
+def test_the_edpcp_group_holds_an_experts_replicas_over_dp_and_cp():
+    """dp 4 = edp 2 x ep 2, cp 2 (8 ranks, rank = d C + c with d = edp_i ep + ep_i): an expert of ep rank
+    j lives on every rank with ep_i = j; the edpcp group is those ranks, its rank edp_i C + cp_i (the
+    order costmodel/cp_moe.py prices the expert-gradient all-reduce in)."""
+    sizes = axis_sizes(4, 1, 1, 2, 2)
+    for d, c in itertools.product(range(4), range(2)):
+        rank, (e, j) = d * 2 + c, divmod(d, 2)
+        group = [(q * 2 + j) * 2 + i for q in range(2) for i in range(2)]
+        assert group_of(rank, "edpcp", sizes) == group and group.index(rank) == e * 2 + c
+        assert group_of(rank, "ep", sizes) == [(e * 2 + q) * 2 + c for q in range(2)]
