@@ -59,8 +59,8 @@ def expert_rules(cfg) -> None:
     unsupported = [
         name
         for name, on in (
-            ("--tp", cfg.tp > 1),
-            ("--pp", cfg.pp > 1),
+            ("--tp", cfg.tp > 1 and cfg.arch != "gpt"),
+            ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
             ("--zero", cfg.zero > 0),
             ("--arch resmlp", cfg.arch == "resmlp"),
             ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
@@ -85,4 +85,25 @@ def expert_rules(cfg) -> None:
         require(
             not later,
             f"--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with {', '.join(later)}",
+        )
+    if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
+        later = [name for name, on in (("--sp", cfg.sp), (f"--precision {cfg.precision}", cfg.mixed)) if on]
+        require(
+            not later,
+            f"--arch gpt --experts --tp runs without --sp in full precision; not yet with {', '.join(later)}",
+        )
+    if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
+        later = [
+            name
+            for name, on in (
+                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
+                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
+                (f"--precision {cfg.precision}", cfg.mixed),
+            )
+            if on
+        ]
+        require(
+            not later,
+            "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+            f"precision; not yet with {', '.join(later)}",
         )

@@ -271,6 +271,14 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp import predict_cp_run
 
         return predict_cp_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts and cfg.tp > 1 and cfg.pp == 1:  # gpt_moe_tp.py
+        from .gpt_moe_tp import predict_gpt_moe_tp_run
+
+        return predict_gpt_moe_tp_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
+    if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts and cfg.pp > 1:  # gpt_moe_pipeline.py (+ tp)
+        from .gpt_moe_pipeline import predict_gpt_moe_pipeline_run
+
+        return predict_gpt_moe_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts:  # MoE blocks, ep inside dp (gpt_moe.py)
         from .gpt_moe import predict_gpt_moe_run
 

@@ -10,7 +10,9 @@
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
                context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
-               expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts)
+               expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
+               expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
+               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -54,6 +56,14 @@ def build_strategy(cfg, mesh):
         from .context import ContextParallel
 
         return ContextParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt" and cfg.pp > 1:
+        from .pipeline.expert_stage import ExpertPipelineParallel  # MoE blocks on pipeline stages (and tp)
+
+        return ExpertPipelineParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt" and cfg.tp > 1:
+        from .expert_tensor_gpt import ExpertTensorParallel  # attention over tp, experts replicated on it
+
+        return ExpertTensorParallel(sections, mesh)
     if cfg.experts and cfg.arch == "gpt":
         from .expert_gpt import GptExpertParallel  # MoE transformer blocks, ep inside dp
 

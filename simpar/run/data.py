@@ -203,6 +203,14 @@ def micro_steps(rows: np.ndarray, grad_accum: int) -> list[np.ndarray]:
     return np.array_split(rows, grad_accum)
 
 
+def feeder_splits(cfg) -> int:
+    """Micro-steps a step is cut into before the dp split: --grad-accum G; G x M for a pipeline of MoE
+    blocks, whose micro-batches are the serial run's micro-steps, each routed over the whole dp group
+    (parallel/pipeline/expert_stage.py)."""
+    moe_pipeline = getattr(cfg, "experts", 0) and cfg.pp > 1
+    return cfg.grad_accum * (cfg.microbatches if moe_pipeline else 1)
+
+
 class BatchFeeder:
     """Hands each rank the (inputs, labels) it needs for a step; moves them from rank 0 if asked."""
 
@@ -217,7 +225,7 @@ class BatchFeeder:
 
     def rows_of(self, world_rank: int, rows: np.ndarray) -> list[np.ndarray]:
         d, _, _ = self._needs(world_rank)
-        return [distributed_sampler(m, self.mesh.dp, d) for m in micro_steps(rows, self.cfg.grad_accum)]
+        return [distributed_sampler(m, self.mesh.dp, d) for m in micro_steps(rows, feeder_splits(self.cfg))]
 
     def get(self, rows: np.ndarray) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
         """This rank's (x, y) for each micro-step of the step whose global batch is `rows`."""

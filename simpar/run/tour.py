@@ -49,7 +49,8 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     one again with --sp; for --experts, dp n x ep m for every m > 1 dividing n); a candidate stays
     when config.validate accepts it on its ranks, so the tour offers exactly the layouts `train` would
     run with the same options (--arch, --precision, --layers, --experts, --batch, ...), and one rule
-    set decides both: a dense model refuses --ep, a mixture of experts refuses --zero, --tp and --pp."""
+    set decides both: a dense model refuses --ep, a mixture of experts refuses --zero and --tp (--pp:
+    not in the tour, its micro-batches are capacity's routing groups: parallel/pipeline/expert_stage.py)."""
     n = world_size
     candidates = [("serial", dict(dp=1))]
     if n > 1:
@@ -62,6 +63,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
         if n % 2 == 0 and n > 2:
             candidates += with_sp(f"dp{n // 2}xtp2", dict(dp=n // 2, tp=2), cfg)
             candidates.append((f"dp{n // 2}xpp2", dict(dp=n // 2, pp=2)))
+            candidates.append((f"dp{n // 2}xep2xtp2", dict(dp=n // 2, ep=2, tp=2)))  # --experts only
             if n == 4:
                 candidates += with_sp("tp2xpp2", dict(dp=1, tp=2, pp=2), cfg)
         candidates += context_layouts(n)
@@ -70,6 +72,8 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
             (name, over if over.get("ep", 1) > 1 else dict(over, alltoall="pairwise"))
             for name, over in candidates
         ]
+    if cfg.experts:  # a pipeline of MoE blocks equals serial --grad-accum M, not this tour's reference
+        candidates = [(name, over) for name, over in candidates if over.get("pp", 1) == 1]
     # serial always runs: it is the reference, and a problem with the options shows there as one line
     return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
 

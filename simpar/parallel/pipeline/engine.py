@@ -73,6 +73,12 @@ from .schedules import (
 )
 
 
+def split_rows(arr, rows: list[int]) -> list:
+    """`arr` cut into consecutive pieces of `rows` rows (np.array_split's pieces when rows are its sizes;
+    expert_stage.py's micro-batches are the serial run's micro-steps instead)."""
+    return np.split(arr, np.cumsum(rows)[:-1])
+
+
 @dataclass
 class InFlight:
     """What one pass of the schedule keeps between its steps, keyed by (micro-batch, chunk)."""
@@ -184,9 +190,9 @@ class PipelineParallel(StageMessages, Strategy):
             flight = InFlight(ends(rows[k]), global_batch, communicate=k == len(micro_steps_data) - 1)
             if self.is_first:
                 assert len(x) == sum(rows[k]), "BatchFeeder and pipeline disagree on the rows"
-                flight.inputs = {(mb, 0): ends(part) for mb, part in enumerate(np.array_split(x, self.M))}
+                flight.inputs = {(mb, 0): ends(part) for mb, part in enumerate(split_rows(x, rows[k]))}
             if self.is_last:
-                flight.labels = {mb: ends(part) for mb, part in enumerate(np.array_split(y, self.M))}
+                flight.labels = {mb: ends(part) for mb, part in enumerate(split_rows(y, rows[k]))}
             self._run(flight)
             loss += flight.loss
         self._update()

@@ -27,6 +27,10 @@ USAGE = (
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
 GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with "
+GPT_MOE_PP = (
+    "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full precision; "
+    "not yet with "
+)
 
 # (RunConfig fields, world size, the message)
 CASES = [
@@ -254,7 +258,23 @@ CASES = [
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, tp=2), 2, UNSUPPORTED + "--tp"),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, tp=2, sp=True, precision="mixed-bf16"),
+        2,
+        "--arch gpt --experts --tp runs without --sp in full precision; not yet with --sp, "
+        "--precision mixed-bf16",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-h1", recompute="full"),
+        2,
+        GPT_MOE_PP + "--schedule zb-h1, --recompute full",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, precision="mixed-bf16"),
+        2,
+        GPT_MOE_PP + "--precision mixed-bf16",
+    ),
+    (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,

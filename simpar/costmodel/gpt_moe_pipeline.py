@@ -1,0 +1,211 @@
+"""MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S, D dp ranks a stage) in closed
+form: parallel/pipeline/expert_stage.py's bytes and memory written again, not imported.
+
+  micro-steps  a step is G M micro-steps (G = --grad-accum, M = --microbatches): micro-step i has
+               N_i = chunk(B, G M, i) sequences, dp rank d chunk(N_i, D, d) = b of them; pass g's
+               micro-batch mb is micro-step g M + mb (the serial run's --grad-accum G M)
+  chunks       the units (embedding, L MoE blocks of 4h^2 + 8h + hE + E (8h^2 + 5h), head) cut into S
+               contiguous runs (interleaved: S V, chunk c on stage c mod S) balanced by parameter count
+               (stages.balanced_counts, as partition.py)
+  boundaries   per micro-batch and chunk boundary between stages the residual stream b s h forward
+               ("pp-send-act") and its gradient b s h backward ("pp-send-grad"), times bpe, as
+               costmodel/gpt_pipeline.py
+  all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
+               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced
+  gradients    once per step and chunk its dense parameters (embedding, head, blocks' dense parts)
+               all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring)
+  memory       params, grads, optimizer state of the rank's chunks' dense parameters and experts
+  activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
+               b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
+               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
+  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
+               bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
+from .gpt import flops_per_step, rank_record, run_result
+from .gpt_moe import Routing, capacity
+from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
+from .spec import PRECISIONS, precision_of, split
+from .stages import balanced_counts
+
+TOKEN_BYTES = 8
+
+
+def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
+    """(dense parameters, parameters of ONE rank's E/P experts) per unit on one of T tp ranks:
+    embedding V h/T + s h, a block 4h^2/T + 3h/T + 5h + hE (attention by heads, LayerNorms, bo and
+    the router whole: expert_tensor_gpt.py), head 2h + hV/T; the experts whole on every tp rank."""
+    h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
+    block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, (E // P) * (8 * h * h + 5 * h))
+    return [(V * h // T + s * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V // T, 0)]
+
+
+def stage_bounds(cfg) -> list[tuple[int, int]]:
+    """Each chunk's units [lo, hi) (one chunk a stage; --schedule interleaved: S V, chunk c on stage
+    c mod S): balanced by the full units' sizes, every expert counted."""
+    E, h = cfg.experts, cfg.hidden
+    full = [
+        dense + (E * (8 * h * h + 5 * h) if 0 < u <= cfg.blocks else 0)
+        for u, (dense, _) in enumerate(unit_params(cfg))
+    ]
+    C = n_chunks(cfg.schedule, cfg.pp, cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    counts = cfg.stage_layers or balanced_counts(full, C)
+    return [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(C)]
+
+
+def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
+    """Per micro-step of the run: per block (unit 1..L) the D x E kept matrix, from the run's routing
+    (exact) or balanced (fractional rows, no drops)."""
+    GM, s, E, K = cfg.grad_accum * cfg.microbatches, cfg.seq_len, cfg.experts, cfg.top_k
+    seqs = split(cfg.batch, GM)
+    if routing is not None:
+        return [
+            [kept_in_row_order(H, capacity(cfg, seqs[i % GM] * s)) for H in micro]
+            for i, micro in enumerate(routing["routed_by_rank"])
+        ]
+    return [
+        [[[chunk(seqs[i % GM], D, r) * s * K / E] * E for r in range(D)]] * cfg.blocks
+        for i in range(steps * GM)
+    ]
+
+
+def block_kept_elems(cfg, kept, n: int, d: int, T: int = 1) -> float:
+    """Elements one MoE block keeps on dp rank d for n tokens (router's n E counted apart); under tp
+    this rank's heads' q, k, v, output and scores are 1/T (costmodel/gpt_moe_tp.py)."""
+    h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
+    per, j = E // P, d % P
+    received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
+    attention = 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+    return attention + n * h + sum(kept[d]) * h + 9 * h * received
+
+
+def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    S, M, G, h, s, E = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.hidden, cfg.seq_len, cfg.experts
+    Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    T = cfg.tp
+    D, P = (cfg.dp if cfg.dp is not None else world_size // (S * T)), cfg.ep
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    micro = micro_kept(cfg, D, routing, steps)
+    steps = len(micro) // (G * M)
+    seqs = split(cfg.batch, G * M)
+    bounds, units = stage_bounds(cfg), unit_params(cfg, T)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    link = None
+    if hw is not None and D > 1:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", D, 1, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    C = len(bounds)
+    for r in range(world_size):
+        (st, d), k = divmod(r // T, D), r % T  # world rank (st D + d) T + k
+        mine = stage_chunks(cfg.schedule, S, Vs, st)
+        act: dict[str, Cost] = {}
+        model: dict[str, Cost] = {}
+
+        def add(ops: dict, op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        def tensor_ops(act: dict, c: int, R: int, k: int) -> None:
+            """Chunk c's tp traffic for R token rows (gpt_moe_tp.py): attention's g and f per block,
+            the vocabulary's embedding all-reduce on the first chunk, head and loss on the last."""
+            ar = ALLREDUCE[cfg.collectives]
+            for _ in blocks(c):
+                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe)
+                add(act, "tp-f-allreduce", ar(R * h, T, k), bpe)
+            if bounds[c][0] == 0:
+                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
+            if bounds[c][1] == cfg.blocks + 2:
+                add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
+                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), bpe)
+                add(act, "vocab-ce-sums", ar(2 * R, T, k), bpe)
+
+        def blocks(c: int) -> list[int]:
+            return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]
+
+        for i, kept_blocks in enumerate(micro):
+            n = chunk(seqs[i % (G * M)], D, d) * s * h  # this rank's residual stream
+            for c in mine:
+                if c < C - 1 and chunk_stage(cfg.schedule, S, c + 1) != st:
+                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
+                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+                if T > 1:
+                    tensor_ops(act, c, n // h, k)
+                for u in blocks(c) if P > 1 else ():
+                    pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
+                    for op in OPS:
+                        c_ = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
+                        cost = Cost(round(c_.sent), c_.messages, 0, c_.rounds, math.ceil(c_.round_elems))
+                        add(act, op, cost, bpe)
+        n_params = 0
+        for c in mine:  # one all-reduce of the chunk's dense part, one of its experts (expert_stage.py)
+            dense = sum(units[u][0] for u in range(*bounds[c]))
+            experts = sum(units[u][1] for u in range(*bounds[c]))
+            add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+            if experts:  # a chunk without blocks has none (expert_stage.py skips an empty buffer)
+                edp = ALLREDUCE[cfg.collectives](experts, D // P, d // P)
+                add(model, "expert-grad-allreduce", edp, prec.grad, steps)
+            n_params += dense + experts
+        if link is not None:
+            every = list(act.values()) + list(model.values())
+            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
+        ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": k}, model=model, activation=act))
+
+        def held(i: int, b: int, c: int) -> float:
+            """Bytes micro-step i's forward keeps on chunk c, b = this rank's sequences of it."""
+            n, router = b * s, 4 if precision_of(cfg) == "mixed" else bpe
+            lo, hi = bounds[c]
+            out = TOKEN_BYTES * n if lo == 0 else 0
+            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            for u in blocks(c):
+                out += block_kept_elems(cfg, micro[i][u - 1], n, d, T) * bpe + n * E * router
+            return out
+
+        peak = 0
+        for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
+            b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
+            size = lambda m, c, p=p, b=b: held(p + m, b[m], c)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+        memory.append(
+            {
+                "params": n_params * prec.param,
+                "grads": n_params * prec.grad,
+                "optimizer": n_params * opt_bpp,
+                "activations_peak": round(peak),
+            }
+        )
+    L, V, K = cfg.blocks, cfg.vocab, cfg.top_k
+
+    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / (S * T) / rate * (M + S - 1) / M if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        (compute_s + per_step_comm, compute_s, per_step_comm),
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, seqs[0] * s),
+        bubble=(S - 1) / (M + S - 1),
+        stage_units=bounds,
+    )

@@ -1,0 +1,130 @@
+"""MoE blocks under tensor parallelism (--arch gpt --experts E [--ep P] --tp T [--dp D]) in closed form:
+parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (dp index d, tp index k).
+
+  tp (activation, per micro-step of R = b s rows, b = chunk(N_k, D, d)): gpt_tp.py's ops with the MLP's
+      f and g gone: tp-g-allreduce and tp-f-allreduce L all-reduces of R h each (attention only), the
+      vocabulary's embed/head all-reduces of R h, vocab-ce-max (t R) and vocab-ce-sums (2R)
+  ep (activation): costmodel/gpt_moe.py's four all-to-alls per block and micro-step for dp rank d,
+      from the routing -- the same on every tp rank (the MoE part is replicated over tp)
+  model, once per step: this rank's dense shards all-reduced over D (one call), its L E/P experts over
+      D/P (ring)
+  memory: dense shards -- embedding V h/T + s h, a block 4h^2/T + 3h/T + 5h + hE, head 2h + hV/T --
+      plus L E/P experts of 8h^2 + 5h, each x params, grads, optimizer bytes
+  activations per micro-step (elements, bpe; token ids 8 B): a block keeps LN1's xh, attention's
+      input, LN2's xh (3 n h), this rank's q, k, v and output (4 n h/T), scores (a s n/T), two 1/sigma
+      (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E);
+      the head 2 n h + n
+  time: a rough estimate (--clock sim is refused): matmul FLOPs / T plus each op at its link.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .gpt import flops_per_step, rank_record, run_result
+from .gpt_moe import Routing, capacity, kept_per_micro_step
+from .gpt_tp import micro_step_ops
+from .moe import OPS, alltoall_pieces
+from .spec import PRECISIONS, precision_of, split
+
+
+def dense_shard(cfg) -> int:
+    """Parameters of one tp rank outside the experts (the module docstring's memory line)."""
+    L, h, s, V, E, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.tp
+    block = 4 * h * h // T + 3 * h // T + 5 * h + h * E
+    return V * h // T + s * h + L * block + 2 * h + h * V // T
+
+
+def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -> int:
+    h, a, s, E, P, T = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep, cfg.tp
+    n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
+    per, j = E // P, d % P
+    elems = 2 * n * h + n
+    for kept in kept_blocks:
+        received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
+        elems += 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+        elems += n * h + sum(kept[d]) * h + 9 * h * received + n * E
+    return 8 * n + round(elems * bpe)
+
+
+def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    L, h, s, V, E, K, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.top_k, cfg.tp
+    D, P = (cfg.dp if cfg.dp is not None else world_size // T), cfg.ep
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    micro = kept_per_micro_step(cfg, D, routing, steps)
+    steps = len(micro) // cfg.grad_accum if routing is not None else steps
+    dense, experts = dense_shard(cfg), L * (E // P) * (8 * h * h + 5 * h)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    link = None
+    if hw is not None:
+        from .hardware import group_link
+
+        link = group_link(hw, "tp", D, T, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    for r in range(world_size):
+        d, j = divmod(r, T)
+        act: dict[str, Cost] = {}
+        model: dict[str, Cost] = {}
+
+        def add(ops: dict, op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        for k, blocks in micro:
+            R = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
+            for op, costs in micro_step_ops(R, h, L, T, j, False, cfg.collectives).items():
+                if op in ("tp-g-allreduce", "tp-f-allreduce"):
+                    costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
+                for c in costs:
+                    add(act, op, c, bpe)
+            for kept in blocks if P > 1 else ():
+                pieces = alltoall_pieces(Routing(E, P), kept, d)
+                for op in OPS:
+                    c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
+                    add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
+        add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+        add(
+            model,
+            "expert-grad-allreduce",
+            ALLREDUCE[cfg.collectives](experts, D // P, d // P),
+            prec.grad,
+            steps,
+        )
+        if link is not None:
+            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in act.values()))
+        ranks.append(rank_record(r, {"pp": 0, "dp": d, "tp": j}, model=model, activation=act))
+        n = dense + experts
+        peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
+        memory.append(
+            {
+                "params": n * prec.param,
+                "grads": n * prec.grad,
+                "optimizer": n * opt_bpp,
+                "activations_peak": peak,
+            }
+        )
+
+    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / T / rate if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        (compute_s + per_step_comm, compute_s, per_step_comm),
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+    )

@@ -1,0 +1,246 @@
+"""MoE transformer blocks under tensor parallelism (--arch gpt --experts E [--ep P] --tp T [--dp D]).
+
+The choice: attention split over tp as Megatron-LM splits it (tensor_gpt.py: heads by columns of Wq,
+Wk, Wv, rows of Wo, f and g around them), the embedding, head and cross-entropy over the vocabulary
+(vocab_parallel.py), and the MoE part -- LayerNorm 2, the router and this ep rank's E/P experts --
+REPLICATED on every tp rank, each running it whole on the whole residual stream. That is the simpler
+of the two correct choices (the other, Megatron-Core's expert tensor parallelism, splits each expert's
+W1 by columns and W2 by rows and adds an f and a g around every expert): after attention's g every tp
+rank holds the same x2, so the same tokens take the same routes on every tp rank, and the MoE's
+dL/dh2 is complete on each -- no f is needed before it and its parameters' gradients agree across tp
+without a message. The price is memory and work: a tp rank holds all E/P experts of its ep rank.
+
+The mesh (runtime/mesh.py) puts tp innermost: world rank d T + k. The ep group (varies ep only) and the
+dp group hold ranks of one tp index, so tp rank k of each dp rank routes over its own ep group: every
+tp rank sends the same all-to-alls (costmodel/gpt_moe.py's bytes, T copies), and exchanges the
+histograms over its dp group. Per micro-step of R = b s token rows, tp bytes per rank (ring, t = T):
+tp-g-allreduce L all-reduces of R h (attention's g; the MLP's is gone), tp-f-allreduce L (backward),
+and vocab_parallel.py's four ops. Once per step: this rank's dense shards all-reduced over dp
+(`model/grad-allreduce`, one call: no buckets, as expert_gpt.py), its experts over the D/P
+expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmodel/gpt_moe_tp.py.
+
+Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
+its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
+gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
+(config/moe.py): --sp and mixed precision with --tp.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives
+from ..model.gpt import EmbeddingUnit, Kept
+from ..model.gpt_build import gpt_units
+from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
+from ..model.mlp import ParamStore
+from ..model.moe import micro_rows
+from ..model.precision import build_optimizer
+from ..model.resmlp import layernorm_backward, layernorm_forward
+from .base import Strategy
+from .expert_gpt import EpExchange, GptExpertParallel
+from .sharded import Sharded
+from .tensor_gpt import GptTensorStack
+from .vocab_parallel import ShardedEmbedding, ShardedHead, vocab_loss_grad
+
+
+class ShardedMoEBlock(Sharded):
+    """An MoE block's dense part over tp: LayerNorms, bo and the router Wr whole; Wq, Wk, Wv (and
+    their biases) by columns, i.e. by heads; Wo by rows. Its experts live outside (the stack)."""
+
+    def __init__(self, unit: MoEBlockUnit, t: int, k: int):
+        h = unit.h
+        pieces = [((h,), None)] * 2 + [((h, h), 1), ((h,), 0)] * 3 + [((h, h), 0), ((h,), None)]
+        pieces += [((h,), None)] * 2 + [((h, unit.E), None)]
+        super().__init__(unit, pieces, t, k)
+        self.h, self.s, self.heads = h, unit.s, unit.a // t
+
+
+class ExpertTensorStack(GptTensorStack):
+    """gpt's units over the tp group (f, g and attention from GptTensorStack, no --sp), MoE blocks
+    with their experts replicated over tp. One store: every unit's tp shard, then this ep rank's
+    experts of every block."""
+
+    def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, False
+        t, k, dtype = self.comm.size, self.comm.rank, model.compute_dtype()
+        self.rt = mesh.world.runtime
+        full = [u for u in gpt_units(model, self.rt) if indices is None or u.index in indices]
+        wrap = {EmbeddingUnit: ShardedEmbedding, MoEBlockUnit: ShardedMoEBlock}
+        self.units = [wrap.get(type(u), ShardedHead)(u, t, k) for u in full]
+        dense, experts = [], []
+        for u in self.units:  # every rank builds the full shape from (seed, unit) and keeps its part
+            u.stack = self
+            flat = u.unit.init(model.seed, dtype)
+            moe = isinstance(u, ShardedMoEBlock)
+            dense.append(u.cut(flat[: u.unit.dense] if moe else flat))
+            experts += [u.unit.expert_flats(flat)[e] for e in mine] if moe else []
+        self.n_dense = sum(d.size for d in dense)
+        flat = np.concatenate(dense + experts).astype(dtype)
+        self.store = ParamStore(flat, np.zeros_like(flat))
+        p, g = self.store.params, self.store.grads
+        self.flats, self.ffns, offset = [], {}, 0
+        for d in dense:
+            self.flats.append((p[offset : offset + d.size], g[offset : offset + d.size]))
+            offset += d.size
+        for u in self.units:
+            if isinstance(u, ShardedMoEBlock):
+                m, n = u.unit, expert_size(u.h)
+                views = {
+                    e: (p[offset + i * n : offset + (i + 1) * n], g[offset + i * n : offset + (i + 1) * n])
+                    for i, e in enumerate(mine)
+                }
+                offset += len(mine) * n
+                self.ffns[u.index] = MoEFFN(m.h, m.E, m.K, m.C, m.alpha, views, exchange, self.rt)
+        self.N = self.B = 0  # the micro-step's and the step's global tokens, set before each forward
+        self.aux = 0.0
+
+    def moe_forward(self, blk: ShardedMoEBlock, flat, x):
+        g1, b1, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, b2, Wr = blk.views(flat)
+        h1, (xh1, r1) = layernorm_forward(x, g1, b1)
+        y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), h1.shape[0] // blk.s)
+        x2 = x + (self.g(y) + bo)  # every tp rank: the same x2, so the same routes below
+        h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
+        m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
+        self.aux += aux
+        kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
+        return x2 + m, (kept, fctx), kept.nbytes + held
+
+    def moe_backward(self, blk: ShardedMoEBlock, flat, gflat, ctx, dy):
+        kept, fctx = ctx
+        g1, _, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, _, Wr = blk.views(flat)
+        dg1, db1, *dattn, dg2, db2, dWr = blk.views(gflat)
+        dh2 = self.ffns[blk.index].backward(dy, fctx, Wr, dWr)  # complete on every tp rank: no f
+        dx2, gg2, gb2 = layernorm_backward(dh2, (kept.xh2, kept.r2), g2)
+        dx2 = dy + dx2
+        dh1 = self.attend_backward(blk, dx2, kept.attn, (Wq, bq, Wk, bk, Wv, bv, Wo, bo), dattn)
+        dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (kept.xh1, kept.r1), g1)
+        for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
+            acc += new
+        return dx2 + dx
+
+    def forward(self, x, meter, watch):
+        contexts = []
+        for u, (p, _) in zip(self.units, self.flats):
+            if isinstance(u, ShardedMoEBlock):
+                x, ctx, held = self.moe_forward(u, p, x)
+            else:
+                x, ctx = u.forward(p, x)
+                held = ctx.nbytes
+            watch.check(u.index, x)
+            meter.take(held)
+            contexts.append((ctx, held))
+        return x, contexts
+
+    def backward(self, contexts, grad, meter, on_layer_done=None):
+        for u, (p, g), (ctx, held) in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+            if isinstance(u, ShardedMoEBlock):
+                grad = self.moe_backward(u, p, g, ctx, grad)
+            else:
+                grad = u.backward(p, g, ctx, grad)
+            meter.free(held)
+        return grad
+
+    # -- full shape (pipeline/expert_stage.py's interface): per unit (whole flat, every expert) ---------
+    def full_units(self, flat, pieces: list):
+        """On tp rank 0: [(unit index, whole flat, empty)] from this rank's `flat` (laid out like
+        store.params) and `pieces` (every ep rank's expert part, ep rank 0's first); None elsewhere.
+        Every tp rank calls it: its dense shards are gathered over tp."""
+        shards = self.comm.gather_object(flat[: self.n_dense].copy(), root=0)
+        if self.comm.rank != 0:
+            return None
+        out, at, offset = [], 0, 0
+        for u, (p, _) in zip(self.units, self.flats):
+            part = [u.join([shard[offset : offset + p.size] for shard in shards])]
+            offset += p.size
+            if isinstance(u, ShardedMoEBlock):  # this block's E/P experts in each piece, global order
+                n = (u.unit.E // len(pieces)) * expert_size(u.h)
+                part += [piece[at : at + n] for piece in pieces]
+                at += n
+            out.append((u.index, np.concatenate(part), np.zeros(0, flat.dtype)))
+        return out
+
+    def flat_from(self, full: list, mine: range, dtype) -> np.ndarray:
+        dense, experts = [], []
+        for u in self.units:
+            flat = full[u.index][0]
+            moe = isinstance(u, ShardedMoEBlock)
+            dense.append(u.cut(flat[: u.unit.dense] if moe else flat))
+            experts += [u.unit.expert_flats(flat)[e] for e in mine] if moe else []
+        return np.concatenate([a.reshape(-1) for a in dense + experts]).astype(dtype)
+
+
+class ExpertTensorParallel(Strategy):
+    """--arch gpt --experts E [--ep P] --tp T [--dp D]: the module docstring's layout."""
+
+    routing_summary = GptExpertParallel.routing_summary  # the same summary of self.routing
+
+    def __init__(self, sections, mesh):
+        super().__init__(sections, mesh)
+        self.dp, self.ep, self.edp, self.tp = (
+            mesh.dp_comm,
+            mesh.groups["ep"],
+            mesh.groups["edp"],
+            mesh.tp_comm,
+        )
+        per = self.model.experts // self.ep.size
+        self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
+        self.stack = ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
+        for i, ffn in self.stack.ffns.items():
+            ffn.record = lambda H, kept, i=i: self.routing[-1].__setitem__(i, (H, kept))
+        self.optimizer = build_optimizer(self.model, self.optimisation, self.dp, self.rt)
+        self.routing = []  # per micro-step: {block index: (H, kept)}
+
+    def train_step(self, micro_steps, global_batch: int) -> float:
+        st, s = self.stack, self.model.seq_len
+        st.store.grads.fill(0)
+        self.watch.reset()
+        st.aux, loss = 0.0, 0.0
+        for k, (x, y) in enumerate(micro_steps):
+            self.routing.append({})
+            st.N, st.B = micro_rows(global_batch, len(micro_steps), k) * s, global_batch * s
+            logits, contexts = st.forward(x, self.meter, self.watch)
+            share, grad = vocab_loss_grad(st, self.optimizer, logits, y, global_batch, s)
+            st.backward(contexts, grad, self.meter)
+            loss += share
+        for comm, buf, op in (
+            (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
+            (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),
+        ):
+            if comm.size > 1:
+                collectives.allreduce(comm, buf, "model", op, self.layout.collectives)
+        self.optimizer.step([st.store.params], [st.store.grads])
+        return loss + st.aux if self.mesh.tp_index == 0 else 0.0  # every tp rank holds the same
+
+    def memory(self) -> dict:
+        store = self.stack.store
+        return self.memory_of(store.params.nbytes, store.grads.nbytes, self.optimizer.state_nbytes())
+
+    # -- full shape: per unit (its flat vector with every expert, empty b) ----------------------------
+    def optimizer_params(self) -> list:
+        return [self.stack.store.params]
+
+    def full_weights(self):
+        return self._gather(self.stack.store.params, "gather-weights")
+
+    def gather_full(self, local):
+        return self._gather(local[0], "checkpoint-gather")
+
+    def _gather(self, flat, op: str):
+        """dp rank 0's tp group gathers its dense shards on tp rank 0 (world rank 0); the tp-0 ranks
+        of the first ep group send it their experts (one `control` message each; the other tp
+        indices' ep groups do the same, their result unused)."""
+        st = self.stack
+        if self.mesh.dp_index >= self.ep.size:  # every tp index's ep group alike (full_units gathers tp)
+            return None
+        mine = np.ascontiguousarray(flat[st.n_dense :])
+        if self.ep.rank != 0:
+            self.ep.send(mine, 0, "control", op)
+            return None
+        got = [self.ep.recv(np.empty_like(mine), q, "control", op) for q in range(1, self.ep.size)]
+        units = st.full_units(flat, [mine] + got)  # a tp gather: None off tp rank 0
+        return None if units is None else [(W, b) for _, W, b in units]
+
+    def slice_full(self, full, dtype=None):
+        return [self.stack.flat_from(full, self.mine, dtype or self.stack.store.params.dtype)]
