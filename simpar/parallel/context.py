@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.gpt import EMBED_BWD_ELEMS, EMBED_FWD_ELEMS, BlockUnit, EmbeddingUnit, HeadUnit, Kept
+from ..model.mlp import pending_weight_passes
 from ..model.precision import loss_grad
 from ..model.ring_attention import chunk_positions
 from .context_attention import cp_attention_backward, cp_attention_forward, cp_core_backward, rebuild_softmax
@@ -49,6 +50,10 @@ class PositionedEmbedding(EmbeddingUnit):
         return x, Kept(tokens=tokens)
 
     def backward(self, flat, gflat, ctx, dy, need_dx: bool = False):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble B pass (--pp, zb-h1/zb-v): all of it is W (gpt_split.py),
+            pending.append(lambda: self.backward(flat, gflat, ctx, dy))  # run fused, outside B
+            return None
         dE, dpos = self.views(gflat)
         b, n = ctx.tokens.shape
         np.add.at(dE, ctx.tokens.reshape(-1), dy)

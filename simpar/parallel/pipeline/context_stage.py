@@ -32,9 +32,10 @@ Built for every schedule (a stage's several chunks are each such a cut). The zer
 zb-v) split each unit's backward into B and W (model/gpt_split.py): a cp block's attention core
 backward -- dQ, the ring's K/V hops and its dK/dV partial sums sent back around, or Ulysses' four
 all-to-alls -- is on dL/dx's path, so it runs in B (ContextBlock.attend_core_backward); W is the
-linear layers' and LayerNorms' weight gradients alone, no message. With --tp the stage is
-context_tensor_stage.py's (every schedule and --recompute there too, on the tp rank's a/T heads). Under
---clock sim costmodel/cp_pipeline_time.py prices the step.
+linear layers' and LayerNorms' weight gradients alone, no message, and the embedding's whole backward
+(context.PositionedEmbedding defers it as gpt.py's EmbeddingUnit does; its bucket's hook fires there).
+With --tp the stage is context_tensor_stage.py's (every schedule and --recompute there too, on the tp
+rank's a/T heads). Under --clock sim costmodel/cp_pipeline_time.py prices the step.
 """
 
 from __future__ import annotations
