@@ -81,8 +81,8 @@ def model_gpt(cfg) -> None:
     ]
     require(
         not later,
-        f"--arch gpt runs serially, with --dp, --zero 1-3, --tp [--sp], --pp and --experts/--ep so far; "
-        f"{', '.join(later)} not yet (issue 23)",
+        f"--arch gpt does not take {', '.join(later)} (--inject nan poisons float inputs and gpt's are token "
+        "ids; --data-source root scatters the MLP's float batches)",
     )
     # tensor parallelism (parallel/tensor_gpt.py): whole heads and equal vocabulary ranges per rank
     require(
