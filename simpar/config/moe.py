@@ -84,7 +84,8 @@ def expert_rules(cfg) -> None:
         ]
         require(
             not later,
-            f"--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with {', '.join(later)}",
+            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
+            f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
         later = [name for name, on in (("--sp", cfg.sp), (f"--precision {cfg.precision}", cfg.mixed)) if on]

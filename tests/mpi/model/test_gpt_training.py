@@ -125,7 +125,8 @@ def test_layouts_not_built_yet_are_refused_in_one_line(extra):
     res = run_mpi(2, ["train", "--arch", "gpt", "--steps", "1", "--quiet", *extra], timeout=60)
     assert res.returncode == 2
     lines = [x for x in res.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("simpar: error: --arch gpt runs serially"), res.stderr
+    refusal = "simpar: error: --arch gpt does not take --data-source root"
+    assert len(lines) == 1 and lines[0].startswith(refusal), res.stderr
     assert "Traceback" not in res.stderr
 
 

@@ -26,7 +26,7 @@ USAGE = (
 )
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
-GPT_MOE = "--arch gpt --experts runs serially and with --dp/--ep [--cp]; not yet with "
+GPT_MOE = "--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
 GPT_MOE_PP = (
     "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full precision; "
     "not yet with "
