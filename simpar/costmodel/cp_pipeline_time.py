@@ -142,6 +142,21 @@ def cp_pipeline_step_seconds(cfg, dp: int, sizes: list[int], hw) -> dict:
         "tp": group_link(hw, "tp", dp * C, 1, S),
     }
     _, stream, _ = clock_rates(hw, precision_of(cfg), min(dp * C * S, hw.devices_per_node))
+    best = slowest_step(spec, hw, links, sched, S, Vs, bounds, sizes, dp, C, stream, cfg, CpChunkCosts)
+    parts = best["parts"]
+    return {
+        "step_s": best["makespan"],
+        "compute_s": parts["compute"],
+        "comm_s": parts["pp"] + parts["dp"],
+        "bubble_s": parts["bubble"],
+    }
+
+
+def slowest_step(spec, hw, links, sched, S, Vs, bounds, sizes, dp, C, stream, cfg, chunk_costs) -> dict:
+    """steptime's step for every (dp, cp) coordinate's pipeline, chunks priced by `chunk_costs`
+    (CpChunkCosts, or cp_tp_pipeline_time's CpTpChunkCosts on a tp rank's `sizes`): the slowest is the
+    step, since the gradient all-reduce waits for every rank."""
+    prec = PRECISIONS[precision_of(cfg)]
     best = None
     for d in range(dp):
         for c in range(C):
@@ -151,15 +166,9 @@ def cp_pipeline_step_seconds(cfg, dp: int, sizes: list[int], hw) -> dict:
                 opt_s = optimizer_seconds(
                     cfg, sum(sum(sizes[slice(*bounds[k])]) for k in mine), prec.act, stream
                 )
-                costs = {k: CpChunkCosts(cfg, spec, hw, links, bounds[k], sizes, opt_s, c) for k in mine}
+                costs = {k: chunk_costs(cfg, spec, hw, links, bounds[k], sizes, opt_s, c) for k in mine}
                 stages[s] = (costs, d, {k: sizes[slice(*bounds[k])] for k in mine})
             timed = step_time(spec, hw, links, stages, 0.0, [0.0] * S)
             if best is None or timed["makespan"] > best["makespan"]:
                 best = timed
-    parts = best["parts"]
-    return {
-        "step_s": best["makespan"],
-        "compute_s": parts["compute"],
-        "comm_s": parts["pp"] + parts["dp"],
-        "bubble_s": parts["bubble"],
-    }
+    return best

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from .cp_pipeline_time import CpChunkCosts
-from .gpt_time import clock_rates, optimizer_seconds, tp_collectives, unit_seconds
-from .order import n_chunks, stage_chunks
+from .cp_pipeline_time import CpChunkCosts, slowest_step
+from .gpt_time import clock_rates, tp_collectives, unit_seconds
+from .order import n_chunks
 from .spec import PRECISIONS, precision_of
 from .stages import balanced_counts
-from .steptime import step_time
 
 
 class CpTpChunkCosts(CpChunkCosts):
@@ -92,20 +91,7 @@ def cp_tp_pipeline_step_seconds(cfg, dp: int, sizes: list[int], local: list[int]
         "tp": group_link(hw, "tp", dp * C, T, S),
     }
     _, stream, _ = clock_rates(hw, precision_of(cfg), min(spec.world, hw.devices_per_node))
-    best = None
-    for d in range(dp):
-        for c in range(C):
-            stages = {}
-            for s in range(S):
-                mine = stage_chunks(sched, S, Vs, s)
-                opt_s = optimizer_seconds(
-                    cfg, sum(sum(local[slice(*bounds[k])]) for k in mine), prec.act, stream
-                )
-                costs = {k: CpTpChunkCosts(cfg, spec, hw, links, bounds[k], local, opt_s, c) for k in mine}
-                stages[s] = (costs, d, {k: local[slice(*bounds[k])] for k in mine})
-            timed = step_time(spec, hw, links, stages, 0.0, [0.0] * S)
-            if best is None or timed["makespan"] > best["makespan"]:
-                best = timed
+    best = slowest_step(spec, hw, links, sched, S, Vs, bounds, local, dp, C, stream, cfg, CpTpChunkCosts)
     parts = best["parts"]
     return {
         "step_s": best["makespan"],
