@@ -275,9 +275,14 @@ CASES = [
     ),
     (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
     (
-        dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
+        dict(arch="gpt", dataset="copy", experts=2, tp=2, clock="sim"),
+        2,
+        GPT_MOE + "--clock sim with --cp, --tp or --pp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
         1,
-        GPT_MOE + "--clock sim",
+        GPT_MOE + "--clock sim with --collectives tree",
     ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (
