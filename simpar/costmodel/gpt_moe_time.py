@@ -30,23 +30,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.moe_charges import (  # the numbers only: constants the clock's charges use
-    ACCUMULATE,
-    ATTN_BWD_ELEMS,
-    ATTN_BWD_SCORES,
-    ATTN_FWD_ELEMS,
-    ATTN_FWD_SCORES,
-    COMBINE_ELEMS,
-    EXPERT_BWD_ELEMS,
-    EXPERT_FWD_ELEMS,
-    GATE_GRAD_ELEMS,
-    PACK_ELEMS,
-    SCATTER_ELEMS,
-)
 from .chunktime import collective_gamma
 from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 from .spec import precision_of, split
+
+# model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
+ATTN_FWD_ELEMS, ATTN_FWD_SCORES, ATTN_BWD_ELEMS, ATTN_BWD_SCORES = 32, 6, 34, 4
+EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
+PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 
 def pairwise_ends(starts: list, rows: list, row_bytes: int, link) -> list:
