@@ -78,11 +78,8 @@ def expert_rules(cfg) -> None:
             for name, on in (
                 # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
                 ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
-                # --clock sim: costmodel/gpt_moe_time.py prices ep inside dp, on the ring's all-reduces
-                (
-                    "--clock sim with --cp, --tp or --pp",
-                    cfg.clock == "sim" and max(cfg.cp, cfg.tp, cfg.pp) > 1,
-                ),
+                # --clock sim: costmodel/gpt_moe_time.py prices dp x cp x ep, on the ring's all-reduces
+                ("--clock sim with --tp or --pp", cfg.clock == "sim" and max(cfg.tp, cfg.pp) > 1),
                 (
                     f"--clock sim with --collectives {cfg.collectives}",
                     cfg.clock == "sim" and cfg.collectives != "ring",

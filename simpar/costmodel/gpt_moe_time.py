@@ -98,30 +98,87 @@ def ring_allreduce_ends(n: int, bpe: int, starts: list, link, gamma: float) -> l
     return cursor.tolist()
 
 
+def members_link(hw, members: list):
+    """hardware.group_link's rule for a group given by its world ranks (the edpcp group under --cp is
+    no single stride): intra-node when on one node, else the node's NICs shared by G / m flows, m the
+    group's members on a node (an even spread assumed, as group_link does)."""
+    from . import nccl
+    from .hardware import Link, tuning
+
+    G, size = hw.devices_per_node, len(members)
+    on_node: dict = {}
+    for w in members:
+        on_node[w // G] = on_node.get(w // G, 0) + 1
+    if len(on_node) == 1 or hw.nics_per_node <= 0:
+        return Link(
+            hw.intra_name, hw.intra_alpha, hw.intra_bw, tuning(hw, size, 1, hw.intra_bw, hw.intra_alpha)
+        )
+    m = max(on_node.values())
+    flows = max(1, G // m)
+    if hw.ring_proto:
+        per_flow = nccl.rail_bandwidth(hw.intra_bw, hw.nic_bw, hw.nics_per_node, m, flows)
+    else:
+        per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
+    return Link(
+        hw.inter_name, hw.inter_alpha, per_flow, tuning(hw, size, len(on_node), per_flow, hw.inter_alpha)
+    )
+
+
+class Layout:
+    """World rank w = d C + c (pp = tp = 1): its ep, cp and gradient groups, and their links."""
+
+    def __init__(self, cfg, D: int, hw):
+        C, P = getattr(cfg, "cp", 1), cfg.ep
+        self.D, self.C, self.P, self.W = D, C, P, D * C
+        self.ep = [[(g + q) * C + c for q in range(P)] for c in range(C) for g in range(0, D, P)]
+        self.cp = [[d * C + c for c in range(C)] for d in range(D)]
+        self.edp = [[w for w in range(self.W) if (w // C) % P == j] for j in range(P)]  # edpcp
+        self.links = {
+            name: members_link(hw, groups[0])
+            for name, groups in (
+                ("ep", self.ep),
+                ("cp", self.cp),
+                ("dp", [list(range(self.W))]),
+                ("edp", self.edp),
+            )
+        }
+
+
 def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int, grad_bpe: int) -> dict:
     """{step_s, compute_s, comm_s, steps_s}: the median step (module docstring) and its compute and the
-    rest (all-to-all, all-reduce and waiting) of the slowest rank; `micro`: kept_per_micro_step's
-    [(k, [kept D x E per block])], step-major; param_counts: (non-expert M, one rank's experts)."""
-    from .hardware import group_link
+    rest (all-to-all, all-reduce and waiting) of the slowest rank; `micro`: [(k, [kept per block])],
+    step-major, kept[d][e] (gpt_moe.kept_per_micro_step) or with --cp C kept[c][d][e]
+    (cp_moe.micro_kept); param_counts: (non-expert M, one rank's experts)."""
+    from .cp_hop_time import attention_ends
+    from .cp_time import ring_seconds, ulysses_seconds
 
-    P, G, E, h, a, s = cfg.ep, cfg.grad_accum, cfg.experts, cfg.hidden, cfg.heads, cfg.seq_len
-    per, L, V = E // P, cfg.blocks, cfg.vocab
-    rate, stream, overhead = clock_rates(hw, precision_of(cfg), min(D, hw.devices_per_node))
-    ep_link = group_link(hw, "tp", D // P, P, 1)  # P consecutive ranks
-    dp_link, edp_link = group_link(hw, "dp", D, 1, 1), group_link(hw, "dp", D // P, P, 1)
+    lay = Layout(cfg, D, hw)
+    C, W, P = lay.C, lay.W, lay.P
+    if C == 1:
+        micro = [(k, [[kept] for kept in blocks]) for k, blocks in micro]
+    G, E, h, a, s, L, V = (
+        cfg.grad_accum,
+        cfg.experts,
+        cfg.hidden,
+        cfg.heads,
+        cfg.seq_len,
+        cfg.blocks,
+        cfg.vocab,
+    )
+    per, keys = E // P, s if C == 1 else 0  # under --cp the scores are charged hop by hop (cp_hop_time)
+    rate, stream, overhead = clock_rates(hw, precision_of(cfg), min(W, hw.devices_per_node))
     exchange, gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
-    dense_block = 4 * h * h + 8 * h + h * E
-    expert_params = 8 * h * h + 5 * h
-    seqs = split(cfg.batch, G)
+    dense_block, expert_params, seqs = 4 * h * h + 8 * h + h * E, 8 * h * h + 5 * h, split(cfg.batch, G)
+    hops = ring_seconds if getattr(cfg, "cp_algo", "ring") == "ring" else ulysses_seconds
 
-    def attention(n, backward):
-        flops = 2 * n * (4 * h * h + 2 * s * h) / rate
+    def attention(n, backward):  # the attention half (model/moe_charges.charge_attention)
+        flops = 2 * n * (4 * h * h + 2 * keys * h) / rate
         if backward:
-            elems = ATTN_BWD_ELEMS * n * h + ATTN_BWD_SCORES * n * a * s + ACCUMULATE * dense_block
+            elems = ATTN_BWD_ELEMS * n * h + ATTN_BWD_SCORES * n * a * keys + ACCUMULATE * dense_block
             return 2 * flops + elems * bpe * stream
-        return flops + (ATTN_FWD_ELEMS * n * h + ATTN_FWD_SCORES * n * a * s) * bpe * stream + overhead
+        return flops + (ATTN_FWD_ELEMS * n * h + ATTN_FWD_SCORES * n * a * keys) * bpe * stream + overhead
 
-    def expert(r, backward):
+    def expert(r, backward):  # one expert on the r rows it received (none: skipped)
         if r == 0:
             return 0.0
         if backward:
@@ -130,77 +187,97 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
             )
         return 16 * r * h * h / rate + EXPERT_FWD_ELEMS * r * h * bpe * stream
 
-    def all_to_all(now, rows_of_group):
-        for g in range(0, D, P):
-            ends = exchange(now[g : g + P], rows_of_group(g), h * bpe, ep_link)
-            now[g : g + P] = ends
-
     steps, computes, optimizer_s = [], [], optimizer_seconds(cfg, sum(param_counts), bpe, stream)
     for first in range(0, len(micro), G):
-        now, compute = [0.0] * D, [0.0] * D
+        now, compute = [0.0] * W, [0.0] * W
 
-        def charge(d, seconds):
-            now[d] += seconds
-            compute[d] += seconds
+        def charge(w, seconds):
+            now[w] += seconds
+            compute[w] += seconds
+
+        def all_to_all(kept, transpose: bool):  # every ep group, each rank from its own clock
+            for group in lay.ep:
+                rows = [[sum(kept[w % C][w // C][t * per : (t + 1) * per]) for t in range(P)] for w in group]
+                rows = [list(col) for col in zip(*rows)] if transpose else rows
+                for w, end in zip(group, exchange([now[w] for w in group], rows, h * bpe, lay.links["ep"])):
+                    now[w] = end
+
+        def cp_attention(b, backward):  # the hops of every cp group, each rank from its own clock
+            for group in lay.cp if C > 1 else []:
+                starts = [now[w] for w in group]
+                ends = attention_ends(
+                    cfg.cp_algo,
+                    starts,
+                    b[group[0]],
+                    s // C,
+                    h,
+                    a,
+                    bpe,
+                    rate,
+                    stream,
+                    lay.links["cp"],
+                    backward,
+                )
+                for w, end in zip(group, ends):
+                    now[w] = end
 
         for k, blocks in micro[first : first + G]:
-            n = [chunk(seqs[k], D, d) * s for d in range(D)]
+            b = [chunk(seqs[k], D, w // C) for w in range(W)]  # the rank's sequences, s / C tokens of each
+            n = [b[w] * s // C for w in range(W)]
             units = [
-                unit_seconds(cfg, n[d], [(V + s) * h, 2 * h + h * V], bpe, rate, stream, overhead)
-                for d in range(D)
+                unit_seconds(cfg, n[w], [(V + s) * h, 2 * h + h * V], bpe, rate, stream, overhead)
+                for w in range(W)
             ]
-            A = [[sum(kept[d]) for d in range(D)] for kept in blocks]
-            dispatch = [
-                lambda g, kept=kept: [
-                    [sum(kept[g + q][t * per : (t + 1) * per]) for t in range(P)] for q in range(P)
-                ]
-                for kept in blocks
-            ]
-            combine = [lambda g, f=f: [list(col) for col in zip(*f(g))] for f in dispatch]
+            A = [[sum(kept[w % C][w // C]) for w in range(W)] for kept in blocks]
             received = [
                 [
                     [
-                        sum(kept[d - d % P + q][e] for q in range(P))
-                        for e in range(d % P * per, (d % P + 1) * per)
+                        sum(kept[w % C][w // C - w // C % P + q][e] for q in range(P))
+                        for e in range(w // C % P * per, (w // C % P + 1) * per)
                     ]
-                    for d in range(D)
+                    for w in range(W)
                 ]
                 for kept in blocks
             ]
-            for d in range(D):
-                charge(d, units[d][0][0])
-            for b in range(L):
-                for d in range(D):
-                    charge(
-                        d,
-                        attention(n[d], False)
-                        + 2 * n[d] * h * E / rate
-                        + PACK_ELEMS * A[b][d] * h * bpe * stream,
-                    )
-                all_to_all(now, dispatch[b])
-                for d in range(D):
-                    charge(d, sum(expert(r, False) for r in received[b][d]))
-                all_to_all(now, combine[b])
-                for d in range(D):
-                    charge(d, COMBINE_ELEMS * A[b][d] * h * bpe * stream)
-            for d in range(D):
-                fwd, bwd, loss = units[d]
-                charge(d, fwd[1] + loss + bwd[1])
-            for b in reversed(range(L)):
-                for d in range(D):
-                    charge(d, GATE_GRAD_ELEMS * A[b][d] * h * bpe * stream)
-                all_to_all(now, dispatch[b])
-                for d in range(D):
-                    charge(d, sum(expert(r, True) for r in received[b][d]))
-                all_to_all(now, combine[b])
-                for d in range(D):
-                    router = 4 * n[d] * h * E / rate
-                    charge(d, SCATTER_ELEMS * A[b][d] * h * bpe * stream + router + attention(n[d], True))
-            for d in range(D):
-                charge(d, units[d][1][0])
-        now = ring_allreduce_ends(param_counts[0], grad_bpe, now, dp_link, gamma)
-        for j in range(P):  # each expert-data-parallel group: ranks j, j + P, ...
-            now[j::P] = ring_allreduce_ends(param_counts[1], grad_bpe, now[j::P], edp_link, gamma)
+            for w in range(W):
+                charge(w, units[w][0][0])
+                if C > 1:  # the hops' own compute, for the compute share (their time: cp_attention)
+                    compute[w] += L * hops(b[w], s // C, h, a, C, bpe, rate, stream, lay.links["cp"])[2]
+            for i, kept in enumerate(blocks):
+                cp_attention(b, False)
+                for w in range(W):
+                    router = 2 * n[w] * h * E / rate
+                    charge(w, attention(n[w], False) + router + PACK_ELEMS * A[i][w] * h * bpe * stream)
+                all_to_all(kept, False)  # ep-dispatch
+                for w in range(W):
+                    charge(w, sum(expert(r, False) for r in received[i][w]))
+                all_to_all(kept, True)  # ep-combine
+                for w in range(W):
+                    charge(w, COMBINE_ELEMS * A[i][w] * h * bpe * stream)
+            for w in range(W):
+                fwd, bwd, loss = units[w]
+                charge(w, fwd[1] + loss + bwd[1])
+            for i, kept in reversed(list(enumerate(blocks))):
+                for w in range(W):
+                    charge(w, GATE_GRAD_ELEMS * A[i][w] * h * bpe * stream)
+                all_to_all(kept, False)  # ep-combine-grad
+                for w in range(W):
+                    charge(w, sum(expert(r, True) for r in received[i][w]))
+                all_to_all(kept, True)  # ep-dispatch-grad
+                for w in range(W):
+                    charge(w, SCATTER_ELEMS * A[i][w] * h * bpe * stream + 4 * n[w] * h * E / rate)
+                cp_attention(b, True)
+                for w in range(W):
+                    charge(w, attention(n[w], True))
+            for w in range(W):
+                charge(w, units[w][1][0])
+        now = ring_allreduce_ends(param_counts[0], grad_bpe, now, lay.links["dp"], gamma)
+        for group in lay.edp:  # each expert's replicas (edp, or edpcp under --cp)
+            ends = ring_allreduce_ends(
+                param_counts[1], grad_bpe, [now[w] for w in group], lay.links["edp"], gamma
+            )
+            for w, end in zip(group, ends):
+                now[w] = end
         steps.append(max(now) + optimizer_s)
         computes.append(max(compute) + optimizer_s)
     middle = int(np.argsort(steps)[len(steps) // 2]) if len(steps) % 2 else None

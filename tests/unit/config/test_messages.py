@@ -277,7 +277,7 @@ CASES = [
     (
         dict(arch="gpt", dataset="copy", experts=2, tp=2, clock="sim"),
         2,
-        GPT_MOE + "--clock sim with --cp, --tp or --pp",
+        GPT_MOE + "--clock sim with --tp or --pp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
