@@ -3,20 +3,23 @@
 model/moe_charges.py charges each block's attention half, router, experts (on the rows they received)
 and routing passes; the all-to-alls block on the ep group's stream, the gradient all-reduces on dp's
 and edp's. costmodel/gpt_moe_time.py writes the same step from the run's routing histograms, every
-rank followed through every all-to-all round, so the two agree to rounding (measured ~1e-15). One
-tour launch runs every MoE layout 4 ranks offer under sim (serial, dp4, dp4 x ep2, dp4 x ep4) with
-pairwise all-to-alls on nodes of two devices (dp and edp groups cross nodes) in bfloat16; one train
-runs Bruck's all-to-all with --grad-accum 2 and top-1 routing that drops tokens, on the CPU profile.
+rank followed through every all-to-all round (and with --cp every ring hop, cp_hop_time.py), so the
+two agree to rounding (measured ~1e-15). One tour launch runs every MoE layout 4 ranks offer under sim
+(serial, dp4, dp4 x ep2, dp4 x ep4, dp2 x cp2 x ep2) with pairwise all-to-alls on nodes of two devices
+(dp, ep and edp groups cross nodes) in bfloat16; two trains route unevenly (top-1 drops, --grad-accum
+2): Bruck's all-to-all over ep 4 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from simpar.run.launch import run
 from tests.mpi.runtime.test_gpt_simclock import SHAPE, assert_agrees, hardware_option
 
-MOE_LAYOUTS = {"serial", "dp4", "dp4xep2", "dp4xep4"}
+MOE_LAYOUTS = {"serial", "dp4", "dp4xep2", "dp4xep4", "dp2xcp2xep2"}
 
 
 def test_every_moe_tour_layout_agrees(tmp_path):
@@ -31,16 +34,23 @@ def test_every_moe_tour_layout_agrees(tmp_path):
         assert_agrees(json.loads((out / f"{name}.json").read_text()), name)
 
 
-def test_bruck_with_accumulation_and_drops_agrees(tmp_path):
-    """The ranks' experts receive different rows (top-1, capacity 1: tokens dropped), so their clocks
-    drift apart and each all-to-all round waits on the slower peer: the closed form follows that."""
+UNEVEN = {  # top-1 with capacity 1 drops tokens, --grad-accum 2 routes each micro-step apart
+    "bruck": ["--dp", "4", "--ep", "4", "--alltoall", "bruck", "--hardware", "local"],
+    "ulysses": ["--dp", "2", "--cp", "2", "--ep", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNEVEN))
+def test_uneven_routing_agrees(tmp_path, name):
+    """The ranks' experts receive different rows, so their clocks drift apart and each all-to-all round
+    (and each cp hop) waits on the slower peer: the closed form follows every rank."""
     path = tmp_path / "m.json"
-    args = ["train", *SHAPE, "--experts", "4", "--dp", "4", "--ep", "4", "--alltoall", "bruck"]
-    args += ["--grad-accum", "2", "--top-k", "1", "--capacity-factor", "1.0", "--clock", "sim"]
-    res = run(4, [*args, "--hardware", "local", "--quiet", "--metrics-out", str(path)])
+    args = ["train", *SHAPE, "--experts", "4", *UNEVEN[name], "--grad-accum", "2", "--top-k", "1"]
+    args += ["--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
+    res = run(4, args)
     assert res.returncode == 0, res.stderr[-3000:]
     m = json.loads(path.read_text())
     assert sum(sum(step) for step in m["moe"]["dropped"]) > 0
     computes = [r["compute_s"] for r in m["time"]["sim"]["per_rank"]]
     assert max(computes) > min(computes), computes  # imbalanced experts: the waits matter
-    assert_agrees(m, "bruck")
+    assert_agrees(m, name)
