@@ -78,8 +78,9 @@ def expert_rules(cfg) -> None:
             for name, on in (
                 # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
                 ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
-                # --clock sim: costmodel/gpt_moe_time.py prices dp x cp x ep, on the ring's all-reduces
-                ("--clock sim with --tp or --pp", cfg.clock == "sim" and max(cfg.tp, cfg.pp) > 1),
+                # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp or --tp, ring all-reduces
+                ("--clock sim with --pp", cfg.clock == "sim" and cfg.pp > 1),
+                ("--clock sim with --cp and --tp", cfg.clock == "sim" and cfg.cp > 1 and cfg.tp > 1),
                 (
                     f"--clock sim with --collectives {cfg.collectives}",
                     cfg.clock == "sim" and cfg.collectives != "ring",

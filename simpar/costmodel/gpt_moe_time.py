@@ -36,7 +36,8 @@ from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 from .spec import precision_of, split
 
 # model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
-ATTN_FWD_ELEMS, ATTN_FWD_SCORES, ATTN_BWD_ELEMS, ATTN_BWD_SCORES = 32, 6, 34, 4
+ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
+ATTN_BWD_WHOLE, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 25, 9, 4
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
@@ -125,35 +126,43 @@ def members_link(hw, members: list):
 
 
 class Layout:
-    """World rank w = d C + c (pp = tp = 1): its ep, cp and gradient groups, and their links."""
+    """World rank w = (d C + c) T + k (pp = 1; --cp and --tp not together): its coordinates, its ep,
+    cp, tp and gradient groups (dense: dp x cp at one tp index; experts: edp x cp), and their links."""
 
     def __init__(self, cfg, D: int, hw):
-        C, P = getattr(cfg, "cp", 1), cfg.ep
-        self.D, self.C, self.P, self.W = D, C, P, D * C
-        self.ep = [[(g + q) * C + c for q in range(P)] for c in range(C) for g in range(0, D, P)]
-        self.cp = [[d * C + c for c in range(C)] for d in range(D)]
-        self.edp = [[w for w in range(self.W) if (w // C) % P == j] for j in range(P)]  # edpcp
-        self.links = {
-            name: members_link(hw, groups[0])
-            for name, groups in (
-                ("ep", self.ep),
-                ("cp", self.cp),
-                ("dp", [list(range(self.W))]),
-                ("edp", self.edp),
-            )
-        }
+        C, T, P = getattr(cfg, "cp", 1), cfg.tp, cfg.ep
+        self.D, self.C, self.T, self.P, self.W = D, C, T, P, D * C * T
+        ranks = range(self.W)
+        self.d = [w // (C * T) for w in ranks]
+        self.c = [w // T % C for w in ranks]
+        self.k = [w % T for w in ranks]
+        place = lambda d, c, k: (d * C + c) * T + k  # noqa: E731
+        self.ep = [
+            [place(g + q, c, k) for q in range(P)] for c in range(C) for k in range(T) for g in range(0, D, P)
+        ]
+        self.cp = [[place(d, c, k) for c in range(C)] for d in range(D) for k in range(T)]
+        self.dp = [[w for w in ranks if self.k[w] == k] for k in range(T)]
+        self.edp = [
+            [w for w in ranks if self.k[w] == k and self.d[w] % P == j] for j in range(P) for k in range(T)
+        ]
+        groups = {"ep": self.ep, "cp": self.cp, "dp": self.dp, "edp": self.edp, "tp": [list(range(T))]}
+        self.links = {name: members_link(hw, members[0]) for name, members in groups.items()}
 
 
 def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int, grad_bpe: int) -> dict:
     """{step_s, compute_s, comm_s, steps_s}: the median step (module docstring) and its compute and the
     rest (all-to-all, all-reduce and waiting) of the slowest rank; `micro`: [(k, [kept per block])],
     step-major, kept[d][e] (gpt_moe.kept_per_micro_step) or with --cp C kept[c][d][e]
-    (cp_moe.micro_kept); param_counts: (non-expert M, one rank's experts)."""
+    (cp_moe.micro_kept); param_counts: (non-expert parameters of one rank -- its tp shards --, its
+    experts)."""
+    from .chunktime import seconds
+    from .collectives import to_bytes
     from .cp_hop_time import attention_ends
     from .cp_time import ring_seconds, ulysses_seconds
+    from .gpt_time import tp_collectives
 
     lay = Layout(cfg, D, hw)
-    C, W, P = lay.C, lay.W, lay.P
+    C, T, W, P = lay.C, lay.T, lay.W, lay.P
     if C == 1:
         micro = [(k, [[kept] for kept in blocks]) for k, blocks in micro]
     G, E, h, a, s, L, V = (
@@ -166,17 +175,28 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
         cfg.vocab,
     )
     per, keys = E // P, s if C == 1 else 0  # under --cp the scores are charged hop by hop (cp_hop_time)
+    hl, al = h // T, a // T  # a tp rank's share of the attention (expert_tensor_gpt.py)
     rate, stream, overhead = clock_rates(hw, precision_of(cfg), min(W, hw.devices_per_node))
     exchange, gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
-    dense_block, expert_params, seqs = 4 * h * h + 8 * h + h * E, 8 * h * h + 5 * h, split(cfg.batch, G)
+    dense_block = 4 * h * h // T + 3 * h // T + 5 * h + h * E  # its tp shard (gpt_moe_tp.dense_shard)
+    expert_params, seqs = 8 * h * h + 5 * h, split(cfg.batch, G)
+    edge = [V * h // T + s * h, 2 * h + h * V // T]  # the embedding's and head's (vocabulary) shards
     hops = ring_seconds if getattr(cfg, "cp_algo", "ring") == "ring" else ulysses_seconds
 
+    def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
+        return (
+            seconds(to_bytes(cost, elem_bytes), lay.links["tp"], gamma, as_ring, False)
+            if cost.messages
+            else 0.0
+        )
+
     def attention(n, backward):  # the attention half (model/moe_charges.charge_attention)
-        flops = 2 * n * (4 * h * h + 2 * keys * h) / rate
+        flops = 2 * n * (3 * h * hl + hl * h + 2 * hl * keys) / rate
         if backward:
-            elems = ATTN_BWD_ELEMS * n * h + ATTN_BWD_SCORES * n * a * keys + ACCUMULATE * dense_block
-            return 2 * flops + elems * bpe * stream
-        return flops + (ATTN_FWD_ELEMS * n * h + ATTN_FWD_SCORES * n * a * keys) * bpe * stream + overhead
+            elems = (ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * n
+            return 2 * flops + (elems + ACCUMULATE * dense_block) * bpe * stream
+        elems = (ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * n
+        return flops + elems * bpe * stream + overhead
 
     def expert(r, backward):  # one expert on the r rows it received (none: skipped)
         if r == 0:
@@ -195,45 +215,36 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
             now[w] += seconds
             compute[w] += seconds
 
+        def mine(kept, w):  # rank w's kept assignments per expert (its dp and cp coordinates')
+            return kept[lay.c[w]][lay.d[w]]
+
         def all_to_all(kept, transpose: bool):  # every ep group, each rank from its own clock
             for group in lay.ep:
-                rows = [[sum(kept[w % C][w // C][t * per : (t + 1) * per]) for t in range(P)] for w in group]
+                rows = [[sum(mine(kept, w)[t * per : (t + 1) * per]) for t in range(P)] for w in group]
                 rows = [list(col) for col in zip(*rows)] if transpose else rows
                 for w, end in zip(group, exchange([now[w] for w in group], rows, h * bpe, lay.links["ep"])):
                     now[w] = end
 
         def cp_attention(b, backward):  # the hops of every cp group, each rank from its own clock
             for group in lay.cp if C > 1 else []:
-                starts = [now[w] for w in group]
+                starts, link = [now[w] for w in group], lay.links["cp"]
                 ends = attention_ends(
-                    cfg.cp_algo,
-                    starts,
-                    b[group[0]],
-                    s // C,
-                    h,
-                    a,
-                    bpe,
-                    rate,
-                    stream,
-                    lay.links["cp"],
-                    backward,
+                    cfg.cp_algo, starts, b[group[0]], s // C, h, a, bpe, rate, stream, link, backward
                 )
                 for w, end in zip(group, ends):
                     now[w] = end
 
         for k, blocks in micro[first : first + G]:
-            b = [chunk(seqs[k], D, w // C) for w in range(W)]  # the rank's sequences, s / C tokens of each
+            b = [chunk(seqs[k], D, lay.d[w]) for w in range(W)]  # the rank's sequences, s / C tokens each
             n = [b[w] * s // C for w in range(W)]
-            units = [
-                unit_seconds(cfg, n[w], [(V + s) * h, 2 * h + h * V], bpe, rate, stream, overhead)
-                for w in range(W)
-            ]
-            A = [[sum(kept[w % C][w // C]) for w in range(W)] for kept in blocks]
+            units = [unit_seconds(cfg, n[w], edge, bpe, rate, stream, overhead) for w in range(W)]
+            tp_c = [tp_collectives(cfg, n[w], lay.k[w], bpe, tp_secs) for w in range(W)]
+            A = [[sum(mine(kept, w)) for w in range(W)] for kept in blocks]
             received = [
                 [
                     [
-                        sum(kept[w % C][w // C - w // C % P + q][e] for q in range(P))
-                        for e in range(w // C % P * per, (w // C % P + 1) * per)
+                        sum(kept[lay.c[w]][lay.d[w] - lay.d[w] % P + q][e] for q in range(P))
+                        for e in range(lay.d[w] % P * per, (lay.d[w] % P + 1) * per)
                     ]
                     for w in range(W)
                 ]
@@ -241,6 +252,7 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
             ]
             for w in range(W):
                 charge(w, units[w][0][0])
+                now[w] += tp_c[w][0][0]  # the embedding's all-reduce over the vocabulary shards
                 if C > 1:  # the hops' own compute, for the compute share (their time: cp_attention)
                     compute[w] += L * hops(b[w], s // C, h, a, C, bpe, rate, stream, lay.links["cp"])[2]
             for i, kept in enumerate(blocks):
@@ -248,6 +260,7 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
                 for w in range(W):
                     router = 2 * n[w] * h * E / rate
                     charge(w, attention(n[w], False) + router + PACK_ELEMS * A[i][w] * h * bpe * stream)
+                    now[w] += tp_c[w][0][1] / 2  # attention's g (tp_collectives: 2 a dense block)
                 all_to_all(kept, False)  # ep-dispatch
                 for w in range(W):
                     charge(w, sum(expert(r, False) for r in received[i][w]))
@@ -257,6 +270,7 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
             for w in range(W):
                 fwd, bwd, loss = units[w]
                 charge(w, fwd[1] + loss + bwd[1])
+                now[w] += tp_c[w][0][-1] + tp_c[w][2] + tp_c[w][1][-1]  # head, loss (vocab_parallel.py)
             for i, kept in reversed(list(enumerate(blocks))):
                 for w in range(W):
                     charge(w, GATE_GRAD_ELEMS * A[i][w] * h * bpe * stream)
@@ -269,15 +283,16 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
                 cp_attention(b, True)
                 for w in range(W):
                     charge(w, attention(n[w], True))
+                    now[w] += tp_c[w][1][1] / 2  # attention's f, backward
             for w in range(W):
                 charge(w, units[w][1][0])
-        now = ring_allreduce_ends(param_counts[0], grad_bpe, now, lay.links["dp"], gamma)
-        for group in lay.edp:  # each expert's replicas (edp, or edpcp under --cp)
-            ends = ring_allreduce_ends(
-                param_counts[1], grad_bpe, [now[w] for w in group], lay.links["edp"], gamma
-            )
-            for w, end in zip(group, ends):
-                now[w] = end
+                now[w] += tp_c[w][1][0]
+        for groups, n_params in ((lay.dp, param_counts[0]), (lay.edp, param_counts[1])):
+            for group in groups:  # dense shards over dp (x cp), then each expert's replicas
+                link = lay.links["dp" if groups is lay.dp else "edp"]
+                ends = ring_allreduce_ends(n_params, grad_bpe, [now[w] for w in group], link, gamma)
+                for w, end in zip(group, ends):
+                    now[w] = end
         steps.append(max(now) + optimizer_s)
         computes.append(max(compute) + optimizer_s)
     middle = int(np.argsort(steps)[len(steps) // 2]) if len(steps) % 2 else None

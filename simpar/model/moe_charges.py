@@ -4,9 +4,10 @@ The dense block's charges (gpt.charge_block) cut in two: the attention half stay
 MLP half moves to the experts, per row each expert computes; the routing adds its own memory passes
 per kept assignment (a token sent to one expert). costmodel/gpt_moe_time.py writes the same charges
 again. Memory-bound elements, in the activations' type:
-  attention  forward 32h + 6as per row: gpt.py's 50h less the MLP's bias + GELU 16h and bias 2h
-             (LayerNorms 8h twice, q k v o biases, merging heads, both residual adds); backward 34h + 4as:
-             51h less GELU' 12h and the MLP's bias sums 5h; + accumulating 3 per dense parameter
+  attention  forward 32h + 6as per row (24h whole + 8h sharded): gpt.py's 50h less the MLP's bias + GELU 16h
+             and bias 2h (LayerNorms 8h twice, q k v o biases, merging heads, both residual adds);
+             backward 34h + 4as: 51h less GELU' 12h and the MLP's bias sums 5h (under --tp: split as
+             charge_attention says); + accumulating 3 per dense parameter
              (attention, LayerNorms, router); matmuls q k v o and the scores', as gpt.charge_block
   router     its n x h by h x E matmul (model/moe.route), and in backward its two (router_backward)
   expert     per row it computes: forward 18h (bias + GELU, bias), backward 17h (GELU', bias sums),
@@ -19,24 +20,35 @@ again. Memory-bound elements, in the activations' type:
 
 from __future__ import annotations
 
-ATTN_FWD_ELEMS, ATTN_FWD_SCORES, ATTN_BWD_ELEMS, ATTN_BWD_SCORES = 32, 6, 34, 4
+# attention: per row, whole (LayerNorms, residuals, bo) and on h/t (q k v biases, merging heads)
+ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
+ATTN_BWD_WHOLE, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 25, 9, 4
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 
-def charge_attention(clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, backward: bool):
-    """A block's attention half: q, k, v, o (h x h) and the scores' two (rows keys h FLOPs each), twice
-    in backward; its memory passes; `size`: the block's dense parameters (accumulated in backward)."""
+def charge_attention(
+    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, backward: bool, t: int = 1
+):
+    """A block's attention half: q, k, v, o and the scores' two (rows keys h FLOPs each), twice in
+    backward; its memory passes; `size`: the block's dense parameters (accumulated in backward). Under
+    --tp t (parallel/expert_tensor_gpt.py) this rank's share, as tensor_gpt.py charges the dense
+    block's: the sharded dimension h/t, the bias and merging passes on h/t, LayerNorms and residuals
+    whole -- forward 24h + 8h/t (+ 6 a/t s) per row, backward 24h + h + 9h/t (+ 4 a/t s)."""
+    hl, al = h // t, a // t
     for _ in range(2 if backward else 1):
-        for _ in range(4):
-            clock.matmul(rows, h, h)
-        clock.matmul(rows, h, keys)
-        clock.matmul(rows, keys, h)
+        for _ in range(3):
+            clock.matmul(rows, h, hl)
+        clock.matmul(rows, hl, h)
+        clock.matmul(rows, hl, keys)
+        clock.matmul(rows, keys, hl)
     if backward:
-        elems = ATTN_BWD_ELEMS * rows * h + ATTN_BWD_SCORES * rows * a * keys + ACCUMULATE * size
+        elems = (
+            ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
+        ) * rows + ACCUMULATE * size
         clock.stream(elems * bpe)
     else:
-        clock.stream((ATTN_FWD_ELEMS * rows * h + ATTN_FWD_SCORES * rows * a * keys) * bpe)
+        clock.stream((ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * rows * bpe)
         clock.layer_call()
 
 

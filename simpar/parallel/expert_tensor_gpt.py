@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
+from ..model import moe_charges as mc
 from ..model.gpt import EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
@@ -102,6 +103,10 @@ class ExpertTensorStack(GptTensorStack):
         y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), h1.shape[0] // blk.s)
         x2 = x + (self.g(y) + bo)  # every tp rank: the same x2, so the same routes below
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
+        if self.rt.clock is not None:  # this rank's share of the attention half (model/moe_charges.py)
+            mc.charge_attention(
+                self.rt.clock, x.shape[0], blk.h, blk.unit.a, blk.s, x.itemsize, 0, False, blk.t
+            )
         m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
         self.aux += aux
         kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
@@ -118,6 +123,9 @@ class ExpertTensorStack(GptTensorStack):
         dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (kept.xh1, kept.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new
+        if self.rt.clock is not None:
+            clock, rows = self.rt.clock, dy.shape[0]
+            mc.charge_attention(clock, rows, blk.h, blk.unit.a, blk.s, dy.itemsize, blk.size, True, blk.t)
         return dx2 + dx
 
     def forward(self, x, meter, watch):
