@@ -4,10 +4,12 @@ model/moe_charges.py charges each block's attention half, router, experts (on th
 and routing passes; the all-to-alls block on the ep group's stream, the gradient all-reduces on dp's
 and edp's. costmodel/gpt_moe_time.py writes the same step from the run's routing histograms, every
 rank followed through every all-to-all round (and with --cp every ring hop, cp_hop_time.py), so the
-two agree to rounding (measured ~1e-15). One tour launch runs every MoE layout 4 ranks offer under sim
-(serial, dp4, dp4 x ep2, dp4 x ep4, dp2 x cp2 x ep2) with pairwise all-to-alls on nodes of two devices
-(dp, ep and edp groups cross nodes) in bfloat16; two trains route unevenly (top-1 drops, --grad-accum
-2): Bruck's all-to-all over ep 4 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node.
+two agree to rounding (measured ~1e-15); under --tp each rank's attention share and tp's blocking
+collectives are added. One tour launch runs every MoE layout 4 ranks offer under sim (serial, dp4,
+dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, dp2 x cp2 x ep2) with pairwise all-to-alls on
+nodes of two devices (dp, ep and edp groups cross nodes); two trains route unevenly (top-1 drops,
+--grad-accum 2): Bruck's all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2
+x ep2 on a GPU node.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ import pytest
 from simpar.run.launch import run
 from tests.mpi.runtime.test_gpt_simclock import SHAPE, assert_agrees, hardware_option
 
-MOE_LAYOUTS = {"serial", "dp4", "dp4xep2", "dp4xep4", "dp2xcp2xep2"}
+MOE_LAYOUTS = {"serial", "dp4", "dp4xep2", "dp4xep4", "tp4", "dp2xtp2", "dp2xep2xtp2", "dp2xcp2xep2"}
 
 
 def test_every_moe_tour_layout_agrees(tmp_path):
     out = tmp_path / "tour"
-    args = ["tour", *SHAPE, "--experts", "4", "--clock", "sim", "--precision", "mixed-bf16"]
-    args += ["--out", str(out)]
+    args = ["tour", *SHAPE, "--experts", "4", "--clock", "sim", "--out", str(out)]
     res = run(4, [*args, "--hardware", hardware_option(tmp_path, "two-per-node")], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     names = {p.stem for p in out.glob("*.json")} - {"trace"}
@@ -35,7 +36,18 @@ def test_every_moe_tour_layout_agrees(tmp_path):
 
 
 UNEVEN = {  # top-1 with capacity 1 drops tokens, --grad-accum 2 routes each micro-step apart
-    "bruck": ["--dp", "4", "--ep", "4", "--alltoall", "bruck", "--hardware", "local"],
+    "bruck": [
+        "--dp",
+        "4",
+        "--ep",
+        "4",
+        "--alltoall",
+        "bruck",
+        "--hardware",
+        "local",
+        "--precision",
+        "mixed-bf16",
+    ],
     "ulysses": ["--dp", "2", "--cp", "2", "--ep", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
 }
 
