@@ -7,8 +7,9 @@ parameters, memory per rank, FLOPs, all-to-all bytes, step time and MFU, before 
 The numbers are the closed forms `train` predicts a run with (costmodel/gpt_moe.py, gpt_moe_time.py),
 for a BALANCED router: every rank's n tokens spread evenly, n K / E assignments per expert, none
 dropped (the real router's histograms make a run's exact prediction; an imbalanced one moves more
-bytes through the hottest expert's rank and waits for it). Layout: ep inside dp only (no --tp, --pp,
---cp or --zero with experts in the plan yet). This file checks the question and words the answer.
+bytes through the hottest expert's rank and waits for it). Layouts: dp x ep, with --cp (cp_moe.py) or
+--tp (gpt_moe_tp.py) as train runs them (not --pp: its step is no closed form of the simulated clock
+yet). This file checks the question and words the answer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import json
 
 from ..config import RunConfig, SimparError
 from ..costmodel import hardware
-from ..costmodel.gpt_moe import param_counts, predict_gpt_moe_run
+from ..costmodel.gpt_moe import param_counts
+from ..costmodel.gpt_moe_tp import dense_shard
+from ..costmodel.predict import predict_from_config
 from ..units import fmt_si, fmt_time
 from .plan_gpt import _count
 
@@ -25,23 +28,18 @@ PRECISION = {"fp32": ("fp32", "float32"), "fp64": ("fp32", "float64"), "mixed": 
 
 
 def moe_config(a, shape) -> RunConfig:
-    """The plan's question as the RunConfig `train` would run, checked by train's own MoE rules."""
-    from ..config.moe import expert_rules
+    """The plan's question as the RunConfig `train` would run, checked by train's own rules
+    (config.validate on dp x cp x tp ranks): what train refuses, plan refuses in the same words."""
+    from ..config.core import validate
 
-    others = [f"--{k}" for k in ("tp", "pp", "cp") if getattr(a, k) != 1] + (["--zero"] if a.zero else [])
-    if others:
-        raise SimparError(
-            f"plan --arch gpt --experts plans ep inside dp (--dp, --ep); not with {', '.join(others)} yet"
-        )
+    if a.pp != 1:  # its step is no closed form of the simulated clock yet (costmodel/gpt_moe_pipeline.py)
+        raise SimparError("plan --arch gpt --experts plans dp x ep with --cp or --tp; not with --pp yet")
     if a.precision not in PRECISION or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
-    if min(a.dp, a.batch, a.grad_accum) < 1 or min(shape.layers, shape.hidden, shape.heads) < 1:
-        raise SimparError("--dp, --batch, --grad-accum, --n-layers, --hidden and --heads must be at least 1")
-    if a.alltoall not in ("pairwise", "bruck"):
-        raise SimparError(f"unknown --alltoall {a.alltoall!r} (choose from pairwise, bruck)")
     precision, dtype = PRECISION[a.precision]
     cfg = RunConfig(
         arch="gpt",
+        dataset="text",
         blocks=shape.layers,
         hidden=shape.hidden,
         heads=shape.heads,
@@ -49,6 +47,10 @@ def moe_config(a, shape) -> RunConfig:
         vocab=shape.vocab,
         batch=a.batch,
         dp=a.dp,
+        tp=a.tp,
+        cp=a.cp,
+        cp_algo=a.cp_algo,
+        zero=a.zero,
         ep=a.ep,
         experts=a.experts,
         top_k=a.top_k,
@@ -61,17 +63,18 @@ def moe_config(a, shape) -> RunConfig:
         collectives=a.collectives,
         alltoall=a.alltoall,
     )
-    expert_rules(cfg)
-    return cfg
+    return validate(cfg, a.dp * a.cp * a.tp)
 
 
 def plan_gpt_moe(cfg, hw) -> dict:
     """The balanced prediction of one step, and the figures the plan prints."""
-    p = predict_gpt_moe_run(cfg, cfg.dp, 1, hw)
+    world = cfg.dp * cfg.cp * cfg.tp
+    p = predict_from_config(cfg, world, steps=1, hw=hw)  # no routing: a balanced router
     dense, mine = param_counts(cfg)
+    dense = dense_shard(cfg) if cfg.tp > 1 else dense  # a tp rank's shards
     ranks = p["comm"]["ranks"]
     a2a = max(sum(v["sent"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")) for r in ranks)
-    world, prec = cfg.dp, "mixed" if cfg.precision != "fp32" else {"float64": "fp64"}.get(cfg.dtype, "fp32")
+    prec = "mixed" if cfg.precision != "fp32" else {"float64": "fp64"}.get(cfg.dtype, "fp32")
     step = p["time"]["step_s"]
     return {
         **p,
@@ -85,6 +88,7 @@ def plan_gpt_moe(cfg, hw) -> dict:
 
 def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
     L, h, E, K, P, D = cfg.blocks, cfg.hidden, cfg.experts, cfg.top_k, cfg.ep, cfg.dp
+    axes = "".join(f" x {name} {n}" for name, n in (("cp", cfg.cp), ("tp", cfg.tp)) if n > 1)
     mem = p["memory"]["max"]
     total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations_peak"]
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
@@ -93,12 +97,13 @@ def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
         f"model: L={L} h={h} a={cfg.heads} s={cfg.seq_len} V={cfg.vocab}, every block's MLP swapped for "
         f"{E} experts (top-{K}, capacity factor {cfg.capacity_factor:g})  [{shape.source}]",
         f"parameters: {_count(p['params_total'])} in all; a token passes through {K} of {E} experts",
-        f"layout: dp {D} x ep {P} (ep inside dp) = {D} ranks on {hw.name}; batch {cfg.batch} sequences"
-        + (f", {cfg.grad_accum} micro-steps" if cfg.grad_accum > 1 else ""),
+        f"layout: dp {D} x ep {P} (ep inside dp){axes} = {p['world']} ranks on {hw.name}; batch {cfg.batch} "
+        "sequences" + (f", {cfg.grad_accum} micro-steps" if cfg.grad_accum > 1 else ""),
         f"memory per rank: {fmt_si(total)}{limit} = params {fmt_si(mem['params'])} + grads "
         f"{fmt_si(mem['grads'])} + optimizer {fmt_si(mem['optimizer'])} + activations "
         f"{fmt_si(mem['activations_peak'])}; per rank {_count(per['non_expert'])} non-expert parameters "
-        f"(replicated) + {_count(per['experts'])} of its {E // P} experts per block",
+        f"(replicated{', its tp shards' if cfg.tp > 1 else ''}) + {_count(per['experts'])} of its {E // P} "
+        "experts per block",
         f"FLOPs per step: {p['flops_per_step']:.3e} = the dense model's with the MLP's counted {K} times "
         f"(top-{K}) + the router's 6 B s L h E",
         f"all-to-all per rank per step: {fmt_si(p['alltoall_per_rank_per_step'])} (4 per block: dispatch, "

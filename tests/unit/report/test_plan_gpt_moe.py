@@ -52,12 +52,33 @@ def test_memory_flops_and_alltoall_bytes(P, D, precision, bpe):
 
 
 def test_what_it_does_not_plan_is_one_line():
-    with pytest.raises(SimparError, match="ep inside dp .*not with --tp"):
-        ask("--experts", "4", "--tp", "2")
+    with pytest.raises(SimparError, match="not with --pp yet"):
+        ask("--experts", "4", "--pp", "2")
+    with pytest.raises(SimparError, match="--tp 3"):  # train's own rules: whole heads per tp rank
+        ask("--experts", "4", "--tp", "3")
     with pytest.raises(SimparError, match="--ep 3 must divide --dp 4"):
         ask("--experts", "6", "--ep", "3", "--dp", "4")
     with pytest.raises(SimparError, match="--compare and --sweep"):
         plan_main([*SMALL, "--experts", "4", "--compare", "--world", "4"])
+
+
+@pytest.mark.parametrize("axis", ["--tp", "--cp"])
+def test_tp_and_cp_split_the_dense_part_or_the_tokens(axis):
+    """--tp 2: the attention's and vocabulary's shards per rank (the experts whole); --cp 2: half the
+    tokens per rank, so half the all-to-all bytes; the same FLOPs either way."""
+    base = plan_gpt_moe(ask("--experts", "4", "--ep", "2", "--dp", "2"), hardware.load("dgx-h100"))
+    p = plan_gpt_moe(ask("--experts", "4", "--ep", "2", "--dp", "2", axis, "2"), hardware.load("dgx-h100"))
+    assert p["world"] == 4 and p["flops_per_step"] == base["flops_per_step"]
+    assert p["params_per_rank"]["experts"] == base["params_per_rank"]["experts"]
+    L, h, s, V, E = 2, 16, 8, 16, 4
+    if axis == "--tp":  # Wq Wk Wv Wo and their biases h/2 wide, the vocabulary's V/2 rows
+        block = 4 * h * h // 2 + 3 * h // 2 + 5 * h + h * E
+        assert p["params_per_rank"]["non_expert"] == V * h // 2 + s * h + L * block + 2 * h + h * V // 2
+        assert p["alltoall_per_rank_per_step"] == base["alltoall_per_rank_per_step"]
+    else:
+        assert p["params_per_rank"] == base["params_per_rank"]
+        assert p["alltoall_per_rank_per_step"] == pytest.approx(base["alltoall_per_rank_per_step"] / 2)
+    assert 0 < p["time"]["step_s"]
 
 
 def test_the_printed_plan_says_balanced(capsys):
