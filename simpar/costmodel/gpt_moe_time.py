@@ -1,29 +1,27 @@
-"""The step time of the MoE transformer with ep inside dp (--arch gpt --experts E --ep P --dp D) in
+"""The step time of the MoE transformer (--arch gpt --experts E --ep P --dp D, with --cp C or --tp T) in
 closed form, as the simulated clock (--clock sim) charges it: model/moe_charges.py's charges and
-gpt_time.py's embedding, head, loss and optimizer, written again (nothing here imports the model or
-the runtime), with every rank followed through every all-to-all and all-reduce round.
+gpt_time.py's embedding, head, loss, tp collectives and optimizer, written again (nothing here imports
+the model or the runtime), with every rank followed through every all-to-all round, cp hop and
+all-reduce round (moe_rounds.py, cp_hop_time.py).
 
-The routing decides the work: with kept[s][e] the assignments of dp rank s that expert e keeps (per
-block and micro-step: the run's routing histograms, costmodel/gpt_moe.kept_per_micro_step; without
-them balanced routing, n_s K / E each), rank d (ep rank j of the group starting at g = d - j) with
-n_d tokens and A_d = sum_e kept[d][e] kept assignments charges, per block,
-  forward   attention half (n_d), router n_d h E, gathering 2 A_d h; the dispatch all-to-all; each of
-            its experts e on the r_e = sum_{q in group} kept[q][e] rows it received (none: skipped);
-            the combine all-to-all; adding back 3 A_d h
-  backward  gate gradients 4 A_d h; combine-grad all-to-all; its experts' backward; dispatch-grad
-            all-to-all; adding dx back 3 A_d h, the router's two matmuls, the attention half's backward
-An all-to-all blocks on the ep group's stream. Pairwise (collectives/alltoall.py): in round r = 1..P-1
-ep rank q sends its piece to q + r and receives from q - r; a round ends when its own message has left
-(start + bytes / bw) and its peer's has arrived (the peer's round start + bytes / bw + alpha), so
-imbalanced experts make ranks wait on one another round by round. Bruck (collectives/bruck.py): the
-same recurrence over its ceil(log2 P) rounds, each rank forwarding the pieces it holds. Messages take
-the ep group's link as the clock gives them (hardware.group_link of P consecutive ranks, no NCCL
-protocol: the all-to-all is point-to-point). At the end of the step the non-expert gradients are
-ring all-reduced over the D dp ranks, then each rank's experts' over its D/P expert-data-parallel
-ranks (stride P): both rings followed rank by rank from when each rank reaches them (ring_time.py's
-rule, both halves in one call, NCCL's protocol chosen once per call on GPU profiles), then the
-optimizer. Each step starts together and ends with its slowest rank; the metrics report the median
-step, and so does this.
+The routing decides the work: with kept[d][e] the assignments of dp rank d (with --cp: of rank (d, c))
+that expert e keeps (per block and micro-step: the run's routing histograms, gpt_moe.kept_per_micro_step
+or cp_moe.micro_kept; without them balanced routing, n K / E each), a rank with n tokens, A = sum_e
+kept[d][e] kept assignments and ep rank j of its group charges, per block,
+  forward   [--cp: its cp group's hops] attention half (n; --tp: its share, then g's all-reduce),
+            router n h E, gathering 2 A h; the dispatch all-to-all; each of its experts e on the
+            r_e = sum_{q in group} kept[q][e] rows it received (none: skipped); the combine
+            all-to-all; adding back 3 A h
+  backward  gate gradients 4 A h; combine-grad all-to-all; its experts' backward; dispatch-grad
+            all-to-all; adding dx back 3 A h, the router's two matmuls, [--cp: the hops backward]
+            the attention half's backward (--tp: f's all-reduce)
+An all-to-all blocks on the ep group (the ranks of one cp and tp coordinate, consecutive dp ranks), so
+imbalanced experts make ranks wait on one another round by round. A tp group's ranks do the same work
+(the MoE part is replicated on them: parallel/expert_tensor_gpt.py), so its collectives cost each rank
+gpt_time.tp_collectives' seconds. After backward the dense gradients (a tp rank's shards) are ring
+all-reduced over dp (x cp), then each rank's experts over their replicas (edp, x cp), both followed
+rank by rank from when each rank reaches them; then the optimizer. Each step starts together and ends
+with its slowest rank; the metrics report the median step, and so does this.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ import numpy as np
 from .chunktime import collective_gamma
 from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
+from .moe_rounds import ALLTOALL_ENDS, members_link, ring_allreduce_ends
 from .spec import precision_of, split
 
 # model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
@@ -40,89 +39,6 @@ ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
 ATTN_BWD_WHOLE, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 25, 9, 4
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
-
-
-def pairwise_ends(starts: list, rows: list, row_bytes: int, link) -> list:
-    """When each of P ranks ends a pairwise all-to-all started at starts[q]; rows[a][b]: rows a sends b."""
-    P, t = len(starts), list(starts)
-    for r in range(1, P):
-        t = [
-            max(
-                t[q] + rows[q][(q + r) % P] * row_bytes / link.bw,
-                t[(q - r) % P] + rows[(q - r) % P][q] * row_bytes / link.bw + link.alpha,
-            )
-            for q in range(P)
-        ]
-    return t
-
-
-def bruck_ends(starts: list, rows: list, row_bytes: int, link) -> list:
-    """The same for Bruck's all-to-all: in round k rank q sends q + 2^k, in one message, the pieces
-    it holds at positions j with bit k set (collectives/bruck.py; their sizes followed round by round)."""
-    P, t = len(starts), list(starts)
-    held = [[rows[q][(q + j) % P] for j in range(P)] for q in range(P)]
-    for k in range((P - 1).bit_length()):
-        hop = 1 << k
-        moving = [j for j in range(1, P) if j & hop]
-        out = [sum(held[q][j] for j in moving) * row_bytes for q in range(P)]
-        t = [
-            max(t[q] + out[q] / link.bw, t[(q - hop) % P] + out[(q - hop) % P] / link.bw + link.alpha)
-            for q in range(P)
-        ]
-        held = [[held[(q - hop) % P][j] if j in moving else held[q][j] for j in range(P)] for q in range(P)]
-    return t
-
-
-ALLTOALL_ENDS = {"pairwise": pairwise_ends, "bruck": bruck_ends}
-
-
-def ring_allreduce_ends(n: int, bpe: int, starts: list, link, gamma: float) -> list:
-    """When each of p ranks ends a blocking ring all-reduce (reduce-scatter then all-gather, one call:
-    collectives/ring.py) of n elements started at starts[r]; ring_time.ring_ends' round rule."""
-    p = len(starts)
-    if p == 1:
-        return list(starts)
-    sizes = np.array([chunk(n, p, i) * bpe for i in range(p)], dtype=float)
-    alpha, bw, cursor = link.alpha, link.bw, np.array(starts, dtype=float)
-    tuning = getattr(link, "tuning", None)
-    if tuning is not None and tuning.proto:  # NCCL's protocol for this call (simclock.collective_timing)
-        timing = tuning.choose("all-reduce", -(-n // p) * bpe, nvls=False)
-        alpha, bw, cursor = timing.hop, timing.bw, cursor + timing.base
-    ranks = np.arange(p)
-    for scatter in (True, False):
-        for k in range(p - 1):
-            sent = (ranks - k - 1) % p if scatter else (ranks - k) % p
-            left = cursor + sizes[sent] / bw
-            cursor = np.maximum(left, np.roll(left + alpha, 1))
-            if scatter:
-                cursor = cursor + sizes[np.roll(sent, 1)] * gamma
-    return cursor.tolist()
-
-
-def members_link(hw, members: list):
-    """hardware.group_link's rule for a group given by its world ranks (the edpcp group under --cp is
-    no single stride): intra-node when on one node, else the node's NICs shared by G / m flows, m the
-    group's members on a node (an even spread assumed, as group_link does)."""
-    from . import nccl
-    from .hardware import Link, tuning
-
-    G, size = hw.devices_per_node, len(members)
-    on_node: dict = {}
-    for w in members:
-        on_node[w // G] = on_node.get(w // G, 0) + 1
-    if len(on_node) == 1 or hw.nics_per_node <= 0:
-        return Link(
-            hw.intra_name, hw.intra_alpha, hw.intra_bw, tuning(hw, size, 1, hw.intra_bw, hw.intra_alpha)
-        )
-    m = max(on_node.values())
-    flows = max(1, G // m)
-    if hw.ring_proto:
-        per_flow = nccl.rail_bandwidth(hw.intra_bw, hw.nic_bw, hw.nics_per_node, m, flows)
-    else:
-        per_flow = min(hw.nic_bw, hw.nics_per_node * hw.nic_bw / flows)
-    return Link(
-        hw.inter_name, hw.inter_alpha, per_flow, tuning(hw, size, len(on_node), per_flow, hw.inter_alpha)
-    )
 
 
 class Layout:

@@ -1,6 +1,6 @@
-"""costmodel/gpt_moe_time.py's pieces against closed forms written here: the all-to-alls round by round,
-the ring all-reduce from uneven starts (== the dense cost model's price when the ranks start together),
-and a balanced dp2 x ep2 step on a profile that charges only matmuls and messages.
+"""costmodel/moe_rounds.py and gpt_moe_time.py against closed forms written here: the all-to-alls
+round by round, the ring all-reduce from uneven starts (== the dense cost model's price when the ranks
+start together), and a balanced dp2 x ep2 step on a profile that charges only matmuls and messages.
 (predict == simulate on real runs: tests/mpi/runtime/test_moe_simclock.py.)"""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from simpar.config import RunConfig
 from simpar.costmodel import hardware
 from simpar.costmodel.chunktime import collective_gamma, seconds
 from simpar.costmodel.collectives import ring_allreduce, to_bytes
-from simpar.costmodel.gpt_moe_time import bruck_ends, pairwise_ends, ring_allreduce_ends
 from simpar.costmodel.hardware import Hardware, Link
+from simpar.costmodel.moe_rounds import bruck_ends, pairwise_ends, ring_allreduce_ends
 from simpar.costmodel.predict import predict_from_config
 
 LINK = Link("test", 1e-6, 1e9)
