@@ -42,16 +42,19 @@ PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 
 class Layout:
-    """World rank w = (d C + c) T + k (pp = 1; --cp and --tp not together): its coordinates, its ep,
-    cp, tp and gradient groups (dense: dp x cp at one tp index; experts: edp x cp), and their links."""
+    """World rank w = offset + (d C + c) T + k (--cp and --tp not together; offset: a pipeline stage's
+    first rank): its coordinates, its ep, cp, tp and gradient groups (dense: dp x cp at one tp index;
+    experts: edp x cp), as local indices, and their links (from the members' world ranks)."""
 
-    def __init__(self, cfg, D: int, hw):
+    def __init__(self, cfg, D: int, hw, offset: int = 0):
         C, T, P = getattr(cfg, "cp", 1), cfg.tp, cfg.ep
         self.D, self.C, self.T, self.P, self.W = D, C, T, P, D * C * T
         ranks = range(self.W)
-        self.d = [w // (C * T) for w in ranks]
-        self.c = [w // T % C for w in ranks]
-        self.k = [w % T for w in ranks]
+        self.d, self.c, self.k = (
+            [w // (C * T) for w in ranks],
+            [w // T % C for w in ranks],
+            [w % T for w in ranks],
+        )
         place = lambda d, c, k: (d * C + c) * T + k  # noqa: E731
         self.ep = [
             [place(g + q, c, k) for q in range(P)] for c in range(C) for k in range(T) for g in range(0, D, P)
@@ -62,7 +65,201 @@ class Layout:
             [w for w in ranks if self.k[w] == k and self.d[w] % P == j] for j in range(P) for k in range(T)
         ]
         groups = {"ep": self.ep, "cp": self.cp, "dp": self.dp, "edp": self.edp, "tp": [list(range(T))]}
-        self.links = {name: members_link(hw, members[0]) for name, members in groups.items()}
+        self.links = {name: members_link(hw, [offset + w for w in g[0]]) for name, g in groups.items()}
+
+
+class MoEWork:
+    """What the ranks of one Layout charge for a micro-step's units lo..hi-1, forward or backward, each
+    rank on its own clock (`now`, `compute`: lists over the Layout's ranks; the module docstring)."""
+
+    def __init__(self, cfg, D: int, hw, bpe: int, world: int, offset: int = 0):
+        from .chunktime import seconds
+        from .collectives import to_bytes
+
+        self.cfg, self.hw, self.bpe, self.lay = cfg, hw, bpe, Layout(cfg, D, hw, offset)
+        C, T = self.lay.C, self.lay.T
+        h, s, E, V = cfg.hidden, cfg.seq_len, cfg.experts, cfg.vocab
+        self.keys = s if C == 1 else 0  # under --cp the scores are charged hop by hop (cp_hop_time)
+        self.rate, self.stream, self.overhead = clock_rates(
+            hw, precision_of(cfg), min(world, hw.devices_per_node)
+        )
+        self.exchange, self.gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
+        self.dense_block = (
+            4 * h * h // T + 3 * h // T + 5 * h + h * E
+        )  # its tp shard (gpt_moe_tp.dense_shard)
+        self.edge = [V * h // T + s * h, 2 * h + h * V // T]  # the embedding's and head's (vocabulary) shards
+        link = self.lay.links["tp"]
+        self.tp_secs = lambda cost, eb, ring: (  # noqa: E731  gpt_time.tp_collectives' pricing, tp link
+            seconds(to_bytes(cost, eb), link, self.gamma, ring, False) if cost.messages else 0.0
+        )
+
+    def micro_step(self, seqs: int, blocks: list) -> dict:
+        """A micro-step of `seqs` global sequences and its kept[c][d][e] per block: what each rank does."""
+        from .gpt_time import tp_collectives
+
+        cfg, lay, P, E = self.cfg, self.lay, self.lay.P, self.cfg.experts
+        W, C, per = lay.W, lay.C, E // P
+        b = [chunk(seqs, lay.D, lay.d[w]) for w in range(W)]  # the rank's sequences, s / C tokens each
+        n = [b[w] * cfg.seq_len // C for w in range(W)]
+
+        def received(kept, w):  # rows each of rank w's experts gets from its ep group
+            d, j = lay.d[w], lay.d[w] % P
+            return [
+                sum(kept[lay.c[w]][d - j + q][e] for q in range(P)) for e in range(j * per, (j + 1) * per)
+            ]
+
+        return {
+            "b": b,
+            "n": n,
+            "units": [
+                unit_seconds(cfg, n[w], self.edge, self.bpe, self.rate, self.stream, self.overhead)
+                for w in range(W)
+            ],
+            "tp": [tp_collectives(cfg, n[w], lay.k[w], self.bpe, self.tp_secs) for w in range(W)],
+            "kept": blocks,
+            "A": [[sum(kept[lay.c[w]][lay.d[w]]) for w in range(W)] for kept in blocks],
+            "received": [[received(kept, w) for w in range(W)] for kept in blocks],
+        }
+
+    def attention(self, n, backward):  # the attention half (model/moe_charges.charge_attention)
+        h, a, T, keys, r, bpe = self.cfg.hidden, self.cfg.heads, self.lay.T, self.keys, self.rate, self.bpe
+        hl, al = h // T, a // T
+        flops = 2 * n * (3 * h * hl + hl * h + 2 * hl * keys) / r
+        if backward:
+            elems = (ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * n
+            return 2 * flops + (elems + ACCUMULATE * self.dense_block) * bpe * self.stream
+        elems = (ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * n
+        return flops + elems * bpe * self.stream + self.overhead
+
+    def expert(self, rows, backward):  # one expert on the rows it received (none: skipped)
+        h, r, m = self.cfg.hidden, self.rate, self.bpe * self.stream
+        if rows == 0:
+            return 0.0
+        if backward:
+            return (
+                32 * rows * h * h / r + (EXPERT_BWD_ELEMS * rows * h + ACCUMULATE * (8 * h * h + 5 * h)) * m
+            )
+        return 16 * rows * h * h / r + EXPERT_FWD_ELEMS * rows * h * m
+
+    def all_to_all(self, now, kept, transpose: bool):  # every ep group, each rank from its own clock
+        lay, per, h = self.lay, self.cfg.experts // self.lay.P, self.cfg.hidden
+        for group in lay.ep:
+            rows = [
+                [sum(kept[lay.c[w]][lay.d[w]][t * per : (t + 1) * per]) for t in range(lay.P)] for w in group
+            ]
+            rows = [list(col) for col in zip(*rows)] if transpose else rows
+            for w, end in zip(
+                group, self.exchange([now[w] for w in group], rows, h * self.bpe, lay.links["ep"])
+            ):
+                now[w] = end
+
+    def cp_attention(self, now, b, backward):  # the hops of every cp group, each rank from its own clock
+        from .cp_hop_time import attention_ends
+
+        cfg, C = self.cfg, self.lay.C
+        for group in self.lay.cp if C > 1 else []:
+            args = (b[group[0]], cfg.seq_len // C, cfg.hidden, cfg.heads, self.bpe, self.rate, self.stream)
+            ends = attention_ends(cfg.cp_algo, [now[w] for w in group], *args, self.lay.links["cp"], backward)
+            for w, end in zip(group, ends):
+                now[w] = end
+
+    def forward(self, now, compute, ms, lo: int, hi: int) -> None:
+        """Units lo..hi-1 forward (the head's chunk: the loss too), every rank of the Layout."""
+        from .cp_time import ring_seconds, ulysses_seconds
+
+        cfg, W, L, C = self.cfg, self.lay.W, self.cfg.blocks, self.lay.C
+        h, E, m = cfg.hidden, cfg.experts, self.bpe * self.stream
+        hops = ring_seconds if getattr(cfg, "cp_algo", "ring") == "ring" else ulysses_seconds
+
+        def charge(w, seconds):
+            now[w] += seconds
+            compute[w] += seconds
+
+        for u in range(lo, hi):
+            if u == 0:
+                for w in range(W):
+                    charge(w, ms["units"][w][0][0])
+                    now[w] += ms["tp"][w][0][0]  # the embedding's all-reduce over the vocabulary shards
+                continue
+            if u == L + 1:
+                for w in range(W):
+                    fwd, _, loss = ms["units"][w]
+                    charge(w, fwd[1] + loss)
+                    now[w] += ms["tp"][w][0][-1] + ms["tp"][w][2]  # the head's and loss's (vocab_parallel.py)
+                continue
+            i, kept = u - 1, ms["kept"][u - 1]
+            self.cp_attention(now, ms["b"], False)
+            for w in range(W):
+                n = ms["n"][w]
+                if C > 1:  # the hops' own compute, for the compute share (their time: cp_attention)
+                    compute[w] += hops(
+                        ms["b"][w],
+                        cfg.seq_len // C,
+                        h,
+                        cfg.heads,
+                        C,
+                        self.bpe,
+                        self.rate,
+                        self.stream,
+                        self.lay.links["cp"],
+                    )[2]
+                charge(
+                    w,
+                    self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * ms["A"][i][w] * h * m,
+                )
+                now[w] += ms["tp"][w][0][u] / 2  # attention's g (tp_collectives: 2 a dense block)
+            self.all_to_all(now, kept, False)  # ep-dispatch
+            for w in range(W):
+                charge(w, sum(self.expert(r, False) for r in ms["received"][i][w]))
+            self.all_to_all(now, kept, True)  # ep-combine
+            for w in range(W):
+                charge(w, COMBINE_ELEMS * ms["A"][i][w] * h * m)
+
+    def backward(self, now, compute, ms, lo: int, hi: int) -> None:
+        """Units hi-1..lo backward, every rank of the Layout."""
+        cfg, W, L = self.cfg, self.lay.W, self.cfg.blocks
+        h, E, m = cfg.hidden, cfg.experts, self.bpe * self.stream
+
+        def charge(w, seconds):
+            now[w] += seconds
+            compute[w] += seconds
+
+        for u in reversed(range(lo, hi)):
+            if u in (0, L + 1):  # the embedding's backward (no collective), the head's (its f)
+                for w in range(W):
+                    charge(w, ms["units"][w][1][0 if u == 0 else 1])
+                    now[w] += ms["tp"][w][1][0 if u == 0 else -1]
+                continue
+            i, kept = u - 1, ms["kept"][u - 1]
+            for w in range(W):
+                charge(w, GATE_GRAD_ELEMS * ms["A"][i][w] * h * m)
+            self.all_to_all(now, kept, False)  # ep-combine-grad
+            for w in range(W):
+                charge(w, sum(self.expert(r, True) for r in ms["received"][i][w]))
+            self.all_to_all(now, kept, True)  # ep-dispatch-grad
+            for w in range(W):
+                charge(w, SCATTER_ELEMS * ms["A"][i][w] * h * m + 4 * ms["n"][w] * h * E / self.rate)
+            self.cp_attention(now, ms["b"], True)
+            for w in range(W):
+                charge(w, self.attention(ms["n"][w], True))
+                now[w] += ms["tp"][w][1][u] / 2  # attention's f, backward
+
+    def allreduce(self, now, n_params: int, grad_bpe: int, experts: bool) -> None:
+        """One blocking ring all-reduce on every dense (dp x cp) or expert (edp x cp) group."""
+        lay = self.lay
+        groups, link = (lay.edp, lay.links["edp"]) if experts else (lay.dp, lay.links["dp"])
+        for group in groups:
+            ends = ring_allreduce_ends(n_params, grad_bpe, [now[w] for w in group], link, self.gamma)
+            for w, end in zip(group, ends):
+                now[w] = end
+
+
+def median_step(steps: list, computes: list) -> dict:
+    """The metrics' figure: the median step over steps (and the compute of that step)."""
+    middle = int(np.argsort(steps)[len(steps) // 2]) if len(steps) % 2 else None
+    step_s = float(np.median(steps))
+    compute_s = computes[middle] if middle is not None else float(np.median(computes))
+    return {"step_s": step_s, "compute_s": compute_s, "comm_s": step_s - compute_s, "steps_s": steps}
 
 
 def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int, grad_bpe: int) -> dict:
@@ -71,147 +268,21 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
     step-major, kept[d][e] (gpt_moe.kept_per_micro_step) or with --cp C kept[c][d][e]
     (cp_moe.micro_kept); param_counts: (non-expert parameters of one rank -- its tp shards --, its
     experts)."""
-    from .chunktime import seconds
-    from .collectives import to_bytes
-    from .cp_hop_time import attention_ends
-    from .cp_time import ring_seconds, ulysses_seconds
-    from .gpt_time import tp_collectives
-
-    lay = Layout(cfg, D, hw)
-    C, T, W, P = lay.C, lay.T, lay.W, lay.P
+    C = getattr(cfg, "cp", 1)
     if C == 1:
         micro = [(k, [[kept] for kept in blocks]) for k, blocks in micro]
-    G, E, h, a, s, L, V = (
-        cfg.grad_accum,
-        cfg.experts,
-        cfg.hidden,
-        cfg.heads,
-        cfg.seq_len,
-        cfg.blocks,
-        cfg.vocab,
-    )
-    per, keys = E // P, s if C == 1 else 0  # under --cp the scores are charged hop by hop (cp_hop_time)
-    hl, al = h // T, a // T  # a tp rank's share of the attention (expert_tensor_gpt.py)
-    rate, stream, overhead = clock_rates(hw, precision_of(cfg), min(W, hw.devices_per_node))
-    exchange, gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
-    dense_block = 4 * h * h // T + 3 * h // T + 5 * h + h * E  # its tp shard (gpt_moe_tp.dense_shard)
-    expert_params, seqs = 8 * h * h + 5 * h, split(cfg.batch, G)
-    edge = [V * h // T + s * h, 2 * h + h * V // T]  # the embedding's and head's (vocabulary) shards
-    hops = ring_seconds if getattr(cfg, "cp_algo", "ring") == "ring" else ulysses_seconds
-
-    def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
-        return (
-            seconds(to_bytes(cost, elem_bytes), lay.links["tp"], gamma, as_ring, False)
-            if cost.messages
-            else 0.0
-        )
-
-    def attention(n, backward):  # the attention half (model/moe_charges.charge_attention)
-        flops = 2 * n * (3 * h * hl + hl * h + 2 * hl * keys) / rate
-        if backward:
-            elems = (ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * n
-            return 2 * flops + (elems + ACCUMULATE * dense_block) * bpe * stream
-        elems = (ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * n
-        return flops + elems * bpe * stream + overhead
-
-    def expert(r, backward):  # one expert on the r rows it received (none: skipped)
-        if r == 0:
-            return 0.0
-        if backward:
-            return (
-                32 * r * h * h / rate + (EXPERT_BWD_ELEMS * r * h + ACCUMULATE * expert_params) * bpe * stream
-            )
-        return 16 * r * h * h / rate + EXPERT_FWD_ELEMS * r * h * bpe * stream
-
-    steps, computes, optimizer_s = [], [], optimizer_seconds(cfg, sum(param_counts), bpe, stream)
+    work = MoEWork(cfg, D, hw, bpe, D * C * cfg.tp)
+    G, W, seqs = cfg.grad_accum, work.lay.W, split(cfg.batch, cfg.grad_accum)
+    steps, computes = [], []
+    optimizer_s = optimizer_seconds(cfg, sum(param_counts), bpe, work.stream)
     for first in range(0, len(micro), G):
         now, compute = [0.0] * W, [0.0] * W
-
-        def charge(w, seconds):
-            now[w] += seconds
-            compute[w] += seconds
-
-        def mine(kept, w):  # rank w's kept assignments per expert (its dp and cp coordinates')
-            return kept[lay.c[w]][lay.d[w]]
-
-        def all_to_all(kept, transpose: bool):  # every ep group, each rank from its own clock
-            for group in lay.ep:
-                rows = [[sum(mine(kept, w)[t * per : (t + 1) * per]) for t in range(P)] for w in group]
-                rows = [list(col) for col in zip(*rows)] if transpose else rows
-                for w, end in zip(group, exchange([now[w] for w in group], rows, h * bpe, lay.links["ep"])):
-                    now[w] = end
-
-        def cp_attention(b, backward):  # the hops of every cp group, each rank from its own clock
-            for group in lay.cp if C > 1 else []:
-                starts, link = [now[w] for w in group], lay.links["cp"]
-                ends = attention_ends(
-                    cfg.cp_algo, starts, b[group[0]], s // C, h, a, bpe, rate, stream, link, backward
-                )
-                for w, end in zip(group, ends):
-                    now[w] = end
-
         for k, blocks in micro[first : first + G]:
-            b = [chunk(seqs[k], D, lay.d[w]) for w in range(W)]  # the rank's sequences, s / C tokens each
-            n = [b[w] * s // C for w in range(W)]
-            units = [unit_seconds(cfg, n[w], edge, bpe, rate, stream, overhead) for w in range(W)]
-            tp_c = [tp_collectives(cfg, n[w], lay.k[w], bpe, tp_secs) for w in range(W)]
-            A = [[sum(mine(kept, w)) for w in range(W)] for kept in blocks]
-            received = [
-                [
-                    [
-                        sum(kept[lay.c[w]][lay.d[w] - lay.d[w] % P + q][e] for q in range(P))
-                        for e in range(lay.d[w] % P * per, (lay.d[w] % P + 1) * per)
-                    ]
-                    for w in range(W)
-                ]
-                for kept in blocks
-            ]
-            for w in range(W):
-                charge(w, units[w][0][0])
-                now[w] += tp_c[w][0][0]  # the embedding's all-reduce over the vocabulary shards
-                if C > 1:  # the hops' own compute, for the compute share (their time: cp_attention)
-                    compute[w] += L * hops(b[w], s // C, h, a, C, bpe, rate, stream, lay.links["cp"])[2]
-            for i, kept in enumerate(blocks):
-                cp_attention(b, False)
-                for w in range(W):
-                    router = 2 * n[w] * h * E / rate
-                    charge(w, attention(n[w], False) + router + PACK_ELEMS * A[i][w] * h * bpe * stream)
-                    now[w] += tp_c[w][0][1] / 2  # attention's g (tp_collectives: 2 a dense block)
-                all_to_all(kept, False)  # ep-dispatch
-                for w in range(W):
-                    charge(w, sum(expert(r, False) for r in received[i][w]))
-                all_to_all(kept, True)  # ep-combine
-                for w in range(W):
-                    charge(w, COMBINE_ELEMS * A[i][w] * h * bpe * stream)
-            for w in range(W):
-                fwd, bwd, loss = units[w]
-                charge(w, fwd[1] + loss + bwd[1])
-                now[w] += tp_c[w][0][-1] + tp_c[w][2] + tp_c[w][1][-1]  # head, loss (vocab_parallel.py)
-            for i, kept in reversed(list(enumerate(blocks))):
-                for w in range(W):
-                    charge(w, GATE_GRAD_ELEMS * A[i][w] * h * bpe * stream)
-                all_to_all(kept, False)  # ep-combine-grad
-                for w in range(W):
-                    charge(w, sum(expert(r, True) for r in received[i][w]))
-                all_to_all(kept, True)  # ep-dispatch-grad
-                for w in range(W):
-                    charge(w, SCATTER_ELEMS * A[i][w] * h * bpe * stream + 4 * n[w] * h * E / rate)
-                cp_attention(b, True)
-                for w in range(W):
-                    charge(w, attention(n[w], True))
-                    now[w] += tp_c[w][1][1] / 2  # attention's f, backward
-            for w in range(W):
-                charge(w, units[w][1][0])
-                now[w] += tp_c[w][1][0]
-        for groups, n_params in ((lay.dp, param_counts[0]), (lay.edp, param_counts[1])):
-            for group in groups:  # dense shards over dp (x cp), then each expert's replicas
-                link = lay.links["dp" if groups is lay.dp else "edp"]
-                ends = ring_allreduce_ends(n_params, grad_bpe, [now[w] for w in group], link, gamma)
-                for w, end in zip(group, ends):
-                    now[w] = end
+            ms = work.micro_step(seqs[k], blocks)
+            work.forward(now, compute, ms, 0, cfg.blocks + 2)
+            work.backward(now, compute, ms, 0, cfg.blocks + 2)
+        work.allreduce(now, param_counts[0], grad_bpe, False)  # dense shards over dp (x cp)
+        work.allreduce(now, param_counts[1], grad_bpe, True)  # then each expert's replicas
         steps.append(max(now) + optimizer_s)
         computes.append(max(compute) + optimizer_s)
-    middle = int(np.argsort(steps)[len(steps) // 2]) if len(steps) % 2 else None
-    step_s = float(np.median(steps))
-    compute_s = computes[middle] if middle is not None else float(np.median(computes))
-    return {"step_s": step_s, "compute_s": compute_s, "comm_s": step_s - compute_s, "steps_s": steps}
+    return median_step(steps, computes)
