@@ -33,6 +33,14 @@ def moe_rules(cfg, defaults) -> None:
         )
 
 
+def pp_sim_priced(cfg) -> bool:
+    """costmodel/gpt_moe_pipeline.sim_priced's test, written here too (config never imports the cost
+    model): --recompute none, a schedule without the W split, no --sp (collectives: checked apart)."""
+    return (
+        cfg.recompute == "none" and cfg.schedule in ("naive", "gpipe", "1f1b", "interleaved") and not cfg.sp
+    )
+
+
 def expert_rules(cfg) -> None:
     """--experts/--ep: what the MoE layers and expert parallelism need, and what they do not support."""
     require(cfg.experts >= 2 or cfg.ep == 1, f"--ep {cfg.ep} shards experts: add --experts E (E >= 2)")
@@ -78,9 +86,13 @@ def expert_rules(cfg) -> None:
             for name, on in (
                 # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
                 ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
-                # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp or --tp, ring all-reduces
-                ("--clock sim with --pp", cfg.clock == "sim" and cfg.pp > 1),
+                # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp or --tp (ring
+                # all-reduces), gpt_moe_pipeline_time.py --pp where gpt_moe_pipeline.sim_priced says
                 ("--clock sim with --cp and --tp", cfg.clock == "sim" and cfg.cp > 1 and cfg.tp > 1),
+                (
+                    "--clock sim with --pp and --recompute, zb-h1/zb-v or --sp",
+                    cfg.clock == "sim" and cfg.pp > 1 and not pp_sim_priced(cfg),
+                ),
                 (
                     f"--clock sim with --collectives {cfg.collectives}",
                     cfg.clock == "sim" and cfg.collectives != "ring",

@@ -18,8 +18,9 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
   activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
                b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
                head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
-  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
-               bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
+  time         where sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
+               through the schedule); otherwise a rough estimate: the busiest stage's FLOPs stretched
+               by the bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
     h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
     block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, (E // P) * (8 * h * h + 5 * h))
     return [(V * h // T + s * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V // T, 0)]
+
+
+def sim_priced(cfg) -> bool:
+    """Whether gpt_moe_pipeline_time.py prices this layout's step as --clock sim charges it: ring
+    all-reduces, no recomputation, no zero-bubble split, no --cp or --sp (config/moe.py refuses
+    --clock sim for the rest)."""
+    return (
+        cfg.collectives == "ring"
+        and cfg.recompute == "none"
+        and cfg.schedule in ("naive", "gpipe", "1f1b", "interleaved")
+        and getattr(cfg, "cp", 1) == 1
+        and not cfg.sp
+    )
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:
@@ -195,6 +209,12 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     compute_s = moe_flops(rows) / (S * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
+        from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
+
+        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -202,7 +222,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         ranks,
         memory,
         total,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe_flops(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, seqs[0] * s),

@@ -275,9 +275,9 @@ CASES = [
     ),
     (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
     (
-        dict(arch="gpt", dataset="copy", experts=2, pp=2, clock="sim"),
-        2,
-        GPT_MOE + "--clock sim with --pp",
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, clock="sim"),
+        4,
+        GPT_MOE + "--cp with --tp or --pp, --clock sim with --cp and --tp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
