@@ -1,5 +1,5 @@
-"""The MoE transformer (--arch gpt --experts E: dp x ep, with --cp or --tp) on the simulated clock:
-predict == simulate.
+"""The MoE transformer (--arch gpt --experts E: dp x ep, with --cp, --tp or --pp) on the simulated
+clock: predict == simulate.
 
 model/moe_charges.py charges each block's attention half, router, experts (on the rows they received)
 and routing passes; the all-to-alls block on the ep group's stream, the gradient all-reduces on dp's
@@ -10,7 +10,8 @@ collectives are added. One tour launch runs every MoE layout 4 ranks offer under
 dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, cp2, cp4, dp2 x cp2, dp2 x cp2 x ep2,
 cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp, ep and edp groups cross nodes);
 two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's all-to-all over ep 4 in bfloat16 on
-the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node.
+the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; two pipelines (every rank of a stage
+on its own clock through the schedule: costmodel/gpt_moe_pipeline_time.py).
 """
 
 from __future__ import annotations
@@ -79,3 +80,23 @@ def test_uneven_routing_agrees(tmp_path, name):
     computes = [r["compute_s"] for r in m["time"]["sim"]["per_rank"]]
     assert max(computes) > min(computes), computes  # imbalanced experts: the waits matter
     assert_agrees(m, name)
+
+
+# MoE blocks on pipeline stages (gpt_moe_pipeline_time.py): interleaved pp2 x dp2 x ep2 on nodes of two
+# with top-1 drops (the ranks of a stage apart), and pp2 x tp2 with gpipe and accumulation on `local`.
+PIPELINES = {
+    "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"],
+    "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local"],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(PIPELINES))
+def test_moe_pipeline_stages_agree(tmp_path, schedule):
+    path = tmp_path / "m.json"
+    extra = PIPELINES[schedule]
+    hw = [] if "--hardware" in extra else ["--hardware", hardware_option(tmp_path, "two-per-node")]
+    args = ["train", *SHAPE, "--experts", "4", "--pp", "2", "--schedule", schedule, "--microbatches", "4"]
+    args += [*extra, *hw, "--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
+    res = run(4, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_agrees(json.loads(path.read_text()), schedule)

@@ -83,3 +83,18 @@ def test_a_balanced_step_in_closed_form():
     t = predict_from_config(cfg, 2, steps=1, hw=MATMULS)["time"]
     assert t["step_s"] == pytest.approx(compute + alltoall + allreduce, rel=1e-12)
     assert t["compute_s"] == pytest.approx(compute, rel=1e-12)
+
+
+def test_a_naive_pipeline_in_closed_form():
+    """pp 2, one rank a stage, the naive schedule (one micro-batch through both stages and back before
+    the next), M = 2, balanced top-2 of 4 experts all local, only matmuls and messages cost: each
+    micro-batch's forward and backward FLOPs in a row, plus two boundary messages of n h 8 bytes."""
+    L, h, a, s, V, E, K, B, M = 2, 16, 4, 8, 16, 4, 2, 8, 2
+    cfg = RunConfig(arch="gpt", dataset="copy", blocks=L, hidden=h, heads=a, seq_len=s, vocab=V, batch=B)
+    cfg.dtype, cfg.pp, cfg.experts, cfg.top_k, cfg.capacity_factor = "float64", 2, E, K, 2.0
+    cfg.schedule, cfg.microbatches = "naive", M
+    n = B * s // M  # tokens of a micro-batch
+    fwd = 2 * n * (L * (4 * h * h + 2 * s * h + h * E + 8 * K * h * h) + h * V)
+    boundary = 2 * (2e-6 + n * h * 8 / 2e8)
+    t = predict_from_config(cfg, 2, steps=1, hw=MATMULS)["time"]
+    assert t["step_s"] == pytest.approx(M * (3 * fwd / 1e9 + boundary), rel=1e-12)
