@@ -7,9 +7,10 @@ parameters, memory per rank, FLOPs, all-to-all bytes, step time and MFU, before 
 The numbers are the closed forms `train` predicts a run with (costmodel/gpt_moe.py, gpt_moe_time.py),
 for a BALANCED router: every rank's n tokens spread evenly, n K / E assignments per expert, none
 dropped (the real router's histograms make a run's exact prediction; an imbalanced one moves more
-bytes through the hottest expert's rank and waits for it). Layouts: dp x ep, with --cp (cp_moe.py) or
---tp (gpt_moe_tp.py) as train runs them (not --pp: its step is no closed form of the simulated clock
-yet). This file checks the question and words the answer.
+bytes through the hottest expert's rank and waits for it). Layouts: what `train --clock sim` runs --
+dp x ep, with --cp (cp_moe.py), --tp (gpt_moe_tp.py) or --pp (gpt_moe_pipeline.py) -- checked by the
+same rules, so the plan refuses what a simulated run would. This file checks the question and words
+the answer.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ PRECISION = {"fp32": ("fp32", "float32"), "fp64": ("fp32", "float64"), "mixed": 
 
 def moe_config(a, shape) -> RunConfig:
     """The plan's question as the RunConfig `train` would run, checked by train's own rules
-    (config.validate on dp x cp x tp ranks): what train refuses, plan refuses in the same words."""
+    (config.validate on dp x cp x tp x pp ranks, under --clock sim: the time is the simulated clock's
+    closed form), so what a simulated run refuses, plan refuses in the same words."""
     from ..config.core import validate
 
-    if a.pp != 1:  # its step is no closed form of the simulated clock yet (costmodel/gpt_moe_pipeline.py)
-        raise SimparError("plan --arch gpt --experts plans dp x ep with --cp or --tp; not with --pp yet")
     if a.precision not in PRECISION or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
     precision, dtype = PRECISION[a.precision]
@@ -50,6 +50,12 @@ def moe_config(a, shape) -> RunConfig:
         tp=a.tp,
         cp=a.cp,
         cp_algo=a.cp_algo,
+        pp=a.pp,
+        schedule=a.schedule,
+        microbatches=a.microbatches,
+        virtual_stages=a.virtual_stages,
+        recompute=a.recompute,
+        clock="sim",
         zero=a.zero,
         ep=a.ep,
         experts=a.experts,
@@ -63,15 +69,29 @@ def moe_config(a, shape) -> RunConfig:
         collectives=a.collectives,
         alltoall=a.alltoall,
     )
-    return validate(cfg, a.dp * a.cp * a.tp)
+    return validate(cfg, a.dp * a.cp * a.tp * a.pp)
 
 
 def plan_gpt_moe(cfg, hw) -> dict:
     """The balanced prediction of one step, and the figures the plan prints."""
-    world = cfg.dp * cfg.cp * cfg.tp
+    world = cfg.dp * cfg.cp * cfg.tp * cfg.pp
     p = predict_from_config(cfg, world, steps=1, hw=hw)  # no routing: a balanced router
     dense, mine = param_counts(cfg)
     dense = dense_shard(cfg) if cfg.tp > 1 else dense  # a tp rank's shards
+    if cfg.pp > 1:  # the fullest stage's chunks
+        from ..costmodel.gpt_moe_pipeline import stage_bounds, unit_params
+        from ..costmodel.order import stage_chunks
+
+        units, bounds = unit_params(cfg, cfg.tp), stage_bounds(cfg)
+        V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+        stages = [
+            [
+                sum(units[u][i] for c in stage_chunks(cfg.schedule, cfg.pp, V, st) for u in range(*bounds[c]))
+                for i in (0, 1)
+            ]
+            for st in range(cfg.pp)
+        ]
+        dense, mine = max(stages, key=sum)
     ranks = p["comm"]["ranks"]
     a2a = max(sum(v["sent"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")) for r in ranks)
     prec = "mixed" if cfg.precision != "fp32" else {"float64": "fp64"}.get(cfg.dtype, "fp32")
@@ -88,7 +108,7 @@ def plan_gpt_moe(cfg, hw) -> dict:
 
 def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
     L, h, E, K, P, D = cfg.blocks, cfg.hidden, cfg.experts, cfg.top_k, cfg.ep, cfg.dp
-    axes = "".join(f" x {name} {n}" for name, n in (("cp", cfg.cp), ("tp", cfg.tp)) if n > 1)
+    axes = "".join(f" x {name} {n}" for name, n in (("cp", cfg.cp), ("tp", cfg.tp), ("pp", cfg.pp)) if n > 1)
     mem = p["memory"]["max"]
     total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations_peak"]
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
@@ -103,7 +123,7 @@ def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
         f"{fmt_si(mem['grads'])} + optimizer {fmt_si(mem['optimizer'])} + activations "
         f"{fmt_si(mem['activations_peak'])}; per rank {_count(per['non_expert'])} non-expert parameters "
         f"(replicated{', its tp shards' if cfg.tp > 1 else ''}) + {_count(per['experts'])} of its {E // P} "
-        "experts per block",
+        "experts per block" + (" (the fullest stage)" if cfg.pp > 1 else ""),
         f"FLOPs per step: {p['flops_per_step']:.3e} = the dense model's with the MLP's counted {K} times "
         f"(top-{K}) + the router's 6 B s L h E",
         f"all-to-all per rank per step: {fmt_si(p['alltoall_per_rank_per_step'])} (4 per block: dispatch, "

@@ -52,14 +52,34 @@ def test_memory_flops_and_alltoall_bytes(P, D, precision, bpe):
 
 
 def test_what_it_does_not_plan_is_one_line():
-    with pytest.raises(SimparError, match="not with --pp yet"):
-        ask("--experts", "4", "--pp", "2")
+    with pytest.raises(SimparError, match="--clock sim with --pp and --recompute"):  # sim's own refusal
+        ask("--experts", "4", "--pp", "2", "--recompute", "full")
+    with pytest.raises(SimparError, match="--clock sim with --collectives tree"):
+        ask("--experts", "4", "--collectives", "tree")
     with pytest.raises(SimparError, match="--tp 3"):  # train's own rules: whole heads per tp rank
         ask("--experts", "4", "--tp", "3")
     with pytest.raises(SimparError, match="--ep 3 must divide --dp 4"):
         ask("--experts", "6", "--ep", "3", "--dp", "4")
     with pytest.raises(SimparError, match="--compare and --sweep"):
         plan_main([*SMALL, "--experts", "4", "--compare", "--world", "4"])
+
+
+def test_pp_plans_the_fullest_stage():
+    """--pp 2 over 4 blocks: each stage holds part of the units; the plan names the fuller one's."""
+    cfg = ask(
+        "--experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--n-layers", "4", "--microbatches", "4"
+    )
+    p = plan_gpt_moe(cfg, hardware.load("dgx-h100"))
+    h, s, V, E, P = 16, 8, 16, 4, 2
+    dense = [(V + s) * h] + [4 * h * h + 8 * h + h * E] * 4 + [2 * h + h * V]
+    experts = [0] + [E // P * (8 * h * h + 5 * h)] * 4 + [0]
+    stages = [range(0, 3), range(3, 6)]  # balanced by the full units' sizes: embedding + 2 blocks, 2 + head
+    fullest = max(stages, key=lambda r: sum(dense[u] + experts[u] for u in r))
+    assert p["params_per_rank"] == {
+        "non_expert": sum(dense[u] for u in fullest),
+        "experts": sum(experts[u] for u in fullest),
+    }
+    assert p["world"] == 4 and p["time"]["step_s"] > 0  # dp 2 (ep inside it) x pp 2
 
 
 @pytest.mark.parametrize("axis", ["--tp", "--cp"])
