@@ -213,7 +213,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
         from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
 
-        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad)
+        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,

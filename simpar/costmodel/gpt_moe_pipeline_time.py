@@ -21,7 +21,6 @@ optimizer over the rank's chunks. The step ends with the slowest rank (the metri
 
 from __future__ import annotations
 
-from .gpt_moe_pipeline import stage_bounds, unit_params
 from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .moe_rounds import members_link
@@ -29,12 +28,13 @@ from .order import chunk_stage, stage_chunks, stage_order
 from .spec import split
 
 
-def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: int) -> dict:
+def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: int, bounds, params) -> dict:
     """{step_s, compute_s, comm_s, steps_s}; `micro`: gpt_moe_pipeline.micro_kept's per micro-step list
-    of kept (D x E) per block, G M micro-steps a step."""
+    of kept (D x E) per block, G M micro-steps a step; `bounds`, `params`: its stage_bounds (each chunk's
+    units) and unit_params (each unit's dense and expert parameters on one rank)."""
     S, T, M, G, h = cfg.pp, cfg.tp, cfg.microbatches, cfg.grad_accum, cfg.hidden
     V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-    bounds, params, Ws = stage_bounds(cfg), unit_params(cfg, T), D * T
+    Ws = D * T
     C, GM = len(bounds), G * M
     works = [MoEWork(cfg, D, hw, bpe, S * Ws, offset=st * Ws) for st in range(S)]
     pp = members_link(hw, [st * Ws for st in range(S)])  # the pp group of (d, k) = (0, 0)
