@@ -97,17 +97,9 @@ class MoEWork:
         """A micro-step of `seqs` global sequences and its kept[c][d][e] per block: what each rank does."""
         from .gpt_time import tp_collectives
 
-        cfg, lay, P, E = self.cfg, self.lay, self.lay.P, self.cfg.experts
-        W, C, per = lay.W, lay.C, E // P
+        cfg, lay, W = self.cfg, self.lay, self.lay.W
         b = [chunk(seqs, lay.D, lay.d[w]) for w in range(W)]  # the rank's sequences, s / C tokens each
-        n = [b[w] * cfg.seq_len // C for w in range(W)]
-
-        def received(kept, w):  # rows each of rank w's experts gets from its ep group
-            d, j = lay.d[w], lay.d[w] % P
-            return [
-                sum(kept[lay.c[w]][d - j + q][e] for q in range(P)) for e in range(j * per, (j + 1) * per)
-            ]
-
+        n = [b[w] * cfg.seq_len // lay.C for w in range(W)]
         return {
             "b": b,
             "n": n,
@@ -117,9 +109,23 @@ class MoEWork:
             ],
             "tp": [tp_collectives(cfg, n[w], lay.k[w], self.bpe, self.tp_secs) for w in range(W)],
             "kept": blocks,
-            "A": [[sum(kept[lay.c[w]][lay.d[w]]) for w in range(W)] for kept in blocks],
-            "received": [[received(kept, w) for w in range(W)] for kept in blocks],
+            "routed": {},  # block index -> (A, received), filled as the blocks run (routed())
         }
+
+    def routed(self, ms: dict, i: int) -> tuple[list, list]:
+        """Block i's (kept assignments of each rank, rows each of its experts received from its group)."""
+        if i not in ms["routed"]:
+            lay, kept, P = self.lay, ms["kept"][i], self.lay.P
+            per = self.cfg.experts // P
+
+            def received(w):
+                d, j = lay.d[w], lay.d[w] % P
+                rows = kept[lay.c[w]]
+                return [sum(rows[d - j + q][e] for q in range(P)) for e in range(j * per, (j + 1) * per)]
+
+            A = [sum(kept[lay.c[w]][lay.d[w]]) for w in range(lay.W)]
+            ms["routed"][i] = (A, [received(w) for w in range(lay.W)])
+        return ms["routed"][i]
 
     def attention(self, n, backward):  # the attention half (model/moe_charges.charge_attention)
         h, a, T, keys, r, bpe = self.cfg.hidden, self.cfg.heads, self.lay.T, self.keys, self.rate, self.bpe
@@ -188,6 +194,7 @@ class MoEWork:
                     now[w] += ms["tp"][w][0][-1] + ms["tp"][w][2]  # the head's and loss's (vocab_parallel.py)
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
+            A, received = self.routed(ms, i)
             self.cp_attention(now, ms["b"], False)
             for w in range(W):
                 n = ms["n"][w]
@@ -205,15 +212,15 @@ class MoEWork:
                     )[2]
                 charge(
                     w,
-                    self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * ms["A"][i][w] * h * m,
+                    self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * A[w] * h * m,
                 )
                 now[w] += ms["tp"][w][0][u] / 2  # attention's g (tp_collectives: 2 a dense block)
             self.all_to_all(now, kept, False)  # ep-dispatch
             for w in range(W):
-                charge(w, sum(self.expert(r, False) for r in ms["received"][i][w]))
+                charge(w, sum(self.expert(r, False) for r in received[w]))
             self.all_to_all(now, kept, True)  # ep-combine
             for w in range(W):
-                charge(w, COMBINE_ELEMS * ms["A"][i][w] * h * m)
+                charge(w, COMBINE_ELEMS * A[w] * h * m)
 
     def backward(self, now, compute, ms, lo: int, hi: int) -> None:
         """Units hi-1..lo backward, every rank of the Layout."""
@@ -231,14 +238,15 @@ class MoEWork:
                     now[w] += ms["tp"][w][1][0 if u == 0 else -1]
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
+            A, received = self.routed(ms, i)
             for w in range(W):
-                charge(w, GATE_GRAD_ELEMS * ms["A"][i][w] * h * m)
+                charge(w, GATE_GRAD_ELEMS * A[w] * h * m)
             self.all_to_all(now, kept, False)  # ep-combine-grad
             for w in range(W):
-                charge(w, sum(self.expert(r, True) for r in ms["received"][i][w]))
+                charge(w, sum(self.expert(r, True) for r in received[w]))
             self.all_to_all(now, kept, True)  # ep-dispatch-grad
             for w in range(W):
-                charge(w, SCATTER_ELEMS * ms["A"][i][w] * h * m + 4 * ms["n"][w] * h * E / self.rate)
+                charge(w, SCATTER_ELEMS * A[w] * h * m + 4 * ms["n"][w] * h * E / self.rate)
             self.cp_attention(now, ms["b"], True)
             for w in range(W):
                 charge(w, self.attention(ms["n"][w], True))
