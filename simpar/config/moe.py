@@ -76,8 +76,8 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
-                ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
+                # context_expert.py runs dp x cp x ep, pipeline/context_expert_stage.py with --pp too
+                ("--cp with --tp", cfg.cp > 1 and cfg.tp > 1),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on
