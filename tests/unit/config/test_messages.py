@@ -275,6 +275,12 @@ CASES = [
     ),
     (dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2), 4, GPT_MOE + "--cp with --tp"),
     (
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
+        4,
+        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+        "precision; not yet with --schedule zb-v, --recompute selective",
+    ),
+    (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
         GPT_MOE + "--clock sim",
