@@ -22,7 +22,9 @@ expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmod
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
-ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp; with --cp the stack
+runs on a cp rank's tokens (context_expert_tensor.py, through the ffn_class, make_stack and my_tokens
+hooks). Refused in one line
 (config/moe.py): --sp and mixed precision with --tp.
 """
 
