@@ -76,8 +76,9 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                # context_expert.py runs dp x cp x ep, pipeline/context_expert_stage.py with --pp too
-                ("--cp with --tp", cfg.cp > 1 and cfg.tp > 1),
+                # context_expert.py runs dp x cp x ep, context_expert_tensor.py with --tp,
+                # pipeline/context_expert_stage.py with --pp; not yet all three (the full mesh)
+                ("--cp with --tp and --pp", cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on

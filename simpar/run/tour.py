@@ -81,7 +81,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
 def context_layouts(n: int) -> list[tuple[str, dict]]:
     """--arch gpt's context-parallel layouts (validate refuses them elsewhere): cp2 (on 2 of the
     ranks), cp n, dp2 x cp2, dp2 x cp2 with ZeRO-1 over the 4 (context_zero.py), with --experts dp2 x
-    cp2 x ep2 (context_expert.py), cp2 x tp2 and cp2 x pp2
+    cp2 x ep2 (context_expert.py), cp2 x tp2 (with --experts: context_expert_tensor.py) and cp2 x pp2
     on 4, and cp n with the all-to-all attention."""
     sizes = sorted({2, n}) if n % 2 == 0 else [n]
     out = [(f"cp{c}", dict(dp=1, cp=c, cp_algo="ring")) for c in sizes]

@@ -273,7 +273,11 @@ CASES = [
         2,
         GPT_MOE_PP + "--precision mixed-bf16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2), 4, GPT_MOE + "--cp with --tp"),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, pp=2, vocab=16),
+        8,
+        GPT_MOE + "--cp with --tp and --pp",
+    ),
     (
         dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
         4,
