@@ -34,6 +34,10 @@ def build_strategy(cfg, mesh):
         from . import zero_mesh
 
         return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1, cfg.arch == "gpt")(sections, mesh)
+    if cfg.cp > 1 and cfg.pp > 1 and cfg.experts:
+        from .pipeline.context_expert_stage import ContextExpertPipelineParallel  # MoE stages with cp (x tp)
+
+        return ContextExpertPipelineParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 
@@ -46,10 +50,6 @@ def build_strategy(cfg, mesh):
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 
         return ContextTensorParallel(sections, mesh)
-    if cfg.cp > 1 and cfg.pp > 1 and cfg.experts:
-        from .pipeline.context_expert_stage import ContextExpertPipelineParallel  # MoE stages with cp
-
-        return ContextExpertPipelineParallel(sections, mesh)
     if cfg.cp > 1 and cfg.pp > 1:
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 

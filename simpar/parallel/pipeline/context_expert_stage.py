@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from ...model.moe import micro_rows
 from ..context_expert import CpEpExchange, CpMoEFFN, context_moe_units, segment_order
+from ..context_expert_tensor import ContextExpertTensorStack
 from .context_stage import ContextPipelineParallel
+from .engine import PipelineParallel
 from .expert_stage import ExpertPipelineParallel, MoEChunkStack
 
 
@@ -49,8 +51,15 @@ class ContextExpertPipelineParallel(ExpertPipelineParallel, ContextPipelineParal
     def _stack(self, model, layout, mesh, lo: int, hi: int):
         # inside PipelineParallel.__init__: self.model, layout and the groups above are set
         self.exchange = self.exchange or CpEpExchange(self)
+        if mesh.tp > 1:  # the full mesh: context_expert_tensor.py's stack over the chunk's units
+            return ContextExpertTensorStack(model, layout, mesh, self.mine, self.exchange, range(lo, hi))
         units = context_moe_units(model, layout, mesh.groups["cp"], mesh.world.runtime)
         return MoEChunkStack(model, mesh.world.runtime, lo, hi, self.mine, self.exchange, units, CpMoEFFN)
+
+    def _loss_grad(self, y, labels, global_batch: int):
+        if self.mesh.tp > 1:  # vocab_loss_grad divides by B s already (context_tensor_stage.py's reason)
+            return PipelineParallel._loss_grad(self, y, labels, global_batch)
+        return super()._loss_grad(y, labels, global_batch)
 
     def _forward(self, step, flight) -> None:
         G, M = self.optimisation.grad_accum, self.M
