@@ -104,3 +104,33 @@ def test_balanced_ulysses_boundaries_and_gradients(schedule, virtual):
         assert by_op["model/grad-allreduce"] == sum(ring(p, 4, d * 2 + c) for p in chunks[st]) * 8
         assert by_op["model/expert-grad-allreduce"] == ring(E * EXPERT, 4, d * 2 + c) * 8
         assert not any("/ep-" in k for k in by_op)
+
+
+def test_full_mesh_adds_each_chunks_tensor_traffic_and_shards():
+    """pp2 x cp2 x tp2 (the full mesh, D = P = 1), ring, gpipe, 2 micro-batches of 2 sequences: R = 2 s/C
+    = 8 rows a micro-batch on a cp rank, every tp rank with its own copy. Per micro-batch a tp rank sends
+    one ring all-reduce of R h (T = 2: R h elements) for each of its block's g and f, stage 0 one for the
+    embedding, stage 1 one for the head plus the (T-1) R row maxima and 2R sums (T = 2: 2 (T-1)/T x 2R);
+    the ring K/V of its a/T heads, 6 (C-1) b n h/T; the boundary R h. Per step its dense shard (attention
+    by heads, the vocabulary by words, LayerNorms, bo and router whole) over the D C = 2 ranks of its tp
+    index, the E experts (whole on every tp rank) over (D/P) C = 2."""
+    T, C, V18 = 2, 2, 18
+    layout = dict(pp=2, cp=C, tp=T, microbatches=2, schedule="gpipe", cp_algo="ring")
+    cfg = RunConfig(**(SHAPE | dict(vocab=V18)), batch=4, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS)
+    R, b, n = 2 * S // C, 2, S // C
+    block = 4 * H * H // T + 3 * H // T + 5 * H + H * E
+    dense = [V18 * H // T + S * H + block, block + 2 * H + H * V18 // T]
+    for w, rank in enumerate(pred["comm"]["ranks"]):
+        st, c = divmod(w // T, C)
+        per_mb = {"tp-g-allreduce": R * H, "tp-f-allreduce": R * H, "cp-kv": 6 * (C - 1) * b * n * H // T}
+        if st == 0:
+            per_mb |= {"vocab-embed-allreduce": R * H, "pp-send-act": R * H}
+        else:
+            per_mb |= {"vocab-head-allreduce": R * H, "vocab-ce-max": R, "vocab-ce-sums": 2 * R}
+            per_mb |= {"pp-send-grad": R * H}
+        want = {f"activation/{op}": 2 * elems * 8 for op, elems in per_mb.items()}
+        want["model/grad-allreduce"] = ring(dense[st], C, c) * 8
+        want["model/expert-grad-allreduce"] = ring(E * EXPERT, C, c) * 8
+        assert {k: v["sent"] for k, v in rank["by_op"].items()} == want, w
+        assert pred["memory"]["ranks"][w]["params"] == (dense[st] + E * EXPERT) * 8
