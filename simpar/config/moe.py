@@ -73,10 +73,11 @@ def expert_rules(cfg) -> None:
         + ", ".join(unsupported),
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
+        # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once)
         later = [name for name, on in (("--clock sim", cfg.clock == "sim"),) if on]
         require(
             not later,
-            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
+            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
             f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with

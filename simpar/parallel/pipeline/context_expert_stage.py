@@ -1,5 +1,5 @@
-"""MoE pipeline stages with context parallelism (--arch gpt --experts E [--ep P] --cp C --pp S [--dp D];
---schedule naive, gpipe, 1f1b or interleaved).
+"""MoE pipeline stages with context parallelism (--arch gpt --experts E [--ep P] --cp C --pp S [--dp D]
+[--tp T]; --schedule naive, gpipe, 1f1b or interleaved).
 
 Three built pieces, joined rather than copied:
   expert_stage.py   a stage's chunk of units as one flat store, the experts of ep rank j sharded over the
@@ -21,7 +21,12 @@ D/P x C ranks), once, no buckets (expert_stage.py). Bytes: costmodel/cp_moe_pipe
 
 Checkpoints and --weights-out: expert_stage.py's full shape, from cp rank 0 of each stage (every cp rank
 holds the same parameters), so a checkpoint resumes on any layout, serial included.
-Refused (config/moe.py): with --tp too, zb-h1/zb-v, --recompute, mixed precision, --clock sim.
+
+With --tp T, the full mesh pp x dp x ep x cp x tp: each chunk is context_expert_tensor.py's stack over
+its units (attention by a/T heads over the cp group, the vocabulary over tp, the MoE part whole on every
+tp rank, capacity per segment as above); each tp rank sends its own copy of the boundary's b n h; the
+loss is the vocabulary-parallel one, which divides by B s itself (context_tensor_stage.py's rule).
+Refused (config/moe.py): --sp, zb-h1/zb-v, --recompute, mixed precision, --clock sim.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import numpy as np
 
 from tests.conftest import assert_same_model, split_sizes, train_json
 from tests.mpi.parallel.pipeline.test_gpt_moe_pipeline import STAGE_DENSE
+from tests.mpi.parallel.test_context_expert_tensor import ARGS as MESH_ARGS
 from tests.mpi.parallel.test_gpt_moe import ARGS, EXPERT, B, E, H, S, ring_allreduce
 from tests.mpiutil import run_script
 from tests.paths import MPI_SCRIPTS
@@ -88,3 +89,24 @@ def test_pp2_cp2_every_schedule_equals_serial_with_drops_bytes_exact_and_resumes
     extra = ["--grad-accum", str(G * M), "--resume", str(ckpt / "step-000001")]
     resumed = train_json(1, [*ARGS, *extra], tmp_path, "resumed")
     assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+
+
+def test_full_mesh_pp2_cp2_tp2_equals_serial_with_drops_and_its_prediction(serial, tmp_path):
+    """The full mesh (8 ranks): pp2 x cp2 x tp2, 1f1b, Ulysses over each tp rank's a/T = 2 heads, one
+    pass of 2 micro-batches = test_context_expert_tensor.py's serial run (--grad-accum 2, 6 sequences,
+    4 heads, 18 words; the same session's run, trained once). Equal at 1e-12 with serial's drops; every
+    rank's bytes, tp ops included, and peaks as costmodel/cp_moe_pipeline.py predicts (its tp closed form:
+    tests/unit/costmodel/test_cp_moe_pipeline.py)."""
+    ref = serial(MESH_ARGS)
+    assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0
+    mesh = ["--grad-accum", "1", "--microbatches", "2", "--pp", "2", "--cp", "2", "--tp", "2"]
+    run = train_json(8, [*MESH_ARGS, *mesh, "--schedule", "1f1b", "--cp-algo", "ulysses"], tmp_path)
+    assert_same_model(run, ref, rtol=1e-12)
+    for key in ("dropped", "routed_per_expert", "tokens_per_expert"):
+        assert run["moe"][key] == ref["moe"][key], key
+    assert run["prediction_mismatches"] == []
+    for rank, pred in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
+        assert sent(rank) == {k: v["sent"] for k, v in pred["by_op"].items()}
+        assert {"activation/tp-g-allreduce", "activation/cp-alltoall"} <= set(sent(rank))
+    peaks = [r["activations_peak"] for r in run["memory"]["ranks"]]
+    assert peaks == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]
