@@ -59,18 +59,15 @@ def sent(rank: dict) -> dict:
     return {k: v["sent"] for k, v in rank["by_op"].items() if not k.startswith("control") and v["sent"]}
 
 
-def test_pp2_cp2_every_schedule_equals_serial_with_drops_bytes_exact_and_resumes(serial, tmp_path):
-    ref = serial([*ARGS, "--grad-accum", str(G * M)])
-    assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0  # capacity drops tokens here
-    ckpt = tmp_path / "ckpt"
-    layout = ["--pp", "2", "--cp", str(C), "--microbatches", str(M), "--grad-accum", str(G)]
-    cases = [[name, [*ARGS, *layout, *sched, "--cp-algo", algo]] for name, (sched, algo) in CASES.items()]
-    cases[0][1] += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+def train_cases(n: int, cases: list, tmp_path, ref: dict) -> dict:
+    """Train `cases` ([name, options]) in one launch of n ranks (tests/mpi/scripts/train_cases.py); check
+    each equals `ref` at 1e-12 with its drops, and its bytes and peaks the prediction. {name: metrics}."""
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    res = run_script(4, MPI_SCRIPTS / "train_cases.py", [str(tmp_path / "cases.json")], timeout=300)
+    res = run_script(n, MPI_SCRIPTS / "train_cases.py", [str(tmp_path / "cases.json")], timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    for name, (_, algo) in CASES.items():
-        run = json.loads((tmp_path / f"{name}.json").read_text())
+    runs = {}
+    for name, _ in cases:
+        run = runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
         with np.load(tmp_path / f"{name}.npz") as z:
             run["weights"] = [(z[f"W{i}"], z[f"b{i}"]) for i in range(len(z.files) // 2)]
         assert_same_model(run, ref, rtol=1e-12)
@@ -79,34 +76,50 @@ def test_pp2_cp2_every_schedule_equals_serial_with_drops_bytes_exact_and_resumes
         assert run["prediction_mismatches"] == [], name
         for r, (rank, pred) in enumerate(zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"])):
             assert sent(rank) == {k: v["sent"] for k, v in pred["by_op"].items()}, (name, r)
-            if name != "interleaved":  # one chunk a stage: the closed form above
-                assert sent(rank) == closed_form(algo, *divmod(r, C)), (name, r)
-                n = STAGE_DENSE[r // C] + E * EXPERT
-                mem = run["memory"]["ranks"][r]
-                assert (mem["params"], mem["grads"], mem["optimizer"]) == (8 * n, 8 * n, 16 * n)
         peaks = [r["activations_peak"] for r in run["memory"]["ranks"]]
         assert peaks == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]], name
+    return runs
+
+
+def test_pp2_cp2_every_schedule_equals_serial_with_drops_bytes_exact_and_resumes(serial, tmp_path):
+    ref = serial([*ARGS, "--grad-accum", str(G * M)])
+    assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0  # capacity drops tokens here
+    ckpt = tmp_path / "ckpt"
+    layout = ["--pp", "2", "--cp", str(C), "--microbatches", str(M), "--grad-accum", str(G)]
+    cases = [[name, [*ARGS, *layout, *sched, "--cp-algo", algo]] for name, (sched, algo) in CASES.items()]
+    cases[0][1] += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    runs = train_cases(4, cases, tmp_path, ref)
+    for name, (_, algo) in CASES.items():
+        if name == "interleaved":  # two chunks a stage: as predicted (its closed form: the unit test)
+            continue
+        for r, rank in enumerate(runs[name]["comm"]["ranks"]):  # one chunk a stage: the closed form above
+            assert sent(rank) == closed_form(algo, *divmod(r, C)), (name, r)
+            n = STAGE_DENSE[r // C] + E * EXPERT
+            mem = runs[name]["memory"]["ranks"][r]
+            assert (mem["params"], mem["grads"], mem["optimizer"]) == (8 * n, 8 * n, 16 * n)
     extra = ["--grad-accum", str(G * M), "--resume", str(ckpt / "step-000001")]
     resumed = train_json(1, [*ARGS, *extra], tmp_path, "resumed")
     assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 
-def test_full_mesh_pp2_cp2_tp2_equals_serial_with_drops_and_its_prediction(serial, tmp_path):
-    """The full mesh (8 ranks): pp2 x cp2 x tp2, 1f1b, Ulysses over each tp rank's a/T = 2 heads, one
-    pass of 2 micro-batches = test_context_expert_tensor.py's serial run (--grad-accum 2, 6 sequences,
-    4 heads, 18 words; the same session's run, trained once). Equal at 1e-12 with serial's drops; every
-    rank's bytes, tp ops included, and peaks as costmodel/cp_moe_pipeline.py predicts (its tp closed form:
-    tests/unit/costmodel/test_cp_moe_pipeline.py)."""
-    ref = serial(MESH_ARGS)
+def test_full_mesh_and_dp2_ep2_with_uneven_micro_steps_equal_serial_and_the_prediction(serial, tmp_path):
+    """One launch of 8 ranks, test_context_expert_tensor.py's model (4 heads, 18 words) with 9 sequences
+    in 2 passes of 2 micro-batches = serial --grad-accum 4 (micro-steps of 3, 2, 2, 2 sequences: pass 1's
+    micro-batch mb is micro-step 2 + mb, whose rows lay out the segment table over the dp ranks):
+      the full mesh pp2 x cp2 x tp2, 1f1b, Ulysses over each tp rank's a/T = 2 heads;
+      pp2 x dp2 x ep2 x cp2, interleaved, ring: the all-to-alls at each cp coordinate.
+    Each equal at 1e-12 with serial's drops, every rank's bytes (tp ops, all-to-alls) and peaks as
+    costmodel/cp_moe_pipeline.py predicts (its closed forms: tests/unit/costmodel/test_cp_moe_pipeline.py)."""
+    args = [*MESH_ARGS, "--batch", "9"]
+    ref = serial([*args, "--grad-accum", "4"])
     assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0
-    mesh = ["--grad-accum", "1", "--microbatches", "2", "--pp", "2", "--cp", "2", "--tp", "2"]
-    run = train_json(8, [*MESH_ARGS, *mesh, "--schedule", "1f1b", "--cp-algo", "ulysses"], tmp_path)
-    assert_same_model(run, ref, rtol=1e-12)
-    for key in ("dropped", "routed_per_expert", "tokens_per_expert"):
-        assert run["moe"][key] == ref["moe"][key], key
-    assert run["prediction_mismatches"] == []
-    for rank, pred in zip(run["comm"]["ranks"], run["predicted"]["comm"]["ranks"]):
-        assert sent(rank) == {k: v["sent"] for k, v in pred["by_op"].items()}
+    both = [*args, "--grad-accum", "2", "--microbatches", "2", "--pp", "2", "--cp", "2"]
+    cases = [
+        ["mesh", [*both, "--tp", "2", "--schedule", "1f1b", "--cp-algo", "ulysses"]],
+        ["ep", [*both, "--dp", "2", "--ep", "2", "--schedule", "interleaved", "--virtual-stages", "2"]],
+    ]
+    runs = train_cases(8, cases, tmp_path, ref)
+    for rank in runs["mesh"]["comm"]["ranks"]:
         assert {"activation/tp-g-allreduce", "activation/cp-alltoall"} <= set(sent(rank))
-    peaks = [r["activations_peak"] for r in run["memory"]["ranks"]]
-    assert peaks == [r["activations_peak"] for r in run["predicted"]["memory"]["ranks"]]
+    for rank in runs["ep"]["comm"]["ranks"]:
+        assert {"activation/ep-dispatch", "activation/cp-kv"} <= set(sent(rank))
