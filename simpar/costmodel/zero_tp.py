@@ -3,8 +3,9 @@ again (never calling it).
 
 ZeRO-2/3 (Rajbhandari et al. 2020, sec. 5.2, 5.3 and 7.2) inside each tp shard, unit by unit: a rank of
 tp index j holds n_u = gpt_tp.local_unit_sizes' share of each unit u (embedding, blocks, head); the p = D
-ranks of its dp group (dp index g, world rank r = g T + j) each own chunk(n_u, p, g) of every unit. Per
-rank per step (model category, K = --grad-accum, ring over p):
+ranks of its dp group (dp index g, world rank r = g T + j) each own chunk(n_u, p, g) of every unit; with
+--cp C the p = D C ranks of its dp x cp group (g = d C + c, world rank r = g T + j still). Per rank per
+step (model category, K = --grad-accum, ring over p):
 
     grad-reduce-scatter   stage 2: sum_u n_u - chunk(n_u, p, g);   stage 3: K times that
     param-all-gather      stage 2: sum_u n_u - chunk(n_u, p, g+1); stage 3: 2K times that (forward and
@@ -50,8 +51,9 @@ def zero_tp_memory(units: list[int], p: int, g: int, stage: int, K: int, prec, o
 
 def predict_zero_tp_run(cfg, world_size: int, steps: int, hw, out: dict) -> dict:
     """`out`, the tp layout's prediction without --zero, edited in place (module docstring)."""
-    T, stage, K = cfg.tp, cfg.zero, cfg.grad_accum
-    p = cfg.dp if cfg.dp is not None else world_size // T
+    T, C, stage, K = cfg.tp, getattr(cfg, "cp", 1), cfg.zero, cfg.grad_accum
+    D = cfg.dp if cfg.dp is not None else world_size // (T * C)
+    p = D * C  # the sharding group: dp, or dp x cp
     prec = PRECISIONS[precision_of(cfg)]
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     units = local_unit_sizes(cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, T)
@@ -71,7 +73,7 @@ def predict_zero_tp_run(cfg, world_size: int, steps: int, hw, out: dict) -> dict
     if hw is not None:  # the step's time, as the simulated clock charges it (zero_tp_time.py)
         from .zero_tp_time import zero_tp_seconds
 
-        timed = zero_tp_seconds(cfg, p, hw)
+        timed = zero_tp_seconds(cfg, D, hw)
         step_s = timed["step_s"]
         out["time"] = dict(
             out["time"],

@@ -1,4 +1,4 @@
-"""ZeRO-2 and ZeRO-3 inside tensor parallelism: --arch gpt --tp T --dp D --zero 2|3 [--sp].
+"""ZeRO-2 and ZeRO-3 inside tensor parallelism: --arch gpt --tp T --dp D [--cp C] --zero 2|3 [--sp].
 
 zero_mesh.py shards each tp shard's OPTIMIZER STATE over the dp ranks that hold the same shard (ZeRO-1,
 Megatron-LM's distributed optimizer). This file goes on to stages 2 and 3 (Rajbhandari et al. 2020,
@@ -7,7 +7,9 @@ of one of gpt's units (tensor_gpt.py: the embedding's V/T rows, a block's heads 
 head's V/T columns -- n_u elements, the same share the tp layout holds and all-reduces):
 
   chunk g of unit u   np.array_split's g-th piece of the unit's n_u elements over the p = D ranks of
-                      the dp group (g = this rank's dp index); S = sum over units of chunk(n_u, p, g)
+                      the dp group (g = this rank's dp index), or with --cp the p = D C ranks of the
+                      dp x cp group (the mesh's `dpcp`, g = d C + c: a cp rank's gradient is one more
+                      share of the serial one, context_tensor.py); S = sum over units of chunk(n_u, p, g)
   stage 2             the parameters stay whole (P_T = sum n_u); backward writes each unit's gradient
                       into a fresh n_u buffer, reduce-scatters it at once ("grad-reduce-scatter") and
                       keeps its chunk in the S-element gradient shard; after the update each unit's
@@ -28,12 +30,15 @@ Memory (bpe bytes per element, n_max = the largest n_u, K_opt = 2 for Adam, 1 fo
   optimizer  K_opt S
 Written again in costmodel/zero_tp.py, which never calls this file.
 
-Checkpoints: a unit's chunks in dp order concatenate to the unit's tp share (gathered as control traffic
-onto dp index 0), and from there tensor_gpt.py's gather assembles the full model: a checkpoint reshards
-to serial and back.
+--cp: the units are context_tensor.py's (this cp rank's tokens, attention over the cp group with its
+a/T heads), each micro-step's sequences cut to the rank's positions; cp's traffic is cp x tp's own.
 
-Not built: --cp with --tp and --zero 2|3 (the sharding group would be dp x cp, as zero_mesh.py's), and
---arch mlp|resmlp (tensor.py's stacks); config/rules.py refuses them.
+Checkpoints: a unit's chunks in group order concatenate to the unit's tp share (gathered as control
+traffic onto group rank 0: dp and cp index 0), and from there tensor_gpt.py's gather assembles the full
+model: a checkpoint reshards to serial and back.
+
+Not built: --arch mlp|resmlp (tensor.py's stacks) and --pp (as zero_mesh.py says); config/rules.py
+refuses them.
 """
 
 from __future__ import annotations
@@ -43,18 +48,21 @@ import numpy as np
 from .. import collectives
 from ..model.precision import build_optimizer
 from .base import HeldBytes, Strategy
+from .context_tensor import ContextTensorStack
 from .tensor_gpt import GptTensorStack, ShardedBlock
 from .vocab_parallel import vocab_loss_grad
+from .zero_mesh import sharding_group
 
 
 class ZeroGptTensorLayerwise(Strategy):
-    """--arch gpt --tp T --dp D --zero 2|3 [--sp] (module docstring)."""
+    """--arch gpt --tp T --dp D [--cp C] --zero 2|3 [--sp] (module docstring)."""
 
     def __init__(self, sections, mesh):
         super().__init__(sections, mesh)
-        self.stage, self.comm = self.layout.zero, mesh.dp_comm
+        self.stage, self.comm = self.layout.zero, sharding_group(mesh)
         self.p, self.g = self.comm.size, self.comm.rank
-        self.stack = GptTensorStack(sections.model, sections.layout, mesh)
+        stack_class = ContextTensorStack if mesh.cp > 1 else GptTensorStack
+        self.stack = stack_class(sections.model, sections.layout, mesh)
         self.units = self.stack.units
         self.sizes = [u.size for u in self.units]  # n_u, this tp rank's share of each unit
         self.offsets = np.concatenate(([0], np.cumsum(self.sizes))).astype(int)
@@ -109,8 +117,11 @@ class ZeroGptTensorLayerwise(Strategy):
         if self.stage == 2 and K > 1:  # earlier micro-steps add up full-size (zero.py's stage 2)
             self.accum = np.zeros(self.offsets[-1], self.dtype)
             self.grads_held.take(self.accum.nbytes)
+        mine = getattr(self.stack, "positions", None)  # --cp: this rank's tokens of every sequence
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps):
+            if mine is not None:  # the loss still divides by the global batch's B s tokens
+                x, y = x[:, mine], y[:, mine]
             loss += self._forward_backward(x, y, global_batch, k == K - 1)
         self.optimizer.step(self.optimizer_params(), [self.grad_shard[s] for s in self.segments])
         if self.stage == 2:  # every dp rank needs every chunk's update for the next forward
@@ -176,7 +187,7 @@ class ZeroGptTensorLayerwise(Strategy):
         return self.gather_full(self.optimizer_params())
 
     def gather_full(self, local):
-        """Chunks -> each unit's tp share on dp index 0 (control), then tensor_gpt.py's tp gather."""
+        """Chunks -> each unit's tp share on group rank 0 (control), then tensor_gpt.py's tp gather."""
         parts = self.comm.gather_object([np.ascontiguousarray(a) for a in local], root=0)
         if self.g != 0:
             return None
