@@ -1,10 +1,11 @@
-"""--zero 2 and 3 with --tp on --arch gpt, on real ranks (parallel/zero_tp.py): dp2 x tp2, both stages in
-ONE launch (tests/mpi/scripts/train_each.py): equal to serial in float64, every rank's ZeRO bytes and
-model-state memory against closed forms written HERE, predict == simulate under --clock sim, and a
-stage-3 checkpoint that stage 2 resumes.
+"""--zero 2 and 3 with --tp on --arch gpt, on real ranks (parallel/zero_tp.py): dp2 x tp2 (both stages)
+and cp2 x tp2 (stage 3) in ONE launch (tests/mpi/scripts/train_each.py): equal to serial in float64,
+every rank's ZeRO bytes and model-state memory against closed forms written HERE, predict == simulate
+under --clock sim, and a stage-3 checkpoint that stage 2 resumes.
 
 Closed forms (Rajbhandari et al. 2020, sec. 5.2, 5.3 and 7.2, per tp shard). World rank r = g T + j; its
-dp group is the p = D ranks of its tp index j, g its place there. Its units' tp shares, n_u: embedding
+sharding group is the p ranks of its tp index j (dp: p = D; with --cp the dp x cp ranks, p = D C), g its
+place there. Its units' tp shares, n_u: embedding
 V H/T + S H, block 12 H^2/T + 7 H/T + 6 H (odd for H/T = 5: chunks of 2 ranks differ by one), head
 2 H + H V/T. c(n, g) = np.array_split's g-th size of n over p; K = --grad-accum; per step, bpe = 8:
     stage 2  grad-reduce-scatter sum_u n_u - c(n_u, g)      param-all-gather sum_u n_u - c(n_u, g+1)
@@ -36,8 +37,8 @@ def units() -> list[int]:
     return [V * H // T + S * H] + [12 * H * H // T + 7 * H // T + 6 * H] * L + [2 * H + H * V // T]
 
 
-def c(n: int, g: int) -> int:
-    return split_sizes(n, D)[g % D]
+def c(n: int, p: int, g: int) -> int:
+    return split_sizes(n, p)[g % p]
 
 
 def out_args(tmp_path, name: str) -> list[str]:
@@ -52,21 +53,21 @@ def load(tmp_path, name: str) -> dict:
     return out
 
 
-def check_bytes_and_memory(run: dict, stage: int, steps: int) -> None:
+def check_bytes_and_memory(run: dict, stage: int, steps: int, p: int = D) -> None:
     n_u = units()
-    assert any(n % D for n in n_u), "the shape must leave uneven chunks"
+    assert any(n % p for n in n_u), "the shape must leave uneven chunks"
     group = {}
-    for r in range(D * T):
+    for r in range(p * T):
         g, j = divmod(r, T)
         by_op = run["comm"]["ranks"][r]["by_op"]
         assert "model/grad-allreduce" not in by_op, (r, by_op)
         times = K if stage == 3 else 1
-        rs = sum(n - c(n, g) for n in n_u) * times * BPE * steps
-        ag = sum(n - c(n, g + 1) for n in n_u) * times * (2 if stage == 3 else 1) * BPE * steps
+        rs = sum(n - c(n, p, g) for n in n_u) * times * BPE * steps
+        ag = sum(n - c(n, p, g + 1) for n in n_u) * times * (2 if stage == 3 else 1) * BPE * steps
         assert by_op["model/grad-reduce-scatter"]["sent"] == rs, r
         assert by_op["model/param-all-gather"]["sent"] == ag, r
         group[j] = group.get(j, 0) + rs + ag
-        shard, P_T = sum(c(n, g) for n in n_u), sum(n_u)
+        shard, P_T = sum(c(n, p, g) for n in n_u), sum(n_u)
         want = {
             "params": (P_T if stage == 2 else shard + max(n_u)) * BPE,
             "grads": (shard + (P_T if stage == 2 else max(n_u))) * BPE,
@@ -74,7 +75,7 @@ def check_bytes_and_memory(run: dict, stage: int, steps: int) -> None:
         }
         mem = run["memory"]["ranks"][r]
         assert {k: mem[k] for k in want} == want, r
-    per_step = 2 * (D - 1) * sum(n_u) if stage == 2 else 3 * K * (D - 1) * sum(n_u)
+    per_step = 2 * (p - 1) * sum(n_u) if stage == 2 else 3 * K * (p - 1) * sum(n_u)
     assert all(sent == per_step * BPE * steps for sent in group.values()), group
     assert run["prediction_mismatches"] == []
     sim, pred = run["time"]["sim"]["step_s"], run["predicted"]["time"]["step_s"]
@@ -88,7 +89,9 @@ def test_zero2_and_zero3_with_tp_equal_serial_with_exact_bytes_and_memory(serial
     three = [*ARGS, *layout, "--zero", "3", "--sp", *ckpt, *out_args(tmp_path, "z3")]
     resume = ["--resume", str(tmp_path / "ckpt" / "step-000001")]
     two = [*ARGS, *layout, "--zero", "2", *resume, *out_args(tmp_path, "z2")]
-    res = run_script(D * T, MPI_SCRIPTS / "train_each.py", [*three, "::", *two], timeout=240)
+    cp = [*ARGS, "--cp", "2", "--tp", str(T), "--clock", "sim", "--zero", "3", *out_args(tmp_path, "cp")]
+    runs = [*three, "::", *two, "::", *cp]
+    res = run_script(D * T, MPI_SCRIPTS / "train_each.py", runs, timeout=240)
     assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     z3, z2 = load(tmp_path, "z3"), load(tmp_path, "z2")
     assert_same_model(z3, ref, rtol=1e-12)
@@ -96,3 +99,7 @@ def test_zero2_and_zero3_with_tp_equal_serial_with_exact_bytes_and_memory(serial
     # stage 2 resumed stage 3's step-1 checkpoint (gathered from chunks, cut again) and ends as serial
     assert_same_model(z2, {"losses": ref["losses"][1:], "weights": ref["weights"]}, rtol=1e-12)
     check_bytes_and_memory(z2, 2, STEPS - 1)
+    # cp2 x tp2: the sharding group is the cp pair (dp 1), each cp rank on its tokens
+    on_cp = load(tmp_path, "cp")
+    assert_same_model(on_cp, ref, rtol=1e-12)
+    check_bytes_and_memory(on_cp, 3, STEPS, p=2)

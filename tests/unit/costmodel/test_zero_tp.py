@@ -37,28 +37,32 @@ def tp_units() -> list[int]:
     return [V * h // T + s * h] + [12 * h * h // T + 7 * h // T + 6 * h] * L + [2 * h + h * V // T]
 
 
-@pytest.mark.parametrize("stage, K, sp", [(2, 1, False), (2, 2, True), (3, 1, False), (3, 2, True)])
-def test_zero2_and_3_bytes_and_memory_per_rank(stage, K, sp):
-    cfg = RunConfig(**SHAPE, dp=D, tp=T, zero=stage, grad_accum=K, sp=sp)
-    pred = predict_from_config(cfg, D * T)
-    plain = predict_from_config(dataclasses.replace(cfg, zero=0), D * T)
+@pytest.mark.parametrize(
+    "stage, K, sp, C", [(2, 1, False, 1), (2, 2, True, 1), (3, 1, False, 1), (3, 2, True, 1), (3, 1, True, 2)]
+)
+def test_zero2_and_3_bytes_and_memory_per_rank(stage, K, sp, C):
+    """C = 2: the sharding group is dp x cp (p = D C ranks, g = d C + c: world rank g T + j still)."""
+    cfg = RunConfig(**SHAPE, dp=D, cp=C, tp=T, zero=stage, grad_accum=K, sp=sp)
+    p = D * C
+    pred = predict_from_config(cfg, p * T)
+    plain = predict_from_config(dataclasses.replace(cfg, zero=0), p * T)
     units, times = tp_units(), (K if stage == 3 else 1)
-    assert any(n % D for n in units), "the shape must leave uneven chunks"
+    assert any(n % p for n in units), "the shape must leave uneven chunks"
     group: dict = {}
-    for r in range(D * T):
+    for r in range(p * T):
         g, j = divmod(r, T)
         by_op, base = pred["comm"]["ranks"][r]["by_op"], plain["comm"]["ranks"][r]["by_op"]
-        rs = sum(n - split(n, D, g) for n in units) * times * 8
-        ag = sum(n - split(n, D, g + 1) for n in units) * times * (2 if stage == 3 else 1) * 8
+        rs = sum(n - split(n, p, g) for n in units) * times * 8
+        ag = sum(n - split(n, p, g + 1) for n in units) * times * (2 if stage == 3 else 1) * 8
         assert "model/grad-allreduce" not in by_op
-        assert by_op["model/grad-reduce-scatter"] == {"sent": rs, "messages": (D - 1) * len(units) * times}
+        assert by_op["model/grad-reduce-scatter"] == {"sent": rs, "messages": (p - 1) * len(units) * times}
         assert by_op["model/param-all-gather"]["sent"] == ag
         gathers = times * (2 if stage == 3 else 1)
-        assert by_op["model/param-all-gather"]["messages"] == (D - 1) * len(units) * gathers
+        assert by_op["model/param-all-gather"]["messages"] == (p - 1) * len(units) * gathers
         if sp:  # the LayerNorms' sum over tp: once a step, or on each of stage 3's K micro-steps
             assert by_op["model/sp-grad-allreduce"]["sent"] == base["model/sp-grad-allreduce"]["sent"] * times
         group[j] = group.get(j, 0) + rs + ag
-        S, P_T, n_max = sum(split(n, D, g) for n in units), sum(units), max(units)
+        S, P_T, n_max = sum(split(n, p, g) for n in units), sum(units), max(units)
         mem = pred["memory"]["ranks"][r]
         assert mem["params"] == (P_T if stage == 2 else S + n_max) * 8
         assert mem["grads"] == (S + (P_T if stage == 2 and K > 1 else n_max)) * 8
@@ -68,7 +72,7 @@ def test_zero2_and_3_bytes_and_memory_per_rank(stage, K, sp):
         assert {k: v for k, v in by_op.items() if not k.startswith("model/")} == {
             k: v for k, v in base.items() if not k.startswith("model/")
         }
-    ring = 2 * (D - 1) if stage == 2 else 3 * K * (D - 1)  # over the group: the ring's totals exactly
+    ring = 2 * (p - 1) if stage == 2 else 3 * K * (p - 1)  # over the group: the ring's totals exactly
     assert all(sent == ring * sum(units) * 8 for sent in group.values()), group
 
 
