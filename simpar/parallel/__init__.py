@@ -29,7 +29,7 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
-    if cfg.zero > 1 and cfg.tp > 1:  # ZeRO-2/3 of each tp shard, unit by unit, over its dp group
+    if cfg.zero > 1 and cfg.tp > 1 and not cfg.experts:  # ZeRO-2/3 of each tp share, unit by unit (gpt)
         from .zero_tp import ZeroGptTensorLayerwise
 
         return ZeroGptTensorLayerwise(sections, mesh)
