@@ -67,6 +67,14 @@ def ring_score_flops(B: int, s: int, L: int, h: int, C: int, recompute: str = "n
     return products * 2 * h * B * L * s * s * (2 * C + 1) / (4 * C)
 
 
+def ring_rank_product_flops(n: int, h: int, C: int) -> int:
+    """One score product (q k^T, P v, or one of backward's) over the 2C+1 causal blocks a ring rank
+    computes, for one sequence and one block of the model, every head of width h: (2C+1) x 2 m^2 h,
+    m = n/2. attention.py's count of the same product, the rank's share of the square, is 2 s n h."""
+    m = n // 2
+    return (2 * C + 1) * 2 * m * m * h
+
+
 def cp_messages(C: int, algo: str) -> int:
     """Messages one rank sends per block per step: ring 2(C-1) K/V + (C-1) dK/dV; Ulysses 8 x (C-1)."""
     return 3 * (C - 1) if algo == "ring" else 8 * (C - 1)

@@ -287,7 +287,7 @@ def run_result(cfg, hw, steps: int, ranks: list, memory: list, params: int, time
     per, cats = max(steps, 1), ("data", "model", "activation")
     if all("flops" in r for r in ranks):
         extra["hardware_flops_per_step"] = sum(
-            r["flops"]["forward"] * 3 + r["flops"]["recompute"] for r in ranks
+            r["flops"]["forward"] + r["flops"]["backward"] + r["flops"]["recompute"] for r in ranks
         )
     return {
         "steps": steps,

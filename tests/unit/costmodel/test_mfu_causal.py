@@ -15,11 +15,13 @@ import itertools
 
 import pytest
 
-from simpar.costmodel import hardware
+from simpar.config import RunConfig
+from simpar.costmodel import hardware, predict_from_config
 from simpar.costmodel.cp import plan_cp, ring_block_map, ring_score_flops
 from simpar.costmodel.gpt import PRESETS, Shape, flops_per_step, model_flops_per_step
 from simpar.costmodel.gpt import plan as gpt_plan
 from simpar.costmodel.gpt_compare import rank_gpt_layouts
+from simpar.costmodel.hardware import LOCAL_DEFAULTS
 
 
 def causal_matmul_flops(B, s, L, h, V):
@@ -123,3 +125,31 @@ def test_the_long_sequence_compare_of_docs_context():
         min((p for p in plans if p["layout"]["cp"] == 1), key=lambda p: p["time"]["step_s"])
         is name[1, 32, 64, 1]
     )
+
+
+@pytest.mark.parametrize("algo", ["ring", "ulysses"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_cp_pipeline_runs_predict_the_ring_blocks_hardware_flops(algo, mode, tp):
+    """simpar train --arch gpt --cp 2 --pp 2 [--tp 2]: the predicted hardware FLOPs per step, summed
+    over the ranks. The matmuls outside the scores, forward F = B (24 s h^2 L + 2 s h V), run 3 times
+    (4 under full recomputation: each stage's chunk again, the head's too). The scores: Ulysses runs
+    attention.py on its heads, the whole square, one product 2 B L s^2 h (2 forward, 4 backward,
+    selective q k^T again, full the forward again); the ring one product over its C (2C+1) causal
+    blocks of m = s/2C, 2 m^2 h each (2 forward, 5 backward, selective and full the forward again:
+    context_attention.rebuild_softmax re-runs the ring for its log-sum-exp)."""
+    L, h, a, s, V, B, C = 2, 16, 4, 32, 18, 8, 2
+    cfg = RunConfig(
+        arch="gpt", dataset="copy", blocks=L, hidden=h, heads=a, seq_len=s, vocab=V, batch=B, dtype="float64",
+        steps=1, cp=C, tp=tp, pp=2, dp=1, microbatches=2, cp_algo=algo, recompute=mode,
+    )  # fmt: skip
+    pred = predict_from_config(cfg, C * tp * 2, hw=LOCAL_DEFAULTS)
+    F = B * (24 * s * h * h * L + 2 * s * h * V)
+    if algo == "ring":
+        m = s // (2 * C)
+        one, products = B * L * C * (2 * C + 1) * 2 * m * m * h, {"none": 7, "selective": 9, "full": 9}
+    else:
+        one, products = B * L * 2 * s * s * h, {"none": 6, "selective": 7, "full": 8}
+    want = (4 if mode == "full" else 3) * F + products[mode] * one
+    assert pred["hardware_flops_per_step"] == want
+    assert pred["flops_per_step"] == pytest.approx(model_flops_per_step(B, s, L, h, V), rel=1e-12)
