@@ -76,8 +76,8 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
-                ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
+                # context_expert.py runs dp x cp x ep, context_expert_tensor.py with --tp; not pipelines
+                ("--cp with --pp", cfg.cp > 1 and cfg.pp > 1),
                 ("--clock sim", cfg.clock == "sim"),
             )
             if on

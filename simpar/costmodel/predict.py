@@ -257,6 +257,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 
         return predict_cp_tp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.experts:  # MoE blocks, cp x tp (cp_moe_tp.py)
+        from .cp_moe_tp import predict_cp_moe_tp_run
+
+        return predict_cp_moe_tp_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1:  # cp x tp (costmodel/cp_tp.py)
         from .cp_tp import predict_cp_tp_run
 

@@ -9,7 +9,8 @@
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
-               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
+               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate;
+               context_expert_tensor.py: the same with --tp (expert_tensor_gpt.py's tp groups)
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
@@ -41,6 +42,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 
         return ContextTensorPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.tp > 1 and cfg.experts:
+        from .context_expert_tensor import ContextExpertTensorParallel  # MoE blocks, cp x tp, ep in dp
+
+        return ContextExpertTensorParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1:
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 

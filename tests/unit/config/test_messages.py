@@ -273,7 +273,7 @@ CASES = [
         2,
         GPT_MOE_PP + "--precision mixed-bf16",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
+    (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --pp"),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
