@@ -1,7 +1,8 @@
 """Parallel strategies. Each file is one layout, readable alone:
 
   data.py      data parallelism (DDP): gradient buckets all-reduced while backward still runs
-  zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
+  zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded;
+               zero_mesh.py ZeRO-1 inside tp/pp shards, zero_tp.py ZeRO-2/3 inside gpt's tp shards
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
@@ -30,6 +31,10 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.zero > 1 and cfg.tp > 1 and not cfg.experts:  # ZeRO-2/3 of each tp share, unit by unit (gpt)
+        from .zero_tp import ZeroGptTensorLayerwise
+
+        return ZeroGptTensorLayerwise(sections, mesh)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
         from . import zero_mesh
 

@@ -1,6 +1,6 @@
 """--arch gpt --experts --pp with --cp (parallel/pipeline/context_expert_stage.py): MoE pipeline stages on
 cp ranks' tokens, pp2 x cp2 on 4 ranks, the four schedules MoE stages run (naive, gpipe, 1f1b,
-interleaved) and both --cp-algo, trained in ONE launch (tests/mpi/scripts/train_cases.py): each equal to
+interleaved) and both --cp-algo, trained in ONE launch (tests/mpi/scripts/train_each.py): each equal to
 the serial run with --grad-accum G M in float64 with the SAME tokens dropped by capacity (capacity is
 planned per sequence segment over the stage's dp x cp ranks), every rank's ledger op by op against closed
 forms written here and against costmodel/cp_moe_pipeline.py, and gpipe's step-1 checkpoint resumed serially.
@@ -60,10 +60,13 @@ def sent(rank: dict) -> dict:
 
 
 def train_cases(n: int, cases: list, tmp_path, ref: dict) -> dict:
-    """Train `cases` ([name, options]) in one launch of n ranks (tests/mpi/scripts/train_cases.py); check
+    """Train `cases` ([name, options]) in one launch of n ranks (tests/mpi/scripts/train_each.py); check
     each equals `ref` at 1e-12 with its drops, and its bytes and peaks the prediction. {name: metrics}."""
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    res = run_script(n, MPI_SCRIPTS / "train_cases.py", [str(tmp_path / "cases.json")], timeout=300)
+    argv = []
+    for name, args in cases:
+        out = ["--quiet", "--metrics-out", str(tmp_path / f"{name}.json"), "--weights-out"]
+        argv += [*(["::"] if argv else []), *args, *out, str(tmp_path / f"{name}.npz")]
+    res = run_script(n, MPI_SCRIPTS / "train_each.py", argv, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = {}
     for name, _ in cases:
