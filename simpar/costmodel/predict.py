@@ -253,6 +253,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
         return predict_zero_mesh_run(cfg, world_size, steps, hw, plain)
+    if getattr(cfg, "cp", 1) > 1 and cfg.pp > 1 and cfg.experts:  # MoE stages, cp [x tp]: cp_moe_pipeline
+        from .cp_moe_pipeline import predict_cp_moe_pipeline_run
+
+        return predict_cp_moe_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.pp > 1:  # pp x dp x cp x tp (cp_tp_pipeline.py)
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 

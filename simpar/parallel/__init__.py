@@ -14,7 +14,8 @@
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
-               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group)
+               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group),
+               pipeline/context_expert_stage.py with --pp and --cp
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -38,6 +39,10 @@ def build_strategy(cfg, mesh):
         from . import zero_mesh
 
         return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1, cfg.arch == "gpt")(sections, mesh)
+    if cfg.cp > 1 and cfg.pp > 1 and cfg.experts:
+        from .pipeline.context_expert_stage import ContextExpertPipelineParallel  # MoE stages with cp (x tp)
+
+        return ContextExpertPipelineParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 

@@ -43,8 +43,8 @@ class ContextExpertTensorStack(ExpertTensorStack):
     attend = ContextTensorStack.attend
     attend_backward = ContextTensorStack.attend_backward
 
-    def __init__(self, model, layout, mesh, mine: range, exchange):
-        super().__init__(model, layout, mesh, mine, exchange)
+    def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
+        super().__init__(model, layout, mesh, mine, exchange, indices)  # indices: a pipeline chunk's units
         self.take_sequence_share(model, layout, mesh)
 
 
