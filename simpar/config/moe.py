@@ -97,14 +97,15 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
-                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
+                # the B/W split (model/gpt_moe_split.py) and recompute.py's contexts: MoEChunkStack's only
+                (f"--schedule {cfg.schedule} with --tp", cfg.schedule in ("zb-h1", "zb-v") and cfg.tp > 1),
+                (f"--recompute {cfg.recompute} with --tp", cfg.recompute != "none" and cfg.tp > 1),
                 (f"--precision {cfg.precision}", cfg.mixed),
             )
             if on
         ]
         require(
             not later,
-            "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-            f"precision; not yet with {', '.join(later)}",
+            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision (with --tp: "
+            f"naive, gpipe, 1f1b, interleaved, no --recompute); not yet with {', '.join(later)}",
         )

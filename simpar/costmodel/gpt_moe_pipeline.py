@@ -11,13 +11,19 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                ("pp-send-act") and its gradient b s h backward ("pp-send-grad"), times bpe, as
                costmodel/gpt_pipeline.py
   all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
-               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced
+               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced;
+               --recompute full re-runs each forward before its backward: ep-dispatch and ep-combine
+               once more (the same routes, so the same rows), the backward's two ops once
   gradients    once per step and chunk its dense parameters (embedding, head, blocks' dense parts)
                all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring)
   memory       params, grads, optimizer state of the rank's chunks' dense parameters and experts
   activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
                b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
-               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
+               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive);
+               --recompute full keeps a chunk's input (8 b s token bytes, or b s h elements) until its
+               backward rebuilds the rest, selective drops each block's softmax output (a s b s elements)
+               until its backward rebuilds it (recompute.py, as costmodel/gpt_pipeline.py); zb-h1 and
+               zb-v hold a micro-batch's bytes from its forward to its W pass
   time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
                bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
 """
@@ -146,7 +152,8 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                     for op in OPS:
                         c_ = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                         cost = Cost(round(c_.sent), c_.messages, 0, c_.rounds, math.ceil(c_.round_elems))
-                        add(act, op, cost, bpe)
+                        again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
+                        add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0
         for c in mine:  # one all-reduce of the chunk's dense part, one of its experts (expert_stage.py)
             dense = sum(units[u][0] for u in range(*bounds[c]))
@@ -171,11 +178,23 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 out += block_kept_elems(cfg, micro[i][u - 1], n, d, T) * bpe + n * E * router
             return out
 
+        def kept(b: int, c: int, full: float) -> float:
+            """What --recompute lets the forward of b sequences on chunk c keep of its `full` bytes."""
+            n = b * s
+            if cfg.recompute == "full":
+                return TOKEN_BYTES * n if bounds[c][0] == 0 else n * h * bpe
+            if cfg.recompute == "selective":  # each block's P: a s per token row, this rank's heads
+                return full - len(blocks(c)) * cfg.heads * s * n // T * bpe
+            return full
+
         peak = 0
         for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
             b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
-            size = lambda m, c, p=p, b=b: held(p + m, b[m], c)  # noqa: E731
-            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+            size = lambda m, c, p=p, b=b: kept(b[m], c, held(p + m, b[m], c))  # noqa: E731
+            extra = None
+            if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
+                extra = lambda m, c, p=p, b=b: held(p + m, b[m], c) - size(m, c)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(
             {
                 "params": n_params * prec.param,
