@@ -126,3 +126,47 @@ def test_pp_x_tp_adds_attention_and_vocabulary_traffic_per_chunk():
             assert by_op[op] == n, (r, op)
         assert by_op["model/grad-allreduce"] == ring(dense[st], D, d) * 8
         assert pred["memory"]["ranks"][r]["params"] == (dense[st] + E // 2 * EXPERT) * 8
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
+def test_recompute_sends_the_forward_all_to_alls_again_and_holds_less(schedule):
+    """pp2 x dp2 x ep2, L = 2, 2 micro-batches of b = 2 sequences (n = 16 rows) a dp rank, balanced
+    routing (each expert keeps n K / E of every rank, so a rank receives n K rows). --recompute full
+    re-runs each forward: ep-dispatch and ep-combine twice ((P-1)/P n K h x 8 B per block and
+    micro-batch each), the backward's two once, the boundaries as before; selective moves nothing more.
+    Activations (8 B elements), a micro-batch: block 1 or 2 (8 n h + a s n + 2 n) + n K h + 9 h n K + n E,
+    the embedding's 8 n token bytes, the head 2 n h + n. The last stage holds its two micro-batches'
+    forwards, then a backward rebuilds one in full: gpipe's peak = 2 kept + (full - kept) on both stages;
+    full recompute keeps the stage's input (n h, or the tokens), selective drops the block's P (a s n).
+    zb-h1's last stage runs F0 B0 F1 B1 before its W passes: both micro-batches rebuilt, 2 full, the
+    saving gone there (the first stage's order: the MPI test, measured against the prediction)."""
+    n = 2 * S
+    block = (8 * n * H + A * S * n + 2 * n + n * K * H + 9 * H * n * K + n * E) * 8
+    full = [8 * n + block, block + (2 * H * n + n) * 8]
+    kept = {"none": full, "full": [8 * n, n * H * 8], "selective": [f - A * S * n * 8 for f in full]}
+    a2a = 2 * (2 - 1) / 2 * n * K * H * 8  # 2 micro-batches, one block a stage
+    layout = dict(pp=2, dp=2, ep=2, microbatches=2, schedule=schedule)
+    by_mode = {}
+    for mode in ("none", "full", "selective"):
+        cfg = RunConfig(**SHAPE, blocks=2, batch=8, capacity_factor=2.0, recompute=mode, **layout)
+        pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+        by_mode[mode] = [{k: v["sent"] for k, v in rank["by_op"].items()} for rank in pred["comm"]["ranks"]]
+        again = 2 if mode == "full" else 1
+        for by_op in by_mode[mode]:
+            assert by_op["activation/ep-dispatch"] == pytest.approx(again * a2a)
+            assert by_op["activation/ep-combine"] == pytest.approx(again * a2a)
+            assert (
+                by_op["activation/ep-combine-grad"]
+                == by_op["activation/ep-dispatch-grad"]
+                == pytest.approx(a2a)
+            )
+        peaks = [pred["memory"]["ranks"][r]["activations_peak"] for r in (0, 2)]
+        if schedule == "gpipe":
+            assert peaks == [2 * k + f - k for k, f in zip(kept[mode], full)]
+        else:
+            assert peaks[1] == 2 * full[1]
+    for none, full_, sel in zip(by_mode["none"], by_mode["full"], by_mode["selective"]):
+        assert sel == none
+        assert {
+            k: v for k, v in full_.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")
+        } == {k: v for k, v in none.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")}
