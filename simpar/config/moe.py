@@ -100,6 +100,11 @@ def expert_rules(cfg) -> None:
                 # the B/W split (model/gpt_moe_split.py) and recompute.py's contexts: MoEChunkStack's only
                 (f"--schedule {cfg.schedule} with --tp", cfg.schedule in ("zb-h1", "zb-v") and cfg.tp > 1),
                 (f"--recompute {cfg.recompute} with --tp", cfg.recompute != "none" and cfg.tp > 1),
+                # gpt_moe_split.py's halves and a recomputed MoE forward charge no simulated clock
+                (
+                    "--clock sim with zb-h1, zb-v or --recompute",
+                    cfg.clock == "sim" and (cfg.schedule in ("zb-h1", "zb-v") or cfg.recompute != "none"),
+                ),
                 (f"--precision {cfg.precision}", cfg.mixed),
             )
             if on
