@@ -97,9 +97,6 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                # the B/W split (model/gpt_moe_split.py) and recompute.py's contexts: MoEChunkStack's only
-                (f"--schedule {cfg.schedule} with --tp", cfg.schedule in ("zb-h1", "zb-v") and cfg.tp > 1),
-                (f"--recompute {cfg.recompute} with --tp", cfg.recompute != "none" and cfg.tp > 1),
                 # gpt_moe_split.py's halves and a recomputed MoE forward charge no simulated clock
                 (
                     "--clock sim with zb-h1, zb-v or --recompute",
@@ -111,6 +108,6 @@ def expert_rules(cfg) -> None:
         ]
         require(
             not later,
-            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision (with --tp: "
-            f"naive, gpipe, 1f1b, interleaved, no --recompute); not yet with {', '.join(later)}",
+            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision; not yet "
+            f"with {', '.join(later)}",
         )

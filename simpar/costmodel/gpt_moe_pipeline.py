@@ -13,7 +13,8 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
   all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
                routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced;
                --recompute full re-runs each forward before its backward: ep-dispatch and ep-combine
-               once more (the same routes, so the same rows), the backward's two ops once
+               once more (the same routes, so the same rows), the backward's two ops once; with --tp
+               also each block's tp-g-allreduce and the first chunk's vocab-embed-allreduce
   gradients    once per step and chunk its dense parameters (embedding, head, blocks' dense parts)
                all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring)
   memory       params, grads, optimizer state of the rank's chunks' dense parameters and experts
@@ -124,12 +125,12 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         def tensor_ops(act: dict, c: int, R: int, k: int) -> None:
             """Chunk c's tp traffic for R token rows (gpt_moe_tp.py): attention's g and f per block,
             the vocabulary's embedding all-reduce on the first chunk, head and loss on the last."""
-            ar = ALLREDUCE[cfg.collectives]
+            ar, again = ALLREDUCE[cfg.collectives], 2 if cfg.recompute == "full" else 1  # forward re-run
             for _ in blocks(c):
-                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe)
+                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe, again)
                 add(act, "tp-f-allreduce", ar(R * h, T, k), bpe)
             if bounds[c][0] == 0:
-                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
+                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe, again)
             if bounds[c][1] == cfg.blocks + 2:
                 add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
                 add(act, "vocab-ce-max", ring_allgather(T * R, T, k), bpe)

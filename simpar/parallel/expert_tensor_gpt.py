@@ -22,8 +22,9 @@ expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmod
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
-ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
-(config/moe.py): --sp and mixed precision with --tp.
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp, every schedule
+(zb-h1, zb-v: expert_tensor_split.py) and --recompute. Refused in one line (config/moe.py): --sp and
+mixed precision with --tp.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ import numpy as np
 from .. import collectives
 from ..model.gpt import EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
-from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
-from ..model.mlp import ParamStore
+from ..model.gpt_moe import MoEBlockUnit, MoEFFN, UnitContext, expert_size
+from ..model.mlp import ParamStore, pending_weight_passes
 from ..model.moe import micro_rows
 from ..model.precision import build_optimizer
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import Strategy
 from .expert_gpt import EpExchange, GptExpertParallel
+from .expert_tensor_split import split_moe_backward
 from .sharded import Sharded
 from .tensor_gpt import GptTensorStack
+from .tensor_gpt_split import split_unit_backward
 from .vocab_parallel import ShardedEmbedding, ShardedHead, vocab_loss_grad
 
 
@@ -108,6 +111,9 @@ class ExpertTensorStack(GptTensorStack):
         return x2 + m, (kept, fctx), kept.nbytes + held
 
     def moe_backward(self, blk: ShardedMoEBlock, flat, gflat, ctx, dy):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (expert_tensor_split.py)
+            return split_moe_backward(self, blk, flat, gflat, ctx, dy, pending)
         kept, fctx = ctx
         g1, _, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, _, Wr = blk.views(flat)
         dg1, db1, *dattn, dg2, db2, dWr = blk.views(gflat)
@@ -130,15 +136,19 @@ class ExpertTensorStack(GptTensorStack):
                 held = ctx.nbytes
             watch.check(u.index, x)
             meter.take(held)
-            contexts.append((ctx, held))
+            contexts.append(UnitContext(ctx, held))  # what --recompute reads (pipeline/recompute.py)
         return x, contexts
 
     def backward(self, contexts, grad, meter, on_layer_done=None):
-        for u, (p, g), (ctx, held) in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+        pending = pending_weight_passes()  # a zero-bubble pipeline's B pass: W halves queued there
+        for u, (p, g), c in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+            held = c.nbytes
             if isinstance(u, ShardedMoEBlock):
-                grad = self.moe_backward(u, p, g, ctx, grad)
+                grad = self.moe_backward(u, p, g, c.ctx, grad)
+            elif pending is not None:  # the embedding and the head as tensor_gpt_split.py splits them
+                grad = split_unit_backward(self, u, p, g, c.ctx, grad, pending)
             else:
-                grad = u.backward(p, g, ctx, grad)
+                grad = u.backward(p, g, c.ctx, grad)
             meter.free(held)
         return grad
 

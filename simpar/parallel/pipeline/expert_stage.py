@@ -50,9 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from ... import collectives
-from ...model.gpt import Kept
 from ...model.gpt_build import gpt_units
-from ...model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
+from ...model.gpt_moe import MoEBlockUnit, MoEFFN, UnitContext, expert_size
 from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
 from ...run.data import distributed_sampler, micro_steps
@@ -60,24 +59,6 @@ from ...runtime import trace
 from ..expert_gpt import EpExchange
 from ..expert_tensor_gpt import ExpertTensorStack
 from .engine import PipelineParallel
-
-
-class UnitContext(Kept):
-    """One unit's context in an MoE stack and the bytes it holds. A Kept, so that recompute.save takes
-    gpt_recompute.py's path: `attn` is a block's attention context (whose P selective drops and
-    rebuilds), `nbytes` what the unit holds now (P dropped or not; the MoE part's bytes fixed)."""
-
-    def __init__(self, ctx, held: int):
-        self.ctx, self._kept = ctx, ctx[0] if isinstance(ctx, tuple) else ctx  # a block's: (Kept, ffn's)
-        self._rest = held - self._kept.nbytes
-
-    @property
-    def attn(self):
-        return getattr(self._kept, "attn", None)
-
-    @property
-    def nbytes(self) -> int:
-        return self._kept.nbytes + self._rest
 
 
 class MoEChunkStack:

@@ -170,3 +170,26 @@ def test_recompute_sends_the_forward_all_to_alls_again_and_holds_less(schedule):
         assert {
             k: v for k, v in full_.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")
         } == {k: v for k, v in none.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")}
+
+
+def test_recompute_full_with_tp_sends_the_forwards_tp_messages_again():
+    """pp2 x dp2 x ep2 x tp2 as the test above: --recompute full re-runs each chunk's forward, so each
+    block's g all-reduce and stage 0's embedding all-reduce are sent twice (2 R h elements a micro-batch
+    each); the backward's f, the head's all-reduce and the loss's row maxima and sums once."""
+    T, D, R = 2, 2, 2 * S
+    layout = dict(pp=2, dp=D, ep=2, tp=T, microbatches=2, schedule="gpipe", recompute="full")
+    cfg = RunConfig(**(SHAPE | dict(vocab=18)), blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS)
+    stream = 2 * R * H * 8
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st = r // T // D
+        by_op = {op: v["sent"] for op, v in rank["by_op"].items()}
+        assert (by_op["activation/tp-g-allreduce"], by_op["activation/tp-f-allreduce"]) == (
+            2 * stream,
+            stream,
+        )
+        if st == 0:
+            assert by_op["activation/vocab-embed-allreduce"] == 2 * stream
+        else:
+            assert by_op["activation/vocab-head-allreduce"] == stream
+            assert by_op["activation/vocab-ce-max"] == 2 * R * 8

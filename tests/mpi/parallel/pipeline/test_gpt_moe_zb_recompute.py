@@ -1,7 +1,7 @@
 """--arch gpt --experts --pp with the zero-bubble schedules and --recompute (parallel/pipeline/
 expert_stage.py, model/gpt_moe_split.py): equal to the serial run with --grad-accum G M in float64,
 tokens dropped by capacity included, bytes and activation peaks exact. Two launches of 4 ranks
-(pp2 x dp2 x ep2, tests/mpi/parallel/test_gpt_moe.py's model), each covering two pieces at once:
+(tests/mpi/parallel/test_gpt_moe.py's model), each covering two pieces at once:
 
   zb-h1 + --recompute full, 3 micro-batches of 3, 3 and 2 sequences: micro-step 2 has another
       capacity than 0 and 1, and stage 0 recomputes micro-batch 1 after the forward of micro-batch 2
@@ -13,6 +13,10 @@ tokens dropped by capacity included, bytes and activation peaks exact. Two launc
       both blocks), each block's softmax output dropped and rebuilt, no message more; the ledger op by
       op equals costmodel/gpt_moe_pipeline.py's (whose recompute forms tests/unit/costmodel/
       test_gpt_moe_pipeline.py writes out).
+  pp2 x tp2, zb-v + --recompute full: the tp halves (expert_tensor_split.py; the embedding's and head's
+      from tensor_gpt_split.py) and the re-run forward's tp-g-allreduce and vocab-embed-allreduce,
+      the ledger op by op against the prediction.
+The first two on pp2 x dp2 x ep2; every case's activation peaks equal the prediction.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from tests.conftest import assert_same_model, train_json
 from tests.mpi.parallel.pipeline.test_gpt_moe_pipeline import check_bytes
 from tests.mpi.parallel.test_gpt_moe import ARGS
 
-PP = ["--pp", "2", "--dp", "2", "--ep", "2"]
+PP = {1: ["--pp", "2", "--dp", "2", "--ep", "2"], 2: ["--pp", "2", "--tp", "2", "--vocab", "18"]}
 
 
 def same_ledger_as_predicted(run: dict) -> None:
@@ -37,18 +41,19 @@ def same_ledger_as_predicted(run: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    "schedule,recompute,M",
-    [("zb-h1", "full", 3), ("zb-v", "selective", 2)],
+    "schedule,recompute,M,T",
+    [("zb-h1", "full", 3, 1), ("zb-v", "selective", 2, 1), ("zb-v", "full", 2, 2)],
 )
-def test_zero_bubble_with_recompute_equals_serial(serial, tmp_path, schedule, recompute, M):
-    ref = serial([*ARGS, "--grad-accum", str(M)])
+def test_zero_bubble_with_recompute_equals_serial(serial, tmp_path, schedule, recompute, M, T):
+    vocab = PP[T][-2:] if T > 1 else []  # the vocabulary split over tp: V = 18
+    ref = serial([*ARGS, *vocab, "--grad-accum", str(M)])
     assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0
     layout = ["--schedule", schedule, "--recompute", recompute, "--microbatches", str(M)]
-    run = train_json(4, [*ARGS, *PP, *layout], tmp_path)
+    run = train_json(4, [*ARGS, *PP[T], *layout], tmp_path)
     assert_same_model(run, ref, rtol=1e-12)
     assert run["moe"]["dropped"] == ref["moe"]["dropped"]
     for micro, ref_micro in zip(run["moe"]["routed_by_rank"], ref["moe"]["routed_by_rank"]):
         assert [[sum(col) for col in zip(*Hs)] for Hs in micro] == [Hs[0] for Hs in ref_micro]
-    if schedule == "zb-h1":  # two chunks: stage s holds block s + 1, as check_bytes assumes
+    if schedule == "zb-h1":  # two chunks: stage s holds block s + 1, as check_bytes assumes (dp2 x ep2)
         check_bytes(run, 2, 2, 1, M, redo=1)
     same_ledger_as_predicted(run)
