@@ -3,8 +3,9 @@ zero-bubble pipelines (--arch gpt --experts E --tp T --pp S --schedule zb-h1 | z
 
 The block is tensor_gpt_split.py's attention (this rank's heads: Wq, Wk, Wv by columns, Wo by rows) with
 the MLP swapped for the MoE part replicated on every tp rank (model/gpt_moe_split.py's halves). As there,
-every message lies on dL/dx's path and so runs in B: the MoE's two backward all-to-alls, then the
-attention's f all-reduce ("tp-f-allreduce") after dq Wq_k^T + dk Wk_k^T + dv Wv_k^T. W is local
+every message lies on dL/dx's path and so runs in B: under --sp the all-gather of dL/dm ("sp-gather"),
+the MoE's two backward all-to-alls, (--sp: dL/dx2's all-gather,) then the attention's f all-reduce
+("tp-f-allreduce", --sp its reduce-scatter "sp-scatter") after dq Wq_k^T + dk Wk_k^T + dv Wv_k^T. W is local
 products alone: the experts' and the router's gradients (gpt_moe_split.py), dWo_k += o^T dx2,
 dbo += sum dx2, dWq_k += h1^T dq (k, v), the LayerNorms' gamma and beta. The embedding and the head
 split as tensor_gpt_split.py splits them. One closure per unit (pipeline/expert_stage.py runs them).
@@ -23,10 +24,12 @@ def split_moe_backward(stack, blk, flat, gflat, ctx, dy, pending: list):
     dg1, db1, dWq, dbq, dWk, dbk, dWv, dbv, dWo, dbo, dg2, db2, dWr = blk.views(gflat)
     half = dy.dtype
     inner: list = []  # the experts' and the router's W passes
-    dh2 = stack.ffns[blk.index].backward(dy, fctx, Wr, dWr, weight_passes=inner)  # whole: no f
+    dm = stack.g_back(dy)  # --sp: every row (sp-gather)
+    dh2 = stack.mine(stack.ffns[blk.index].backward(dm, fctx, Wr, dWr, weight_passes=inner))  # no f
     dx2 = dy + _layernorm_dx(dh2, kept.xh2, kept.r2, g2, half)
+    dx2g = stack.g_back(dx2)
     a = kept.attn
-    do = _dot(dx2, Wo.T, half)
+    do = _dot(dx2g, Wo.T, half)
     dq, dk, dv = stack.attend_core_backward(blk, do, a)  # this rank's heads
     dh1 = stack.f_back(_dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dv, Wv.T, half))
     dx = dx2 + _layernorm_dx(dh1, kept.xh1, kept.r1, g1, half)
@@ -34,7 +37,7 @@ def split_moe_backward(stack, blk, flat, gflat, ctx, dy, pending: list):
     def block_w():
         for weight_pass in inner:
             weight_pass()
-        f2, f1, fx2 = wide(dh2), wide(dh1), wide(dx2)
+        f2, f1, fx2 = wide(dh2), wide(dh1), wide(dx2g)
         pairs = [(dg2, (f2 * wide(kept.xh2)).sum(0)), (db2, f2.sum(0))]
         pairs += [(dWo, wide(a.o).T @ fx2), (dbo, fx2.sum(0))]
         for dW, db, part in ((dWq, dbq, dq), (dWk, dbk, dk), (dWv, dbv, dv)):
