@@ -32,8 +32,8 @@ Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat ve
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
 ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp, every schedule
-(zb-h1, zb-v: expert_tensor_split.py) and --recompute. Refused in one line (config/moe.py): --sp with
---pp, and mixed precision with --tp.
+(zb-h1, zb-v: expert_tensor_split.py), --recompute and --sp. Refused in one line (config/moe.py):
+mixed precision with --tp.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ forward's traffic again: the histograms' all-gather (`control/ep-histogram`) and
 --schedule zb-h1 and zb-v: each unit's backward split into B and W (gpt_split.py, an MoE block's by
 gpt_moe_split.py: the four all-to-alls stay in B, the experts' and router's weight gradients go to W);
 no bucket hook (one all-reduce after the last W pass), so the W pass runs its closures in order.
-Refused in one line (config/moe.py): --recompute and zb-h1, zb-v with --tp, mixed precision, --sp, --cp.
+With --tp --sp each tp rank of a stage holds its 1/T of the rows between units and at the boundaries
+(expert_tensor_gpt.py's --sp), the LayerNorms' gradients summed over tp once a step (_allreduce).
+Refused in one line (config/moe.py): mixed precision, --cp.
 """
 
 from __future__ import annotations
@@ -234,6 +236,8 @@ class ExpertPipelineParallel(PipelineParallel):
             return
         for c in self.chunks:
             st = self.stacks[c]
+            for u, (_, g) in zip(st.units, st.flats) if self.layout.sp else ():
+                st._sync_sequence_grads(u, g)  # --sp: the LayerNorms' row-shard gradients over tp
             for comm, buf, op in (
                 (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
                 (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),

@@ -193,3 +193,38 @@ def test_recompute_full_with_tp_sends_the_forwards_tp_messages_again():
         else:
             assert by_op["activation/vocab-head-allreduce"] == stream
             assert by_op["activation/vocab-ce-max"] == 2 * R * 8
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_sp_stages_send_row_shards_and_recompute_repeats_the_forward_gathers(recompute):
+    """pp2 x tp2 --sp, L = 2, gpipe, 2 micro-batches of b = 4 sequences (R = 32 rows; a ring all-gather
+    or reduce-scatter of R h over 2 ranks sends R h / 2 = one shard). Per micro-batch a boundary carries
+    the shard; stage 0 (the embedding and block 1) sends block 1's 4 all-gathers and 2 reduce-scatters
+    (expert_tensor_gpt.py's --sp), the embedding's reduce-scatter and its backward all-gather; stage 1
+    (block 2 and the head) block 2's, the head's all-gather and reduce-scatter, the row maxima and sums.
+    --recompute full re-runs the forward: per block 2 all-gathers and 1 reduce-scatter more, the
+    embedding's reduce-scatter, the head's all-gather. Once a step the LayerNorms' gradients over tp:
+    4h a block, 2h the head (2 (T-1)/T of each)."""
+    again = recompute == "full"
+    layout = dict(pp=2, tp=2, sp=True, microbatches=2, schedule="gpipe", recompute=recompute)
+    cfg = RunConfig(**(SHAPE | dict(vocab=18)), blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+    R = 4 * S
+    shard = 2 * R * H // 2 * 8  # two micro-batches
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st = r // 2
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        want = {"activation/sp-gather": (4 + 2 * again) * shard, "activation/sp-scatter": (2 + again) * shard}
+        if st == 0:
+            want["activation/pp-send-act"] = shard
+            want["activation/vocab-embed-scatter"] = (1 + again) * shard
+            want["activation/vocab-embed-gather"] = shard
+            want["model/sp-grad-allreduce"] = 4 * H * 8
+        else:
+            want["activation/pp-send-grad"] = shard
+            want["activation/vocab-head-gather"] = (1 + again) * shard
+            want["activation/vocab-head-scatter"] = shard
+            want["activation/vocab-ce-max"] = 2 * R * 8
+            want["activation/vocab-ce-sums"] = 2 * 2 * R * 8
+            want["model/sp-grad-allreduce"] = (4 * H + 2 * H) * 8
+        assert {k: v for k, v in by_op.items() if k != "model/grad-allreduce"} == want, r

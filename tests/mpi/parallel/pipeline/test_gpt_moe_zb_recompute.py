@@ -13,9 +13,10 @@ tokens dropped by capacity included, bytes and activation peaks exact. Two launc
       both blocks), each block's softmax output dropped and rebuilt, no message more; the ledger op by
       op equals costmodel/gpt_moe_pipeline.py's (whose recompute forms tests/unit/costmodel/
       test_gpt_moe_pipeline.py writes out).
-  pp2 x tp2, zb-v + --recompute full: the tp halves (expert_tensor_split.py; the embedding's and head's
-      from tensor_gpt_split.py) and the re-run forward's tp-g-allreduce and vocab-embed-allreduce,
-      the ledger op by op against the prediction.
+  pp2 x tp2 --sp, zb-v + --recompute full: the tp halves (expert_tensor_split.py; the embedding's and
+      head's from tensor_gpt_split.py), row shards at the boundaries, the LayerNorms' gradients summed
+      over tp, and the re-run forward's all-gathers and reduce-scatters, the ledger op by op against
+      the prediction (tests/unit/costmodel/test_gpt_moe_pipeline.py writes those --sp forms out).
 The first two on pp2 x dp2 x ep2; every case's activation peaks equal the prediction.
 """
 
@@ -27,7 +28,7 @@ from tests.conftest import assert_same_model, train_json
 from tests.mpi.parallel.pipeline.test_gpt_moe_pipeline import check_bytes
 from tests.mpi.parallel.test_gpt_moe import ARGS
 
-PP = {1: ["--pp", "2", "--dp", "2", "--ep", "2"], 2: ["--pp", "2", "--tp", "2", "--vocab", "18"]}
+PP = {1: ["--pp", "2", "--dp", "2", "--ep", "2"], 2: ["--pp", "2", "--tp", "2", "--sp", "--vocab", "18"]}
 
 
 def same_ledger_as_predicted(run: dict) -> None:
