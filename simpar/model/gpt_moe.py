@@ -193,25 +193,6 @@ class MoEFFN:
         return dx
 
 
-class UnitContext(Kept):
-    """One unit's context in an MoE stack (parallel/pipeline/expert_stage.py, expert_tensor_gpt.py) and
-    the bytes it holds. A Kept, so that pipeline/recompute.save takes gpt_recompute.py's path: `attn`
-    is a block's attention context (whose P --recompute selective drops and rebuilds), `nbytes` what
-    the unit holds now (P dropped or not; the MoE part's bytes fixed)."""
-
-    def __init__(self, ctx, held: int):
-        self.ctx, self._kept = ctx, ctx[0] if isinstance(ctx, tuple) else ctx  # a block's: (Kept, ffn's)
-        self._rest = held - self._kept.nbytes
-
-    @property
-    def attn(self):
-        return getattr(self._kept, "attn", None)
-
-    @property
-    def nbytes(self) -> int:
-        return self._kept.nbytes + self._rest
-
-
 class MoEBlockUnit(BlockUnit):
     """A pre-LN block whose MLP is E experts and a router. Its flat vector: the dense part, then the
     E experts (module doc). forward(flat, x) is evaluation's: every expert here, no capacity limit."""

@@ -43,13 +43,13 @@ import numpy as np
 from .. import collectives
 from ..model.gpt import EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
-from ..model.gpt_moe import MoEBlockUnit, MoEFFN, UnitContext, expert_size
+from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ..model.mlp import ParamStore, pending_weight_passes
 from ..model.moe import micro_rows
 from ..model.precision import build_optimizer
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import Strategy
-from .expert_gpt import EpExchange, GptExpertParallel
+from .expert_gpt import EpExchange, GptExpertParallel, UnitContext
 from .expert_tensor_split import split_moe_backward
 from .sharded import Sharded
 from .tensor_gpt import GptTensorStack

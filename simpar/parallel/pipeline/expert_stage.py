@@ -53,12 +53,12 @@ import numpy as np
 
 from ... import collectives
 from ...model.gpt_build import gpt_units
-from ...model.gpt_moe import MoEBlockUnit, MoEFFN, UnitContext, expert_size
+from ...model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
-from ..expert_gpt import EpExchange
+from ..expert_gpt import EpExchange, UnitContext
 from ..expert_tensor_gpt import ExpertTensorStack
 from .engine import PipelineParallel
 
