@@ -88,9 +88,17 @@ def expert_rules(cfg) -> None:
             f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
+        later = [
+            name
+            for name, on in (
+                (f"--precision {cfg.precision}", cfg.mixed),
+                # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
+                ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
+            )
+            if on
+        ]
         require(
-            not cfg.mixed,
-            f"--arch gpt --experts --tp runs in full precision; not yet with --precision {cfg.precision}",
+            not later, f"--arch gpt --experts --tp runs in full precision; not yet with {', '.join(later)}"
         )
     if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
         later = [
