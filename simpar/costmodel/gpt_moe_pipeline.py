@@ -28,8 +28,9 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                backward rebuilds the rest, selective drops each block's softmax output (a s b s elements)
                until its backward rebuilds it (recompute.py, as costmodel/gpt_pipeline.py); zb-h1 and
                zb-v hold a micro-batch's bytes from its forward to its W pass
-  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
-               bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
+  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs (--recompute:
+               plus the forward again, or selective's q k^T) stretched by the bubble (M + S - 1) / M
+               (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the dp link's alpha, beta.
 """
 
 from __future__ import annotations
@@ -232,7 +233,9 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / (S * T) / rate * (M + S - 1) / M if rate else 0.0
+    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
+    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
+    compute_s = work / (S * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     return run_result(
