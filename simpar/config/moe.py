@@ -81,10 +81,19 @@ def expert_rules(cfg) -> None:
             f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
-        later = [name for name, on in (("--sp", cfg.sp), (f"--precision {cfg.precision}", cfg.mixed)) if on]
+        later = [
+            name
+            for name, on in (
+                (f"--precision {cfg.precision}", cfg.mixed),
+                # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
+                ("--sp with --cp", cfg.sp and cfg.cp > 1),
+                # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
+                ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
+            )
+            if on
+        ]
         require(
-            not later,
-            f"--arch gpt --experts --tp runs without --sp in full precision; not yet with {', '.join(later)}",
+            not later, f"--arch gpt --experts --tp runs in full precision; not yet with {', '.join(later)}"
         )
     if cfg.arch == "gpt" and cfg.pp > 1 and cfg.cp > 1:  # pipeline/context_expert_stage.py (its own guard:
         # what expert_stage.py comes to run, its cp stages and costmodel/cp_moe_pipeline.py do not yet)
@@ -106,14 +115,17 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
-                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
+                # gpt_moe_split.py's halves and a recomputed MoE forward charge no simulated clock
+                (
+                    "--clock sim with zb-h1, zb-v or --recompute",
+                    cfg.clock == "sim" and (cfg.schedule in ("zb-h1", "zb-v") or cfg.recompute != "none"),
+                ),
                 (f"--precision {cfg.precision}", cfg.mixed),
             )
             if on
         ]
         require(
             not later,
-            "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-            f"precision; not yet with {', '.join(later)}",
+            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision; not yet "
+            f"with {', '.join(later)}",
         )

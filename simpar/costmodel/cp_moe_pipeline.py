@@ -11,7 +11,7 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
                n h forward ("pp-send-act") and n h backward ("pp-send-grad"), times bpe
   cp           per block of the rank's chunks and micro-step, cp.py's cp_kv_bytes(b, s/C, h/T, C, algo)
                in cp_messages(C, algo) messages (ring `cp-kv`, Ulysses `cp-alltoall`): a/T heads' K/V
-  tp (T > 1)   per chunk and micro-step gpt_moe_pipeline.chunk_tensor_ops for R = b s/C rows: attention's
+  tp (T > 1)   per chunk and micro-step gpt_moe_pipeline.tp_chunk_ops for R = b s/C rows: attention's
                g and f per block, the vocabulary's all-reduces and loss on the first and last chunk (the
                MoE part is whole on every tp rank, so each tp index repeats the all-to-alls; cp_moe_tp.py)
   routing      per block and micro-step the segment table T (2C N_i x E, metrics["moe"]
@@ -39,7 +39,7 @@ from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
-from .gpt_moe_pipeline import TOKEN_BYTES, block_kept_elems, chunk_tensor_ops, stage_bounds, unit_params
+from .gpt_moe_pipeline import TOKEN_BYTES, block_kept_elems, stage_bounds, tp_chunk_ops, unit_params
 from .moe import OPS, alltoall_pieces
 from .order import chunk_stage, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -114,8 +114,8 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 if blocks(k) and C > 1:
                     kv, msgs = cp_kv_bytes(b, s // C, h // T, C, algo, bpe), cp_messages(C, algo)
                     add(act, cp_op, Cost(kv, msgs, 0, msgs, kv), 1, len(blocks(k)))  # already bytes
-                for op, cost in chunk_tensor_ops(cfg, bounds[k], b * (s // C), t) if T > 1 else ():
-                    add(act, op, cost, bpe)
+                for op, cost, times in tp_chunk_ops(cfg, *bounds[k], b * (s // C), t) if T > 1 else ():
+                    add(act, op, cost, bpe, times)
                 for u in blocks(k) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1][c], d)
                     for op in OPS:

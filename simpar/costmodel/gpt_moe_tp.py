@@ -3,7 +3,11 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
 
   tp (activation, per micro-step of R = b s rows, b = chunk(N_k, D, d)): gpt_tp.py's ops with the MLP's
       f and g gone: tp-g-allreduce and tp-f-allreduce L all-reduces of R h each (attention only), the
-      vocabulary's embed/head all-reduces of R h, vocab-ce-max (t R) and vocab-ce-sums (2R)
+      vocabulary's embed/head all-reduces of R h, vocab-ce-max (t R) and vocab-ce-sums (2R); --sp:
+      4L all-gathers of R h ("sp-gather": attention's f-bar, the MoE input's, and backward both g-bar's
+      and dL/dm's) and 2L reduce-scatters ("sp-scatter": attention's g-bar and f-bar backward; the MoE
+      output and dL/dh2 are complete on every rank, each takes its rows), gpt_tp.py's vocabulary ops,
+      and once per step "sp-grad-allreduce" (model) of each block's 4h LayerNorm and the head's 2h
   ep (activation): costmodel/gpt_moe.py's four all-to-alls per block and micro-step for dp rank d,
       from the routing -- the same on every tp rank (the MoE part is replicated over tp)
   model, once per step: this rank's dense shards all-reduced over D (one call), its L E/P experts over
@@ -13,7 +17,7 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
   activations per micro-step (elements, bpe; token ids 8 B): a block keeps LN1's xh, attention's
       input, LN2's xh (3 n h), this rank's q, k, v and output (4 n h/T), scores (a s n/T), two 1/sigma
       (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E);
-      the head 2 n h + n
+      the head 2 n h + n; --sp: the LayerNorms' xh and 1/sigma on n/T rows (the rest as without)
   time: a rough estimate (--clock sim is refused): matmul FLOPs / T plus each op at its link.
 """
 
@@ -40,10 +44,12 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     h, a, s, E, P, T = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep, cfg.tp
     n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
     per, j = E // P, d % P
-    elems = 2 * n * h + n
+    # --sp: LayerNorms' xh and 1/sigma on n/T rows; attention's input and the MoE part on every row
+    ln, r = (n * h // T, n // T) if cfg.sp else (n * h, n)
+    elems = n * h + ln + r  # the head: LN_f's output (gathered under --sp), xh, 1/sigma
     for kept in kept_blocks:
         received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-        elems += 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+        elems += n * h + 2 * ln + 4 * n * h // T + a * s * n // T + 2 * r
         elems += n * h + sum(kept[d]) * h + 9 * h * received + n * E
     return 8 * n + round(elems * bpe)
 
@@ -75,9 +81,11 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
 
         for k, blocks in micro:
             R = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
-            for op, costs in micro_step_ops(R, h, L, T, j, False, cfg.collectives).items():
+            for op, costs in micro_step_ops(R, h, L, T, j, cfg.sp, cfg.collectives).items():
                 if op in ("tp-g-allreduce", "tp-f-allreduce"):
                     costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
+                if op == "sp-scatter":  # attention's g-bar and f-bar backward; the MoE output is sliced
+                    costs = costs[: 2 * L]
                 for c in costs:
                     add(act, op, c, bpe)
             for kept in blocks if P > 1 else ():
@@ -86,6 +94,8 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
                     c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                     add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
         add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+        for n in [4 * h] * L + [2 * h] if cfg.sp else ():  # LayerNorms' row-shard gradients, per unit
+            add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n, T, j), prec.grad, steps)
         add(
             model,
             "expert-grad-allreduce",
