@@ -33,14 +33,6 @@ def moe_rules(cfg, defaults) -> None:
         )
 
 
-def pp_sim_priced(cfg) -> bool:
-    """costmodel/gpt_moe_pipeline.sim_priced's test, written here too (config never imports the cost
-    model): --recompute none, a schedule without the W split, no --sp (collectives: checked apart)."""
-    return (
-        cfg.recompute == "none" and cfg.schedule in ("naive", "gpipe", "1f1b", "interleaved") and not cfg.sp
-    )
-
-
 def expert_rules(cfg) -> None:
     """--experts/--ep: what the MoE layers and expert parallelism need, and what they do not support."""
     require(cfg.experts >= 2 or cfg.ep == 1, f"--ep {cfg.ep} shards experts: add --experts E (E >= 2)")
@@ -81,37 +73,41 @@ def expert_rules(cfg) -> None:
         + ", ".join(unsupported),
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
+        # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
+        # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp or --tp, gpt_moe_pipeline_time.py
+        # with --pp (and --tp), on the ring's all-reduces; the rest's step is a rough estimate
+        sim = cfg.clock == "sim"
         later = [
             name
             for name, on in (
-                # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
-                ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
-                # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp or --tp (ring
-                # all-reduces), gpt_moe_pipeline_time.py --pp where gpt_moe_pipeline.sim_priced says
-                ("--clock sim with --cp and --tp", cfg.clock == "sim" and cfg.cp > 1 and cfg.tp > 1),
-                (
-                    "--clock sim with --pp and --recompute, zb-h1/zb-v or --sp",
-                    cfg.clock == "sim" and cfg.pp > 1 and not pp_sim_priced(cfg),
-                ),
-                (
-                    f"--clock sim with --collectives {cfg.collectives}",
-                    cfg.clock == "sim" and cfg.collectives != "ring",
-                ),
+                ("--clock sim with --cp and --tp", sim and cfg.cp > 1 and cfg.tp > 1),
+                ("--clock sim with --cp and --pp", sim and cfg.cp > 1 and cfg.pp > 1),
+                (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
             )
             if on
         ]
         require(
             not later,
-            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
+            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
             f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
-        later = [name for name, on in (("--sp", cfg.sp), (f"--precision {cfg.precision}", cfg.mixed)) if on]
+        later = [
+            name
+            for name, on in (
+                (f"--precision {cfg.precision}", cfg.mixed),
+                # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
+                ("--sp with --cp", cfg.sp and cfg.cp > 1),
+                # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
+                ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
+            )
+            if on
+        ]
         require(
-            not later,
-            f"--arch gpt --experts --tp runs without --sp in full precision; not yet with {', '.join(later)}",
+            not later, f"--arch gpt --experts --tp runs in full precision; not yet with {', '.join(later)}"
         )
-    if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
+    if cfg.arch == "gpt" and cfg.pp > 1 and cfg.cp > 1:  # pipeline/context_expert_stage.py (its own guard:
+        # what expert_stage.py comes to run, its cp stages and costmodel/cp_moe_pipeline.py do not yet)
         later = [
             name
             for name, on in (
@@ -123,6 +119,24 @@ def expert_rules(cfg) -> None:
         ]
         require(
             not later,
-            "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+            "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
             f"precision; not yet with {', '.join(later)}",
+        )
+    if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
+        later = [
+            name
+            for name, on in (
+                # gpt_moe_split.py's halves and a recomputed MoE forward charge no simulated clock
+                (
+                    "--clock sim with zb-h1, zb-v or --recompute",
+                    cfg.clock == "sim" and (cfg.schedule in ("zb-h1", "zb-v") or cfg.recompute != "none"),
+                ),
+                (f"--precision {cfg.precision}", cfg.mixed),
+            )
+            if on
+        ]
+        require(
+            not later,
+            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision; not yet "
+            f"with {', '.join(later)}",
         )

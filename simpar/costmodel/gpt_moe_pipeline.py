@@ -11,23 +11,35 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                ("pp-send-act") and its gradient b s h backward ("pp-send-grad"), times bpe, as
                costmodel/gpt_pipeline.py
   all-to-all   per micro-step and block of the rank's stage, costmodel/gpt_moe.py's four ops from the
-               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced
+               routing (kept[s][e] of the stage's dp ranks, capacity ceil(C K N_i s / E)), or balanced;
+               --recompute full re-runs each forward before its backward: ep-dispatch and ep-combine
+               once more (the same routes, so the same rows), the backward's two ops once; with --tp
+               also each block's tp-g-allreduce and the first chunk's vocab-embed-allreduce
   gradients    once per step and chunk its dense parameters (embedding, head, blocks' dense parts)
-               all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring)
+               all-reduced over the D dp ranks, its experts (its blocks' E/P each) over D/P (ring);
+               --sp: first each unit's LayerNorm gradients over tp (4h a block, 2h the head)
+  --tp, --sp   tp_chunk_ops; under --sp a boundary carries this tp rank's b s h / T, the LayerNorms
+               keep n/T rows (gpt_moe_tp.py)
   memory       params, grads, optimizer state of the rank's chunks' dense parameters and experts
   activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
                b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
-               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
+               head 2 b s h + b s), alive as the schedule's order says (order.peak_alive);
+               --recompute full keeps a chunk's input (8 b s token bytes, or b s h elements) until its
+               backward rebuilds the rest, selective drops each block's softmax output (a s b s elements)
+               until its backward rebuilds it (recompute.py, as costmodel/gpt_pipeline.py); zb-h1 and
+               zb-v hold a micro-batch's bytes from its forward to its W pass
   time         where sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
-               through the schedule); otherwise a rough estimate: the busiest stage's FLOPs stretched
-               by the bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
+               through the schedule); otherwise a rough estimate: the busiest stage's FLOPs
+               (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
+               (M + S - 1) / M (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the
+               dp link's alpha, beta.
 """
 
 from __future__ import annotations
 
 import math
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
 from .moe import OPS, alltoall_pieces, kept_in_row_order
@@ -95,8 +107,33 @@ def block_kept_elems(cfg, kept, n: int, d: int, T: int = 1) -> float:
     h, a, s, E, P = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep
     per, j = E // P, d % P
     received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-    attention = 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+    ln, r = (n * h // T, n // T) if cfg.sp else (n * h, n)  # --sp: LayerNorms' xh, 1/sigma on n/T rows
+    attention = n * h + 2 * ln + 4 * n * h // T + a * s * n // T + 2 * r
     return attention + n * h + sum(kept[d]) * h + 9 * h * received
+
+
+def tp_chunk_ops(cfg, lo: int, hi: int, R: int, k: int) -> list[tuple[str, Cost, int]]:
+    """(op, elements, times) tp rank k of a chunk of units lo..hi-1 sends for R token rows
+    (expert_tensor_gpt.py): per block attention's g (forward) and f (backward) all-reduces -- under
+    --sp 4 all-gathers (f-bar, the MoE input; backward g-bar's and dL/dm's) and 2 reduce-scatters
+    (g-bar, f-bar's backward) -- and the vocabulary's ops where the embedding and the head are;
+    --recompute full sends the forward's ones again."""
+    h, L, T, ar = cfg.hidden, cfg.blocks, cfg.tp, ALLREDUCE[cfg.collectives]
+    again = 2 if cfg.recompute == "full" else 1
+    nb = sum(1 for u in range(lo, hi) if 0 < u <= L)
+    first, last, N = lo == 0, hi == L + 2, R * h
+    if cfg.sp:
+        ag, rs = ring_allgather(N, T, k), ring_reduce_scatter(N, T, k)
+        ops = [("sp-gather", ag, nb * (2 * again + 2)), ("sp-scatter", rs, nb * (again + 1))]
+        ops += [("vocab-embed-scatter", rs, again), ("vocab-embed-gather", ag, 1)] if first else []
+        ops += [("vocab-head-gather", ag, again), ("vocab-head-scatter", rs, 1)] if last else []
+    else:
+        ops = [("tp-g-allreduce", ar(N, T, k), nb * again), ("tp-f-allreduce", ar(N, T, k), nb)]
+        ops += [("vocab-embed-allreduce", ar(N, T, k), again)] if first else []
+        ops += [("vocab-head-allreduce", ar(N, T, k), 1)] if last else []
+    if last:
+        ops += [("vocab-ce-max", ring_allgather(T * R, T, k), 1), ("vocab-ce-sums", ar(2 * R, T, k), 1)]
+    return [op for op in ops if op[2]]
 
 
 def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
@@ -129,38 +166,26 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
 
-        def tensor_ops(act: dict, c: int, R: int, k: int) -> None:
-            """Chunk c's tp traffic for R token rows (gpt_moe_tp.py): attention's g and f per block,
-            the vocabulary's embedding all-reduce on the first chunk, head and loss on the last."""
-            ar = ALLREDUCE[cfg.collectives]
-            for _ in blocks(c):
-                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe)
-                add(act, "tp-f-allreduce", ar(R * h, T, k), bpe)
-            if bounds[c][0] == 0:
-                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
-            if bounds[c][1] == cfg.blocks + 2:
-                add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
-                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), bpe)
-                add(act, "vocab-ce-sums", ar(2 * R, T, k), bpe)
-
         def blocks(c: int) -> list[int]:
             return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]
 
         for i, kept_blocks in enumerate(micro):
             n = chunk(seqs[i % (G * M)], D, d) * s * h  # this rank's residual stream
+            x = n // T if cfg.sp else n  # what crosses a boundary: --sp, this tp rank's rows
             for c in mine:
                 if c < C - 1 and chunk_stage(cfg.schedule, S, c + 1) != st:
-                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                    add(act, "pp-send-act", Cost(x, 1, 0, 1, x), bpe)
                 if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
-                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-                if T > 1:
-                    tensor_ops(act, c, n // h, k)
+                    add(act, "pp-send-grad", Cost(x, 1, 0, 1, x), bpe)
+                for op, cost, times in tp_chunk_ops(cfg, *bounds[c], n // h, k) if T > 1 else ():
+                    add(act, op, cost, bpe, times)
                 for u in blocks(c) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
                     for op in OPS:
                         c_ = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                         cost = Cost(round(c_.sent), c_.messages, 0, c_.rounds, math.ceil(c_.round_elems))
-                        add(act, op, cost, bpe)
+                        again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
+                        add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0
         for c in mine:  # one all-reduce of the chunk's dense part, one of its experts (expert_stage.py)
             dense = sum(units[u][0] for u in range(*bounds[c]))
@@ -170,6 +195,10 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 edp = ALLREDUCE[cfg.collectives](experts, D // P, d // P)
                 add(model, "expert-grad-allreduce", edp, prec.grad, steps)
             n_params += dense + experts
+            for u in range(*bounds[c]) if cfg.sp else ():  # LayerNorms' row-shard sums over tp, per unit
+                n = 4 * h if 0 < u <= cfg.blocks else 2 * h if u == cfg.blocks + 1 else 0
+                if n:
+                    add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n, T, k), prec.grad, steps)
         if link is not None:
             every = list(act.values()) + list(model.values())
             comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
@@ -180,16 +209,29 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             n, router = b * s, 4 if precision_of(cfg) == "mixed" else bpe
             lo, hi = bounds[c]
             out = TOKEN_BYTES * n if lo == 0 else 0
-            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            head = n * h + n * h // T + n // T if cfg.sp else 2 * n * h + n  # --sp: LN_f on n/T rows
+            out += head * bpe if hi == cfg.blocks + 2 else 0
             for u in blocks(c):
                 out += block_kept_elems(cfg, micro[i][u - 1], n, d, T) * bpe + n * E * router
             return out
 
+        def kept(b: int, c: int, full: float) -> float:
+            """What --recompute lets the forward of b sequences on chunk c keep of its `full` bytes."""
+            n = b * s
+            if cfg.recompute == "full":  # the chunk's input: tokens, or (--sp: this rank's rows of) n h
+                return TOKEN_BYTES * n if bounds[c][0] == 0 else n * h // (T if cfg.sp else 1) * bpe
+            if cfg.recompute == "selective":  # each block's P: a s per token row, this rank's heads
+                return full - len(blocks(c)) * cfg.heads * s * n // T * bpe
+            return full
+
         peak = 0
         for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
             b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
-            size = lambda m, c, p=p, b=b: held(p + m, b[m], c)  # noqa: E731
-            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+            size = lambda m, c, p=p, b=b: kept(b[m], c, held(p + m, b[m], c))  # noqa: E731
+            extra = None
+            if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
+                extra = lambda m, c, p=p, b=b: held(p + m, b[m], c) - size(m, c)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(
             {
                 "params": n_params * prec.param,
@@ -206,7 +248,9 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / (S * T) / rate * (M + S - 1) / M if rate else 0.0
+    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
+    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
+    compute_s = work / (S * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)

@@ -3,7 +3,11 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
 
   tp (activation, per micro-step of R = b s rows, b = chunk(N_k, D, d)): gpt_tp.py's ops with the MLP's
       f and g gone: tp-g-allreduce and tp-f-allreduce L all-reduces of R h each (attention only), the
-      vocabulary's embed/head all-reduces of R h, vocab-ce-max (t R) and vocab-ce-sums (2R)
+      vocabulary's embed/head all-reduces of R h, vocab-ce-max (t R) and vocab-ce-sums (2R); --sp:
+      4L all-gathers of R h ("sp-gather": attention's f-bar, the MoE input's, and backward both g-bar's
+      and dL/dm's) and 2L reduce-scatters ("sp-scatter": attention's g-bar and f-bar backward; the MoE
+      output and dL/dh2 are complete on every rank, each takes its rows), gpt_tp.py's vocabulary ops,
+      and once per step "sp-grad-allreduce" (model) of each block's 4h LayerNorm and the head's 2h
   ep (activation): costmodel/gpt_moe.py's four all-to-alls per block and micro-step for dp rank d,
       from the routing -- the same on every tp rank (the MoE part is replicated over tp)
   model, once per step: this rank's dense shards all-reduced over D (one call), its L E/P experts over
@@ -13,9 +17,10 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
   activations per micro-step (elements, bpe; token ids 8 B): a block keeps LN1's xh, attention's
       input, LN2's xh (3 n h), this rank's q, k, v and output (4 n h/T), scores (a s n/T), two 1/sigma
       (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E);
-      the head 2 n h + n
-  time (--collectives ring): as --clock sim charges it (gpt_moe_time.py: the tp collectives blocking,
-      every rank through every all-to-all round); otherwise rough: matmul FLOPs / T plus each op's link.
+      the head 2 n h + n; --sp: the LayerNorms' xh and 1/sigma on n/T rows (the rest as without)
+  time (--collectives ring, no --sp): as --clock sim charges it (gpt_moe_time.py: the tp collectives
+      blocking, every rank through every all-to-all round); otherwise rough: matmul FLOPs / T plus each
+      op at its link.
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     h, a, s, E, P, T = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep, cfg.tp
     n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
     per, j = E // P, d % P
-    elems = 2 * n * h + n
+    # --sp: LayerNorms' xh and 1/sigma on n/T rows; attention's input and the MoE part on every row
+    ln, r = (n * h // T, n // T) if cfg.sp else (n * h, n)
+    elems = n * h + ln + r  # the head: LN_f's output (gathered under --sp), xh, 1/sigma
     for kept in kept_blocks:
         received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-        elems += 3 * n * h + 4 * n * h // T + a * s * n // T + 2 * n
+        elems += n * h + 2 * ln + 4 * n * h // T + a * s * n // T + 2 * r
         elems += n * h + sum(kept[d]) * h + 9 * h * received + n * E
     return 8 * n + round(elems * bpe)
 
@@ -76,9 +83,11 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
 
         for k, blocks in micro:
             R = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
-            for op, costs in micro_step_ops(R, h, L, T, j, False, cfg.collectives).items():
+            for op, costs in micro_step_ops(R, h, L, T, j, cfg.sp, cfg.collectives).items():
                 if op in ("tp-g-allreduce", "tp-f-allreduce"):
                     costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
+                if op == "sp-scatter":  # attention's g-bar and f-bar backward; the MoE output is sliced
+                    costs = costs[: 2 * L]
                 for c in costs:
                     add(act, op, c, bpe)
             for kept in blocks if P > 1 else ():
@@ -87,6 +96,8 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
                     c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                     add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
         add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
+        for n in [4 * h] * L + [2 * h] if cfg.sp else ():  # LayerNorms' row-shard gradients, per unit
+            add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n, T, j), prec.grad, steps)
         add(
             model,
             "expert-grad-allreduce",
@@ -118,7 +129,9 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and cfg.collectives == "ring" and cfg.cp == 1:  # as --clock sim charges it
+    if (
+        hw is not None and cfg.collectives == "ring" and cfg.cp == 1 and not cfg.sp
+    ):  # as --clock sim charges it
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

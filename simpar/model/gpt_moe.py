@@ -34,6 +34,8 @@ import numpy as np
 from ..runtime.context import PLAIN
 from . import moe_charges as mc
 from .gpt import INIT_STD, BlockUnit, Kept, _cut
+from .gpt_moe_split import expert_backward_input, router_backward_input, split_backward_moe
+from .mlp import pending_weight_passes
 from .moe import aux_loss, capacity, histogram, keep_mask, kept_counts, route, router_backward
 from .resmlp import layernorm_backward, layernorm_forward
 
@@ -138,8 +140,9 @@ class MoEFFN:
         held += sum(c.nbytes for c in ectx.values() if c is not None)
         return y, aux, ctx, held
 
-    def backward(self, dy, ctx, Wr, dWr):
-        """dL/dx of forward's x (experts and router); the experts' and the router's gradients added."""
+    def backward(self, dy, ctx, Wr, dWr, weight_passes=None):
+        """dL/dx of forward's x (experts and router); the experts' and the router's gradients added, or
+        with `weight_passes` (a zero-bubble B pass: gpt_moe_split.py) queued there as closures."""
         P, ex = self.x.P, self.x
         x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows = ctx
         f = p.dtype
@@ -159,7 +162,11 @@ class MoEFFN:
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
         outs = [[] for _ in range(P)]
         for k, e in enumerate(self.owned_by(ex.j)):
-            dxe = self._expert_backward(e, ectx[e], np.concatenate([got[q][k] for q in range(P)]))
+            dout = np.concatenate([got[q][k] for q in range(P)])
+            if weight_passes is None:
+                dxe = self._expert_backward(e, ectx[e], dout)
+            else:
+                dxe = expert_backward_input(self, e, ectx[e], dout, weight_passes)
             for q, piece in enumerate(split_rows(dxe, [c[k] for c in from_q])):
                 outs[q].append(piece)
         back = ex.alltoall([np.concatenate(o) for o in outs], combine_rows, "ep-dispatch-grad")
@@ -169,7 +176,10 @@ class MoEFFN:
                 dx[assigned[e][0]] += piece
         if clock is not None:
             mc.charge_routing(clock, sent, self.h, dx.itemsize, mc.SCATTER_ELEMS)
-        dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock)
+        if weight_passes is None:
+            dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock)
+        else:  # zero-bubble halves: no simulated clock (config/moe.py refuses --clock sim with them)
+            dx_router = router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes)
         return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
     def _expert_forward(self, e, xe):
@@ -264,6 +274,9 @@ class MoEBlockUnit(BlockUnit):
         return x2 + m, aux, (kept, fctx), kept.nbytes + held
 
     def backward_moe(self, dense, gdense, ctx, dy, ffn: MoEFFN):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (gpt_moe_split.py)
+            return split_backward_moe(self, dense, gdense, ctx, dy, ffn, pending)
         kept, fctx = ctx
         g1, _, attn, g2, _, Wr = self.dense_views(dense)
         dg1, db1, dattn, dg2, db2, dWr = self.dense_views(gdense)

@@ -160,14 +160,19 @@ def aux_loss(p, f, alpha: float, N: int) -> tuple[float, np.ndarray]:
     return share, np.broadcast_to((alpha * E / N) * f, p.shape).astype(p.dtype)
 
 
-def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock=None):
-    """dL/dx through the router (the module docstring's renorm, aux and softmax lines); dWr += x^T dlogit.
-    Computed in p's type (router_dtype); dWr gets the result rounded to its own type, dx is in p's."""
+def router_dlogits(dgates, dp_aux, p, top, gates):
+    """dL/d(router logits), in p's type: the module docstring's renorm, aux and softmax lines."""
     S = np.take_along_axis(p, top, axis=1).sum(axis=1, keepdims=True)
     dchosen = (dgates - (dgates * gates).sum(axis=1, keepdims=True)) / S
     dp = dp_aux.copy()
     np.put_along_axis(dp, top, np.take_along_axis(dp, top, axis=1) + dchosen, axis=1)
-    dlogits = p * (dp - (p * dp).sum(axis=1, keepdims=True))
+    return p * (dp - (p * dp).sum(axis=1, keepdims=True))
+
+
+def router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock=None):
+    """dL/dx through the router (the module docstring's renorm, aux and softmax lines); dWr += x^T dlogit.
+    Computed in p's type (router_dtype); dWr gets the result rounded to its own type, dx is in p's."""
+    dlogits = router_dlogits(dgates, dp_aux, p, top, gates)
     x, Wr = x.astype(p.dtype, copy=False), Wr.astype(p.dtype, copy=False)
     dWr += (x.T @ dlogits).astype(dWr.dtype, copy=False)
     if clock is not None:

@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
+from ..model.gpt import Kept
 from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, train_pass
 from ..model.moe import capacity, micro_rows
@@ -54,6 +55,25 @@ class EpExchange:
         if self.P == 1:
             return [send[0]]
         return collectives.alltoall(self.s.ep, send, rows, "activation", op, self.s.layout.alltoall)
+
+
+class UnitContext(Kept):
+    """One unit's context in an MoE stack (parallel/pipeline/expert_stage.py, expert_tensor_gpt.py) and
+    the bytes it holds. A Kept, so that pipeline/recompute.save takes gpt_recompute.py's path: `attn`
+    is a block's attention context (whose P --recompute selective drops and rebuilds), `nbytes` what
+    the unit holds now (P dropped or not; the MoE part's bytes fixed)."""
+
+    def __init__(self, ctx, held: int):
+        self.ctx, self._kept = ctx, ctx[0] if isinstance(ctx, tuple) else ctx  # a block's: (Kept, ffn's)
+        self._rest = held - self._kept.nbytes
+
+    @property
+    def attn(self):
+        return getattr(self._kept, "attn", None)
+
+    @property
+    def nbytes(self) -> int:
+        return self._kept.nbytes + self._rest
 
 
 class GptExpertParallel(Strategy):

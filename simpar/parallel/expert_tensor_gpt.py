@@ -19,11 +19,22 @@ and vocab_parallel.py's four ops. Once per step: this rank's dense shards all-re
 (`model/grad-allreduce`, one call: no buckets, as expert_gpt.py), its experts over the D/P
 expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmodel/gpt_moe_tp.py.
 
+--sp (Korthikanti et al. 2022, sec. 4.2.2, as tensor_gpt.py): between the units each tp rank holds
+its contiguous 1/T of the rows; attention's f and g become f-bar and g-bar (all-gather "sp-gather",
+reduce-scatter "sp-scatter"). The MoE part stays replicated on every row: LN2 runs on the rank's rows,
+its output is all-gathered ("sp-gather"), every tp rank routes every row as without --sp (the same
+tokens dropped) and keeps its rows of the output -- complete, so no reduce-scatter; backward,
+dL/dm is all-gathered ("sp-gather") and each rank keeps its rows of the complete dL/dh2. The router's
+and experts' gradients come from every row (complete), the LayerNorms' from the rank's rows: summed
+over tp once a step ("model/sp-grad-allreduce", each block's 4h and the head's 2h).
+
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
-ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
-(config/moe.py): --sp and mixed precision with --tp.
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp, every schedule
+(zb-h1, zb-v: expert_tensor_split.py), --recompute and --sp; with --cp the stack runs on a cp rank's
+tokens (context_expert_tensor.py, through the ffn_class, make_stack and my_tokens hooks). Refused in
+one line (config/moe.py): mixed precision with --tp, and --sp with --cp.
 """
 
 from __future__ import annotations
@@ -35,14 +46,16 @@ from ..model import moe_charges as mc
 from ..model.gpt import EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
-from ..model.mlp import ParamStore
+from ..model.mlp import ParamStore, pending_weight_passes
 from ..model.moe import micro_rows
 from ..model.precision import build_optimizer
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import Strategy
-from .expert_gpt import EpExchange, GptExpertParallel
+from .expert_gpt import EpExchange, GptExpertParallel, UnitContext
+from .expert_tensor_split import split_moe_backward
 from .sharded import Sharded
 from .tensor_gpt import GptTensorStack
+from .tensor_gpt_split import split_unit_backward
 from .vocab_parallel import ShardedEmbedding, ShardedHead, vocab_loss_grad
 
 
@@ -57,14 +70,22 @@ class ShardedMoEBlock(Sharded):
         super().__init__(unit, pieces, t, k)
         self.h, self.s, self.heads = h, unit.s, unit.a // t
 
+    def sp_grads(self, gflat) -> list:
+        """--sp: the LayerNorms' gammas and betas saw this rank's rows only; bo's gradient is a row sum
+        after the all-gather, the router's and the experts' come from every row: complete already."""
+        v = self.views(gflat)
+        return [v[0], v[1], v[10], v[11]]
+
 
 class ExpertTensorStack(GptTensorStack):
-    """gpt's units over the tp group (f, g and attention from GptTensorStack, no --sp), MoE blocks
+    """gpt's units over the tp group (f, g and attention from GptTensorStack, --sp too), MoE blocks
     with their experts replicated over tp. One store: every unit's tp shard, then this ep rank's
     experts of every block."""
 
+    ffn_class = MoEFFN  # context_expert_tensor.py's plans capacity per sequence segment (cp)
+
     def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
-        self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, False
+        self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, layout.sp
         t, k, dtype = self.comm.size, self.comm.rank, model.compute_dtype()
         self.rt = mesh.world.runtime
         full = [u for u in gpt_units(model, self.rt) if indices is None or u.index in indices]
@@ -93,33 +114,47 @@ class ExpertTensorStack(GptTensorStack):
                     for i, e in enumerate(mine)
                 }
                 offset += len(mine) * n
-                self.ffns[u.index] = MoEFFN(m.h, m.E, m.K, m.C, m.alpha, views, exchange, self.rt)
+                self.ffns[u.index] = self.ffn_class(m.h, m.E, m.K, m.C, m.alpha, views, exchange, self.rt)
         self.N = self.B = 0  # the micro-step's and the step's global tokens, set before each forward
         self.aux = 0.0
 
     def moe_forward(self, blk: ShardedMoEBlock, flat, x):
         g1, b1, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, b2, Wr = blk.views(flat)
-        h1, (xh1, r1) = layernorm_forward(x, g1, b1)
+        h1, (xh1, r1) = layernorm_forward(x, g1, b1)  # this rank's rows (all of them without --sp)
+        h1 = self.f(h1)
         y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), h1.shape[0] // blk.s)
-        x2 = x + (self.g(y) + bo)  # every tp rank: the same x2, so the same routes below
+        x2 = x + (self.g(y) + bo)  # every tp rank: the same x2 (--sp: its rows of it)
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         if self.rt.clock is not None:  # this rank's share of the attention half (model/moe_charges.py)
             mc.charge_attention(
                 self.rt.clock, x.shape[0], blk.h, blk.unit.a, blk.s, x.itemsize, 0, False, blk.t
             )
+        h2 = self.f(h2)  # --sp: every row again (sp-gather), so every tp rank routes the same tokens
         m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
         self.aux += aux
         kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
-        return x2 + m, (kept, fctx), kept.nbytes + held
+        return x2 + self.mine(m), (kept, fctx), kept.nbytes + held
+
+    def mine(self, rows):
+        """--sp: this tp rank's contiguous shard of `rows` (every rank holds them all: no message)."""
+        if not self.sp:
+            return rows
+        n = rows.shape[0] // self.comm.size
+        return rows[self.comm.rank * n : (self.comm.rank + 1) * n]
 
     def moe_backward(self, blk: ShardedMoEBlock, flat, gflat, ctx, dy):
+        pending = pending_weight_passes()
+        if pending is not None:  # a zero-bubble pipeline's B pass: the W half waits (expert_tensor_split.py)
+            return split_moe_backward(self, blk, flat, gflat, ctx, dy, pending)
         kept, fctx = ctx
         g1, _, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g2, _, Wr = blk.views(flat)
         dg1, db1, *dattn, dg2, db2, dWr = blk.views(gflat)
-        dh2 = self.ffns[blk.index].backward(dy, fctx, Wr, dWr)  # complete on every tp rank: no f
-        dx2, gg2, gb2 = layernorm_backward(dh2, (kept.xh2, kept.r2), g2)
+        dm = self.g_back(dy)  # --sp: every row's dL/dm (sp-gather)
+        dh2 = self.ffns[blk.index].backward(dm, fctx, Wr, dWr)  # complete on every tp rank: no f
+        dx2, gg2, gb2 = layernorm_backward(self.mine(dh2), (kept.xh2, kept.r2), g2)
         dx2 = dy + dx2
-        dh1 = self.attend_backward(blk, dx2, kept.attn, (Wq, bq, Wk, bk, Wv, bv, Wo, bo), dattn)
+        attn = (Wq, bq, Wk, bk, Wv, bv, Wo, bo)
+        dh1 = self.attend_backward(blk, self.g_back(dx2), kept.attn, attn, dattn)  # dbo: full row sum
         dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (kept.xh1, kept.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new
@@ -138,15 +173,19 @@ class ExpertTensorStack(GptTensorStack):
                 held = ctx.nbytes
             watch.check(u.index, x)
             meter.take(held)
-            contexts.append((ctx, held))
+            contexts.append(UnitContext(ctx, held))  # what --recompute reads (pipeline/recompute.py)
         return x, contexts
 
     def backward(self, contexts, grad, meter, on_layer_done=None):
-        for u, (p, g), (ctx, held) in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+        pending = pending_weight_passes()  # a zero-bubble pipeline's B pass: W halves queued there
+        for u, (p, g), c in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+            held = c.nbytes
             if isinstance(u, ShardedMoEBlock):
-                grad = self.moe_backward(u, p, g, ctx, grad)
+                grad = self.moe_backward(u, p, g, c.ctx, grad)
+            elif pending is not None:  # the embedding and the head as tensor_gpt_split.py splits them
+                grad = split_unit_backward(self, u, p, g, c.ctx, grad, pending)
             else:
-                grad = u.backward(p, g, ctx, grad)
+                grad = u.backward(p, g, c.ctx, grad)
             meter.free(held)
         return grad
 
@@ -192,13 +231,21 @@ class ExpertTensorParallel(Strategy):
             mesh.groups["edp"],
             mesh.tp_comm,
         )
+        self.replicas = self.dp  # who holds the same dense shards (context_expert_tensor.py adds cp)
         per = self.model.experts // self.ep.size
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
-        self.stack = ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
+        self.stack = self.make_stack(mesh)
         for i, ffn in self.stack.ffns.items():
             ffn.record = lambda H, kept, i=i: self.routing[-1].__setitem__(i, (H, kept))
         self.optimizer = build_optimizer(self.model, self.optimisation, self.dp, self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}
+
+    def make_stack(self, mesh) -> ExpertTensorStack:
+        return ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
+
+    def my_tokens(self, x, y, rows: int):
+        """This rank's tokens of its dp rows in a micro-step of `rows` global rows: all of them."""
+        return x, y
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         st, s = self.stack, self.model.seq_len
@@ -207,13 +254,17 @@ class ExpertTensorParallel(Strategy):
         st.aux, loss = 0.0, 0.0
         for k, (x, y) in enumerate(micro_steps):
             self.routing.append({})
-            st.N, st.B = micro_rows(global_batch, len(micro_steps), k) * s, global_batch * s
+            rows = micro_rows(global_batch, len(micro_steps), k)
+            st.N, st.B = rows * s, global_batch * s
+            x, y = self.my_tokens(x, y, rows)
             logits, contexts = st.forward(x, self.meter, self.watch)
             share, grad = vocab_loss_grad(st, self.optimizer, logits, y, global_batch, s)
             st.backward(contexts, grad, self.meter)
             loss += share
+        for u, (_, g) in zip(st.units, st.flats) if st.sp else ():  # the row shards' sums over tp
+            st._sync_sequence_grads(u, g)
         for comm, buf, op in (
-            (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
+            (self.replicas, st.store.grads[: st.n_dense], "grad-allreduce"),
             (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),
         ):
             if comm.size > 1:

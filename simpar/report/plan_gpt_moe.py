@@ -19,6 +19,7 @@ import json
 
 from ..config import RunConfig, SimparError
 from ..costmodel import hardware
+from ..costmodel.gpt import model_flops_per_step
 from ..costmodel.gpt_moe import param_counts
 from ..costmodel.gpt_moe_tp import dense_shard
 from ..costmodel.predict import predict_from_config
@@ -96,13 +97,18 @@ def plan_gpt_moe(cfg, hw) -> dict:
     a2a = max(sum(v["sent"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")) for r in ranks)
     prec = "mixed" if cfg.precision != "fp32" else {"float64": "fp64"}.get(cfg.dtype, "fp32")
     step = p["time"]["step_s"]
+    # MFU's numerator: the causal count of the dense model (model_flops_per_step, as plan --arch gpt
+    # and the tour count it), the MLP K times and the router (what flops_per_step adds)
+    L, h, s, V, E, K, B = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.top_k, cfg.batch
+    useful = model_flops_per_step(B, s, L, h, V) + (K - 1) * 48 * B * s * L * h * h + 6 * B * s * L * h * E
     return {
         **p,
         "params_total": dense + cfg.blocks * cfg.experts * (8 * cfg.hidden**2 + 5 * cfg.hidden),
         "params_per_rank": {"non_expert": dense, "experts": mine},
         "alltoall_per_rank_per_step": a2a,
         "world": world,
-        "mfu": p["flops_per_step"] / (step * world * hw.peak_rate(prec)) if step > 0 else 0.0,
+        "model_flops_per_step": useful,
+        "mfu": useful / (step * world * hw.peak_rate(prec)) if step > 0 else 0.0,
     }
 
 
@@ -131,7 +137,8 @@ def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
         f"step time: {fmt_time(t['step_s'])} (compute {fmt_time(t['compute_s'])}, all-to-alls, "
         f"gradient all-reduces and waiting {fmt_time(t['comm_s'])}; balanced router, none dropped, as "
         "--clock sim would charge it)",
-        f"MFU: {p['mfu']:.1%} of the dense peak (active FLOPs / (step time x ranks x peak))",
+        f"MFU: {p['mfu']:.1%} of the dense peak (active FLOPs, the scores' causal half, / (step time x "
+        "ranks x peak))",
     ]
     if cfg.capacity_factor < 1:
         lines.append(

@@ -32,8 +32,19 @@ ledger's snapshot), for the metrics' `moe` summary and the prediction.
 With --tp a chunk is expert_tensor_gpt.py's ExpertTensorStack over its units (attention and the
 vocabulary over tp, the MoE part replicated on it; each tp rank sends its own copy of the boundary's
 b s h, and of the all-to-alls over its tp index's ep group): pp x dp x ep x tp, every factor free.
-Refused in one line (config/moe.py): zb-h1 and zb-v (their W pass splits every unit's backward),
---recompute, mixed precision, --sp, --cp.
+--recompute (recompute.py; a unit's context is a UnitContext, a Kept whose `attn` and `nbytes` it reads):
+selective drops each block's softmax output P (a s^2 per sequence) and rebuilds it from the kept q, k
+(gpt_recompute.py), no message; full keeps the chunk's input and re-runs its forward before the
+backward, on the micro-step's own N and B: the same routes, so the same tokens dropped (_record checks
+the histograms and kept counts against the forward's), its aux share not counted twice -- and the
+forward's traffic again: the histograms' all-gather (`control/ep-histogram`) and per block the
+`ep-dispatch` and `ep-combine` all-to-alls, real messages (costmodel/gpt_moe_pipeline.py counts them).
+--schedule zb-h1 and zb-v: each unit's backward split into B and W (gpt_split.py, an MoE block's by
+gpt_moe_split.py: the four all-to-alls stay in B, the experts' and router's weight gradients go to W);
+no bucket hook (one all-reduce after the last W pass), so the W pass runs its closures in order.
+With --tp --sp each tp rank of a stage holds its 1/T of the rows between units and at the boundaries
+(expert_tensor_gpt.py's --sp), the LayerNorms' gradients summed over tp once a step (_allreduce).
+Refused in one line (config/moe.py): mixed precision, --cp.
 """
 
 from __future__ import annotations
@@ -46,7 +57,8 @@ from ...model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
 from ...run.data import distributed_sampler, micro_steps
-from ..expert_gpt import EpExchange
+from ...runtime import trace
+from ..expert_gpt import EpExchange, UnitContext
 from ..expert_tensor_gpt import ExpertTensorStack
 from .engine import PipelineParallel
 
@@ -55,8 +67,10 @@ class MoEChunkStack:
     """Units lo..hi-1 on this rank: one flat store, every unit's dense part (a block's outside its
     experts, the embedding and head whole) first, then this ep rank's experts of each block."""
 
-    def __init__(self, model, rt, lo: int, hi: int, mine: range, exchange):
-        self.units, dtype = gpt_units(model, rt)[lo:hi], model.compute_dtype()
+    def __init__(self, model, rt, lo: int, hi: int, mine: range, exchange, units=None, ffn_class=MoEFFN):
+        # units: the whole model's (context_expert_stage.py: a cp rank's); ffn_class plans capacity
+        units = gpt_units(model, rt) if units is None else units
+        self.units, dtype = units[lo:hi], model.compute_dtype()
         dense, experts = [], []
         for u in self.units:  # every rank builds the full shape from (seed, unit) and keeps its part
             full = u.init(model.seed, dtype)
@@ -77,7 +91,7 @@ class MoEChunkStack:
                 for e in mine:
                     views[e] = (p[offset : offset + n], g[offset : offset + n])
                     offset += n
-                self.ffns[u.index] = MoEFFN(u.h, u.E, u.K, u.C, u.alpha, views, exchange, rt)
+                self.ffns[u.index] = ffn_class(u.h, u.E, u.K, u.C, u.alpha, views, exchange, rt)
         self.N = self.B = 0  # the micro-step's and the step's global tokens, set before each forward
         self.aux = 0.0  # this rank's aux-loss shares of the step
 
@@ -92,15 +106,16 @@ class MoEChunkStack:
                 held = ctx.nbytes
             watch.check(u.index, x)
             meter.take(held)
-            contexts.append((ctx, held))
+            contexts.append(UnitContext(ctx, held))
         return x, contexts
 
     def backward(self, contexts, grad, meter, on_layer_done=None):
-        for u, (p, g), (ctx, held) in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
-            if u.index in self.ffns:
-                grad = u.backward_moe(p, g, ctx, grad, self.ffns[u.index])
+        for u, (p, g), c in zip(reversed(self.units), reversed(self.flats), reversed(contexts)):
+            held = c.nbytes
+            if u.index in self.ffns:  # inside a zero-bubble B pass: B now, W queued (gpt_moe_split.py)
+                grad = u.backward_moe(p, g, c.ctx, grad, self.ffns[u.index])
             else:
-                grad = u.backward(p, g, ctx, grad, need_dx=u.index > 0)
+                grad = u.backward(p, g, c.ctx, grad, need_dx=u.index > 0)
             meter.free(held)
         return grad
 
@@ -134,14 +149,23 @@ class ExpertPipelineParallel(PipelineParallel):
 
     def __init__(self, sections, mesh):
         self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
+        self.replicas = self.dp  # who holds the same dense parameters (context_expert_stage.py: dp x cp)
         per = sections.model.experts // mesh.groups["ep"].size
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         self.routing = []  # per micro-step of the run: {block index: (H, kept)} of this stage's blocks
+        self._replay = False  # --recompute full's second forward: check the routing, do not record it
         super().__init__(sections, mesh)
         self.buckets = {}  # no buckets: one all-reduce of the dense part and one of the experts (below)
         for st in self.stacks.values():
             for i, ffn in st.ffns.items():
-                ffn.record = lambda H, kept, i=i: self.routing[self._micro].__setitem__(i, (H, kept))
+                ffn.record = lambda H, kept, i=i: self._record(i, H, kept)
+
+    def _record(self, i: int, H, kept) -> None:
+        micro = self.routing[self._micro]
+        if not self._replay:
+            micro[i] = (H, kept)
+        elif not (np.array_equal(micro[i][0], H) and np.array_equal(micro[i][1], kept)):
+            raise RuntimeError(f"--recompute full routed block {i} otherwise than its forward")
 
     def _stack(self, model, layout, mesh, lo: int, hi: int):
         # called inside PipelineParallel.__init__: self.layout and the groups above are already set
@@ -177,13 +201,35 @@ class ExpertPipelineParallel(PipelineParallel):
         self._pass += 1
         super()._run(flight)
 
-    def _forward(self, step, flight) -> None:
-        i = self._pass * self.M + step.mb  # the micro-step this micro-batch is
+    def _route(self, mb: int, stack) -> None:
+        """Micro-batch mb of this pass is micro-step i: its routing entry, its N and B on the stack."""
+        i, s = self._pass * self.M + mb, self.model.seq_len
         self._micro = self._first + i
-        stack, s = self.stacks[step.chunk], self.model.seq_len
         stack.N = micro_rows(self._global_batch, self.optimisation.grad_accum * self.M, i) * s
         stack.B = self._global_batch * s
+
+    def _forward(self, step, flight) -> None:
+        self._route(step.mb, self.stacks[step.chunk])
         super()._forward(step, flight)
+
+    def _contexts(self, key: tuple, flight):
+        """--recompute full re-runs (mb, chunk)'s forward here: on its own micro-step's N and B, so the
+        same routes (checked by _record), its aux share already counted (kept as it was)."""
+        stack = self.stacks[key[1]]
+        self._route(key[0], stack)
+        aux, self._replay = stack.aux, True
+        try:
+            return super()._contexts(key, flight)
+        finally:
+            stack.aux, self._replay = aux, False
+
+    def _backward_weight(self, step, flight) -> None:
+        """W: every unit's queued weight pass in order (no bucket hook: _allreduce after the last)."""
+        weight_passes, nbytes = flight.weight_passes.pop((step.mb, step.chunk))
+        with trace.span(self.pp_comm.runtime, f"W{step.mb}", "backward", mb=step.mb, chunk=step.chunk):
+            for weight_pass in weight_passes:
+                weight_pass()
+        self.meter.free(nbytes)
 
     def _hook(self, step, flight):
         return None
@@ -193,8 +239,10 @@ class ExpertPipelineParallel(PipelineParallel):
             return
         for c in self.chunks:
             st = self.stacks[c]
+            for u, (_, g) in zip(st.units, st.flats) if self.layout.sp else ():
+                st._sync_sequence_grads(u, g)  # --sp: the LayerNorms' row-shard gradients over tp
             for comm, buf, op in (
-                (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
+                (self.replicas, st.store.grads[: st.n_dense], "grad-allreduce"),
                 (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),
             ):
                 if comm.size > 1 and buf.size:

@@ -11,6 +11,7 @@ import pytest
 from simpar.config import RunConfig
 from simpar.costmodel import predict_from_config
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
+from simpar.costmodel.spec import precision_of
 from simpar.run.data import feeder_splits
 
 H, A, S, V, E, K = 16, 2, 8, 17, 4, 2
@@ -126,3 +127,120 @@ def test_pp_x_tp_adds_attention_and_vocabulary_traffic_per_chunk():
             assert by_op[op] == n, (r, op)
         assert by_op["model/grad-allreduce"] == ring(dense[st], D, d) * 8
         assert pred["memory"]["ranks"][r]["params"] == (dense[st] + E // 2 * EXPERT) * 8
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
+def test_recompute_sends_the_forward_all_to_alls_again_and_holds_less(schedule):
+    """pp2 x dp2 x ep2, L = 2, 2 micro-batches of b = 2 sequences (n = 16 rows) a dp rank, balanced
+    routing (each expert keeps n K / E of every rank, so a rank receives n K rows). --recompute full
+    re-runs each forward: ep-dispatch and ep-combine twice ((P-1)/P n K h x 8 B per block and
+    micro-batch each), the backward's two once, the boundaries as before; selective moves nothing more.
+    Activations (8 B elements), a micro-batch: block 1 or 2 (8 n h + a s n + 2 n) + n K h + 9 h n K + n E,
+    the embedding's 8 n token bytes, the head 2 n h + n. The last stage holds its two micro-batches'
+    forwards, then a backward rebuilds one in full: gpipe's peak = 2 kept + (full - kept) on both stages;
+    full recompute keeps the stage's input (n h, or the tokens), selective drops the block's P (a s n).
+    zb-h1's last stage runs F0 B0 F1 B1 before its W passes: both micro-batches rebuilt, 2 full, the
+    saving gone there (the first stage's order: the MPI test, measured against the prediction)."""
+    n = 2 * S
+    block = (8 * n * H + A * S * n + 2 * n + n * K * H + 9 * H * n * K + n * E) * 8
+    full = [8 * n + block, block + (2 * H * n + n) * 8]
+    kept = {"none": full, "full": [8 * n, n * H * 8], "selective": [f - A * S * n * 8 for f in full]}
+    a2a = 2 * (2 - 1) / 2 * n * K * H * 8  # 2 micro-batches, one block a stage
+    layout = dict(pp=2, dp=2, ep=2, microbatches=2, schedule=schedule)
+    by_mode = {}
+    for mode in ("none", "full", "selective"):
+        cfg = RunConfig(**SHAPE, blocks=2, batch=8, capacity_factor=2.0, recompute=mode, **layout)
+        pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+        by_mode[mode] = [{k: v["sent"] for k, v in rank["by_op"].items()} for rank in pred["comm"]["ranks"]]
+        again = 2 if mode == "full" else 1
+        for by_op in by_mode[mode]:
+            assert by_op["activation/ep-dispatch"] == pytest.approx(again * a2a)
+            assert by_op["activation/ep-combine"] == pytest.approx(again * a2a)
+            assert (
+                by_op["activation/ep-combine-grad"]
+                == by_op["activation/ep-dispatch-grad"]
+                == pytest.approx(a2a)
+            )
+        peaks = [pred["memory"]["ranks"][r]["activations_peak"] for r in (0, 2)]
+        if schedule == "gpipe":
+            assert peaks == [2 * k + f - k for k, f in zip(kept[mode], full)]
+        else:
+            assert peaks[1] == 2 * full[1]
+    for none, full_, sel in zip(by_mode["none"], by_mode["full"], by_mode["selective"]):
+        assert sel == none
+        assert {
+            k: v for k, v in full_.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")
+        } == {k: v for k, v in none.items() if k not in ("activation/ep-dispatch", "activation/ep-combine")}
+
+
+def test_recompute_full_with_tp_sends_the_forwards_tp_messages_again():
+    """pp2 x dp2 x ep2 x tp2 as the test above: --recompute full re-runs each chunk's forward, so each
+    block's g all-reduce and stage 0's embedding all-reduce are sent twice (2 R h elements a micro-batch
+    each); the backward's f, the head's all-reduce and the loss's row maxima and sums once."""
+    T, D, R = 2, 2, 2 * S
+    layout = dict(pp=2, dp=D, ep=2, tp=T, microbatches=2, schedule="gpipe", recompute="full")
+    cfg = RunConfig(**(SHAPE | dict(vocab=18)), blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS)
+    stream = 2 * R * H * 8
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st = r // T // D
+        by_op = {op: v["sent"] for op, v in rank["by_op"].items()}
+        assert (by_op["activation/tp-g-allreduce"], by_op["activation/tp-f-allreduce"]) == (
+            2 * stream,
+            stream,
+        )
+        if st == 0:
+            assert by_op["activation/vocab-embed-allreduce"] == 2 * stream
+        else:
+            assert by_op["activation/vocab-head-allreduce"] == stream
+            assert by_op["activation/vocab-ce-max"] == 2 * R * 8
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_sp_stages_send_row_shards_and_recompute_repeats_the_forward_gathers(recompute):
+    """pp2 x tp2 --sp, L = 2, gpipe, 2 micro-batches of b = 4 sequences (R = 32 rows; a ring all-gather
+    or reduce-scatter of R h over 2 ranks sends R h / 2 = one shard). Per micro-batch a boundary carries
+    the shard; stage 0 (the embedding and block 1) sends block 1's 4 all-gathers and 2 reduce-scatters
+    (expert_tensor_gpt.py's --sp), the embedding's reduce-scatter and its backward all-gather; stage 1
+    (block 2 and the head) block 2's, the head's all-gather and reduce-scatter, the row maxima and sums.
+    --recompute full re-runs the forward: per block 2 all-gathers and 1 reduce-scatter more, the
+    embedding's reduce-scatter, the head's all-gather. Once a step the LayerNorms' gradients over tp:
+    4h a block, 2h the head (2 (T-1)/T of each)."""
+    again = recompute == "full"
+    layout = dict(pp=2, tp=2, sp=True, microbatches=2, schedule="gpipe", recompute=recompute)
+    cfg = RunConfig(**(SHAPE | dict(vocab=18)), blocks=2, batch=8, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+    R = 4 * S
+    shard = 2 * R * H // 2 * 8  # two micro-batches
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        st = r // 2
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        want = {"activation/sp-gather": (4 + 2 * again) * shard, "activation/sp-scatter": (2 + again) * shard}
+        if st == 0:
+            want["activation/pp-send-act"] = shard
+            want["activation/vocab-embed-scatter"] = (1 + again) * shard
+            want["activation/vocab-embed-gather"] = shard
+            want["model/sp-grad-allreduce"] = 4 * H * 8
+        else:
+            want["activation/pp-send-grad"] = shard
+            want["activation/vocab-head-gather"] = (1 + again) * shard
+            want["activation/vocab-head-scatter"] = shard
+            want["activation/vocab-ce-max"] = 2 * R * 8
+            want["activation/vocab-ce-sums"] = 2 * 2 * R * 8
+            want["model/sp-grad-allreduce"] = (4 * H + 2 * H) * 8
+        assert {k: v for k, v in by_op.items() if k != "model/grad-allreduce"} == want, r
+
+
+def test_recompute_adds_its_flops_to_the_rough_compute_time():
+    """--recompute full runs the forward again: 4/3 of the step's matmul FLOPs; selective adds each
+    block's q k^T, 2 s^2 h a sequence, for the busiest dp rank's 4 sequences and L = 2 blocks, spread
+    over S = 2 stages at the hardware's rate and stretched by the bubble (M + S - 1) / M = 3/2."""
+    layout = dict(pp=2, dp=2, ep=2, microbatches=2, schedule="1f1b")
+    compute = {}
+    for mode in ("none", "full", "selective"):
+        cfg = RunConfig(**SHAPE, blocks=2, batch=8, capacity_factor=2.0, recompute=mode, **layout)
+        compute[mode] = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)["time"]["compute_s"]
+    assert compute["full"] == pytest.approx(compute["none"] * 4 / 3)
+    rate = LOCAL_DEFAULTS.flop_rate(precision_of(cfg))
+    qk = 2 * S * S * H * 2 * 4 / 2 / rate * 3 / 2
+    assert compute["selective"] - compute["none"] == pytest.approx(qk)

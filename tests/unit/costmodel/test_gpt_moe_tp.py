@@ -48,3 +48,28 @@ def test_balanced_bytes_and_memory(T, D, P, G, B):
         assert by_op.get("model/grad-allreduce", 0) == ring_rank(dense, D, r // T) * 8
         assert by_op.get("model/expert-grad-allreduce", 0) == ring(experts, D // P) * 8
         assert pred["memory"]["ranks"][r]["params"] == (dense + experts) * 8
+
+
+@pytest.mark.parametrize("T,D,P", [(2, 2, 2), (4, 1, 1)])
+def test_sequence_parallel_bytes_and_activations(T, D, P):
+    """--sp, balanced routing, B = 8 sequences, one micro-step: R = 8/D s rows a dp rank. Per block 4
+    all-gathers of R h (attention's f-bar, the MoE input, backward g-bar's and dL/dm's) and 2
+    reduce-scatters (attention's g-bar, f-bar's backward), (T-1)/T R h each; the vocabulary's four ops
+    one each; sp-grad-allreduce 2 (T-1)/T of 4h a block and 2h the head. Activations (8 B elements, n =
+    R): per block attention's gathered input n h, LN1's and LN2's xh 2 n h/T, q k v o 4 n h/T, P a s
+    n/T, 1/sigma 2 n/T, the MoE part n h + n K h + 9 h n K + n E (balanced: every row's K slots kept,
+    n K rows received); the head n h + n h/T + n/T; the tokens 8 n bytes."""
+    cfg = RunConfig(**SHAPE, tp=T, dp=D, ep=P, batch=8, sp=True)
+    pred = predict_from_config(cfg, T * D, steps=1, hw=LOCAL_DEFAULTS)
+    n = 8 // D * S
+    part = (T - 1) * n * H // T * 8
+    block = n * H + 6 * n * H // T + A * S * n // T + 2 * n // T + n * H + n * K * H + 9 * H * n * K + n * E
+    head = n * H + n * H // T + n // T
+    for r, rank in enumerate(pred["comm"]["ranks"]):
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        assert (by_op["activation/sp-gather"], by_op["activation/sp-scatter"]) == (4 * L * part, 2 * L * part)
+        for op in ("vocab-embed-scatter", "vocab-embed-gather", "vocab-head-gather", "vocab-head-scatter"):
+            assert by_op[f"activation/{op}"] == part
+        assert "activation/tp-g-allreduce" not in by_op and "activation/tp-f-allreduce" not in by_op
+        assert by_op["model/sp-grad-allreduce"] == ring(4 * H * L + 2 * H, T) * 8
+        assert pred["memory"]["ranks"][r]["activations_peak"] == 8 * n + (L * block + head) * 8

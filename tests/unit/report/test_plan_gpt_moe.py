@@ -48,11 +48,14 @@ def test_memory_flops_and_alltoall_bytes(P, D, precision, bpe):
     assert p["flops_per_step"] == dense + (K - 1) * 48 * B * s * L * h * h + 6 * B * s * L * h * E
     n = B * s // D  # tokens per rank; balanced: (P - 1) / P of its n K assignments leave, 4 times a block
     assert p["alltoall_per_rank_per_step"] == pytest.approx(4 * L * (P - 1) / P * n * K * h * bpe)
-    assert 0 < p["mfu"] < 1 and p["time"]["step_s"] > 0
+    causal = cg.model_flops_per_step(B, s, L, h, V) + (K - 1) * 48 * B * s * L * h * h + 6 * B * s * L * h * E
+    assert p["model_flops_per_step"] == causal  # MFU's numerator: the scores' causal half, as plan --arch gpt
+    world = D * hardware.load("dgx-h100").peak_rate("mixed" if precision == "mixed" else "fp32")
+    assert p["mfu"] == pytest.approx(causal / (p["time"]["step_s"] * world), rel=1e-12)
 
 
 def test_what_it_does_not_plan_is_one_line():
-    with pytest.raises(SimparError, match="--clock sim with --pp and --recompute"):  # sim's own refusal
+    with pytest.raises(SimparError, match="--clock sim with zb-h1, zb-v or --recompute"):  # sim refuses it
         ask("--experts", "4", "--pp", "2", "--recompute", "full")
     with pytest.raises(SimparError, match="--clock sim with --collectives tree"):
         ask("--experts", "4", "--collectives", "tree")

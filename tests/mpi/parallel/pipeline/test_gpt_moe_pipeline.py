@@ -25,7 +25,8 @@ BLOCK = 4 * H * H + 8 * H + H * E  # a block outside its experts
 STAGE_DENSE = [(V + S) * H + BLOCK, BLOCK + 2 * H + H * V]  # embedding + block 1 | block 2 + head
 
 
-def check_bytes(m: dict, D: int, P: int, G: int, M: int) -> None:
+def check_bytes(m: dict, D: int, P: int, G: int, M: int, redo: int = 0) -> None:
+    """`redo` 1: --recompute full, whose second forward sends ep-dispatch and ep-combine again."""
     routed, GM, per = m["moe"]["routed_by_rank"], G * M, E // P
     assert m["moe"]["layers"] == [1, 2] and len(routed) == STEPS * GM
     for r, rank in enumerate(m["comm"]["ranks"]):
@@ -41,8 +42,10 @@ def check_bytes(m: dict, D: int, P: int, G: int, M: int) -> None:
             back += sum(kept[s][e] for s in range(g, g + P) if s != d for e in mine)
         want = {f"activation/{'pp-send-act' if st == 0 else 'pp-send-grad'}": boundary}
         if P > 1:
-            for op, rows in (("ep-dispatch", out), ("ep-combine-grad", out), ("ep-combine", back)):
-                want[f"activation/{op}"] = rows * H * 8
+            again = 1 + redo  # the forward's two all-to-alls, sent again by a recomputed forward
+            want["activation/ep-dispatch"] = out * again * H * 8
+            want["activation/ep-combine"] = back * again * H * 8
+            want["activation/ep-combine-grad"] = out * H * 8
             want["activation/ep-dispatch-grad"] = back * H * 8
         want["model/grad-allreduce"] = ring_allreduce(STAGE_DENSE[st], D, d) * 8 * STEPS
         if D // P > 1:
@@ -50,7 +53,7 @@ def check_bytes(m: dict, D: int, P: int, G: int, M: int) -> None:
         got = {k: v["sent"] for k, v in rank["by_op"].items() if not k.startswith("control") and v["sent"]}
         assert got == want, (r, got, want)
         if P > 1:
-            assert rank["by_op"]["activation/ep-dispatch"]["messages"] == (P - 1) * STEPS * GM
+            assert rank["by_op"]["activation/ep-dispatch"]["messages"] == (P - 1) * STEPS * GM * (1 + redo)
         n = STAGE_DENSE[st] + per * EXPERT
         mem = m["memory"]["ranks"][r]
         assert (mem["params"], mem["grads"], mem["optimizer"]) == (8 * n, 8 * n, 16 * n)
