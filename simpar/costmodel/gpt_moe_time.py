@@ -164,7 +164,16 @@ class MoEWork:
 
         cfg, C = self.cfg, self.lay.C
         for group in self.lay.cp if C > 1 else []:
-            args = (b[group[0]], cfg.seq_len // C, cfg.hidden, cfg.heads, self.bpe, self.rate, self.stream)
+            T = self.lay.T  # --tp: the ring carries the rank's a/T heads, h/T of the width (cp_time.py)
+            args = (
+                b[group[0]],
+                cfg.seq_len // C,
+                cfg.hidden // T,
+                cfg.heads // T,
+                self.bpe,
+                self.rate,
+                self.stream,
+            )
             ends = attention_ends(cfg.cp_algo, [now[w] for w in group], *args, self.lay.links["cp"], backward)
             for w, end in zip(group, ends):
                 now[w] = end
@@ -202,8 +211,8 @@ class MoEWork:
                     compute[w] += hops(
                         ms["b"][w],
                         cfg.seq_len // C,
-                        h,
-                        cfg.heads,
+                        h // self.lay.T,
+                        cfg.heads // self.lay.T,
                         C,
                         self.bpe,
                         self.rate,

@@ -127,13 +127,19 @@ class ExpertTensorStack(GptTensorStack):
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         if self.rt.clock is not None:  # this rank's share of the attention half (model/moe_charges.py)
             mc.charge_attention(
-                self.rt.clock, x.shape[0], blk.h, blk.unit.a, blk.s, x.itemsize, 0, False, blk.t
+                self.rt.clock, x.shape[0], blk.h, blk.unit.a, self._keys(blk), x.itemsize, 0, False, blk.t
             )
         h2 = self.f(h2)  # --sp: every row again (sp-gather), so every tp rank routes the same tokens
         m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
         self.aux += aux
         kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
         return x2 + self.mine(m), (kept, fctx), kept.nbytes + held
+
+    @staticmethod
+    def _keys(blk) -> int:
+        """The keys a query's scores span in the attention half's charge: the sequence, or 0 under
+        --cp (context_tensor.py sets score_keys: the hops charge the scores)."""
+        return getattr(blk, "score_keys", blk.s)
 
     def mine(self, rows):
         """--sp: this tp rank's contiguous shard of `rows` (every rank holds them all: no message)."""
@@ -160,7 +166,8 @@ class ExpertTensorStack(GptTensorStack):
             acc += new
         if self.rt.clock is not None:
             clock, rows = self.rt.clock, dy.shape[0]
-            mc.charge_attention(clock, rows, blk.h, blk.unit.a, blk.s, dy.itemsize, blk.size, True, blk.t)
+            keys = self._keys(blk)
+            mc.charge_attention(clock, rows, blk.h, blk.unit.a, keys, dy.itemsize, blk.size, True, blk.t)
         return dx2 + dx
 
     def forward(self, x, meter, watch):
