@@ -75,12 +75,11 @@ def expert_rules(cfg) -> None:
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
         # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
         # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp and/or --tp,
-        # gpt_moe_pipeline_time.py with --pp (and --tp), on the ring's all-reduces; the rest: rough
+        # gpt_moe_pipeline_time.py with --pp (and --cp, --tp), on the ring's all-reduces
         sim = cfg.clock == "sim"
         later = [
             name
             for name, on in (
-                ("--clock sim with --cp and --pp", sim and cfg.cp > 1 and cfg.pp > 1),
                 (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
             )
             if on

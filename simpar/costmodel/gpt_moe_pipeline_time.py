@@ -34,8 +34,9 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
     units) and unit_params (each unit's dense and expert parameters on one rank)."""
     S, T, M, G, h = cfg.pp, cfg.tp, cfg.microbatches, cfg.grad_accum, cfg.hidden
     V = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-    Ws = D * T
-    C, GM = len(bounds), G * M
+    C = getattr(cfg, "cp", 1)
+    Ws = D * C * T  # a stage's ranks: world rank ((st D + d) C + c) T + k
+    n_chunks, GM = len(bounds), G * M
     works = [MoEWork(cfg, D, hw, bpe, S * Ws, offset=st * Ws) for st in range(S)]
     pp = members_link(hw, [st * Ws for st in range(S)])  # the pp group of (d, k) = (0, 0)
     mine = [stage_chunks(cfg.schedule, S, V, st) for st in range(S)]
@@ -51,7 +52,8 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
 
         def step_of(st, i):  # micro-step i's work on stage st's ranks
             if (st, i) not in cache:
-                cache[(st, i)] = works[st].micro_step(seqs[i % GM], [[kept] for kept in micro[first + i]])
+                blocks = micro[first + i] if C > 1 else [[kept] for kept in micro[first + i]]
+                cache[(st, i)] = works[st].micro_step(seqs[i % GM], blocks)
             return cache[(st, i)]
 
         for g in range(G):
@@ -63,7 +65,7 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                 for st in range(S):
                     while pos[st] < len(order[st]):
                         kind, mb, c = order[st][pos[st]]
-                        waits = (kind == "F" and c > 0) or (kind == "B" and c < C - 1)
+                        waits = (kind == "F" and c > 0) or (kind == "B" and c < n_chunks - 1)
                         if waits and (kind, c, mb) not in arrive:
                             break  # its input has not been sent yet: let the other stages move
                         for w, t in enumerate(arrive.pop((kind, c, mb), [0.0] * Ws)):
@@ -72,9 +74,9 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                         run = works[st].forward if kind == "F" else works[st].backward
                         run(now[st], compute[st], ms, *bounds[c])
                         dest = c + 1 if kind == "F" else c - 1
-                        if 0 <= dest < C and chunk_stage(cfg.schedule, S, dest) == st:
+                        if 0 <= dest < n_chunks and chunk_stage(cfg.schedule, S, dest) == st:
                             arrive[(kind, dest, mb)] = list(now[st])  # the V's turn: handed over in memory
-                        elif 0 <= dest < C:
+                        elif 0 <= dest < n_chunks:
                             arrive[(kind, dest, mb)] = send(now[st], free[st], left[st], ms["n"], h * bpe, pp)
                         pos[st] += 1
                         progress = True

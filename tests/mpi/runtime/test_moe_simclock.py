@@ -83,10 +83,12 @@ def test_uneven_routing_agrees(tmp_path, name):
 
 
 # MoE blocks on pipeline stages (gpt_moe_pipeline_time.py): interleaved pp2 x dp2 x ep2 on nodes of two
-# with top-1 drops (the ranks of a stage apart), and pp2 x tp2 with gpipe and accumulation on `local`.
+# with top-1 drops (the ranks of a stage apart), pp2 x tp2 with gpipe and accumulation on `local`, and
+# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses.
 PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"],
     "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local"],
+    "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
 }
 
 

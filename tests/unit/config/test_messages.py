@@ -278,11 +278,6 @@ CASES = [
         "precision; not yet with --schedule zb-v, --recompute selective",
     ),
     (
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, clock="sim"),
-        4,
-        GPT_MOE + "--clock sim with --cp and --pp",
-    ),
-    (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
         1,
         GPT_MOE + "--clock sim with --collectives tree",
