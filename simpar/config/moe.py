@@ -96,8 +96,9 @@ def expert_rules(cfg) -> None:
                 (f"--precision {cfg.precision}", cfg.mixed),
                 # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
                 ("--sp with --cp", cfg.sp and cfg.cp > 1),
-                # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
-                ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
+                # gpt_moe_time.py prices --sp without --pp (a stage's row-shard boundaries and its
+                # LayerNorm sums in _allreduce are not in gpt_moe_pipeline_time.py)
+                ("--clock sim with --sp and --pp", cfg.clock == "sim" and cfg.sp and cfg.pp > 1),
             )
             if on
         ]

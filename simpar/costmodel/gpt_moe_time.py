@@ -36,7 +36,7 @@ from .spec import precision_of, split
 
 # model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
 ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
-ATTN_BWD_WHOLE, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 25, 9, 4
+ATTN_BWD_WHOLE, ATTN_BWD_BIAS, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 24, 1, 9, 4
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
@@ -108,6 +108,7 @@ class MoEWork:
                 for w in range(W)
             ],
             "tp": [tp_collectives(cfg, n[w], lay.k[w], self.bpe, self.tp_secs) for w in range(W)],
+            "tp_block": [self.tp_block(n[w], lay.k[w]) for w in range(W)],
             "kept": blocks,
             "routed": {},  # block index -> (A, received), filled as the blocks run (routed())
         }
@@ -127,14 +128,43 @@ class MoEWork:
             ms["routed"][i] = (A, [received(w) for w in range(lay.W)])
         return ms["routed"][i]
 
+    def tp_block(self, R: int, k: int) -> float:
+        """A MoE block's blocking tp collectives, each way, on tp rank k: attention's all-reduce (its g
+        forward, its f backward); under --sp its f and g as all-gather and reduce-scatter plus the MoE
+        part's all-gather of every row (LN2's output forward, dL/dm backward: expert_tensor_gpt.py)."""
+        from .collectives import ALLREDUCE, ring_allgather, ring_reduce_scatter
+
+        T, N = self.lay.T, R * self.cfg.hidden
+        if T == 1:
+            return 0.0
+        if not self.cfg.sp:
+            return self.tp_secs(ALLREDUCE[self.cfg.collectives](N, T, k), self.bpe, True)
+        ag, rs = ring_allgather(N, T, k), ring_reduce_scatter(N, T, k)
+        return 2 * self.tp_secs(ag, self.bpe, True) + self.tp_secs(rs, self.bpe, True)
+
+    def sp_sync(self, now) -> None:
+        """--sp, once a step after backward: each block's LayerNorm gradients (4h) and the head's (2h)
+        summed over tp, one blocking all-reduce each (the embedding's are complete)."""
+        from .collectives import ALLREDUCE
+
+        h, ar = self.cfg.hidden, ALLREDUCE[self.cfg.collectives]
+        for w in range(self.lay.W) if self.cfg.sp else ():
+            k, T = self.lay.k[w], self.lay.T
+            secs = self.cfg.blocks * self.tp_secs(ar(4 * h, T, k), self.bpe, True)
+            now[w] += secs + self.tp_secs(ar(2 * h, T, k), self.bpe, True)
+
     def attention(self, n, backward):  # the attention half (model/moe_charges.charge_attention)
         h, a, T, keys, r, bpe = self.cfg.hidden, self.cfg.heads, self.lay.T, self.keys, self.rate, self.bpe
         hl, al = h // T, a // T
+        whole = n // T if self.cfg.sp else n  # --sp: LayerNorms and residuals on the rank's row shard
         flops = 2 * n * (3 * h * hl + hl * h + 2 * hl * keys) / r
         if backward:
-            elems = (ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * n
+            elems = (
+                ATTN_BWD_WHOLE * h * whole
+                + (ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * n
+            )
             return 2 * flops + (elems + ACCUMULATE * self.dense_block) * bpe * self.stream
-        elems = (ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * n
+        elems = ATTN_FWD_WHOLE * h * whole + (ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * n
         return flops + elems * bpe * self.stream + self.overhead
 
     def expert(self, rows, backward):  # one expert on the rows it received (none: skipped)
@@ -223,7 +253,7 @@ class MoEWork:
                     w,
                     self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * A[w] * h * m,
                 )
-                now[w] += ms["tp"][w][0][u] / 2  # attention's g (tp_collectives: 2 a dense block)
+                now[w] += ms["tp_block"][w]  # attention's g (--sp: f, g and the MoE part's gather)
             self.all_to_all(now, kept, False)  # ep-dispatch
             for w in range(W):
                 charge(w, sum(self.expert(r, False) for r in received[w]))
@@ -259,7 +289,7 @@ class MoEWork:
             self.cp_attention(now, ms["b"], True)
             for w in range(W):
                 charge(w, self.attention(ms["n"][w], True))
-                now[w] += ms["tp"][w][1][u] / 2  # attention's f, backward
+                now[w] += ms["tp_block"][w]  # attention's f, backward (--sp: and dL/dm's gather)
 
     def allreduce(self, now, n_params: int, grad_bpe: int, experts: bool) -> None:
         """One blocking ring all-reduce on every dense (dp x cp) or expert (edp x cp) group."""
@@ -298,6 +328,7 @@ def moe_step_seconds(cfg, D: int, hw, micro: list, param_counts: tuple, bpe: int
             ms = work.micro_step(seqs[k], blocks)
             work.forward(now, compute, ms, 0, cfg.blocks + 2)
             work.backward(now, compute, ms, 0, cfg.blocks + 2)
+        work.sp_sync(now)  # --sp: the LayerNorms' row-shard gradients over tp
         work.allreduce(now, param_counts[0], grad_bpe, False)  # dense shards over dp (x cp)
         work.allreduce(now, param_counts[1], grad_bpe, True)  # then each expert's replicas
         steps.append(max(now) + optimizer_s)

@@ -18,9 +18,9 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
       input, LN2's xh (3 n h), this rank's q, k, v and output (4 n h/T), scores (a s n/T), two 1/sigma
       (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E);
       the head 2 n h + n; --sp: the LayerNorms' xh and 1/sigma on n/T rows (the rest as without)
-  time (--collectives ring, no --sp): as --clock sim charges it (gpt_moe_time.py: the tp collectives
-      blocking, every rank through every all-to-all round); otherwise rough: matmul FLOPs / T plus each
-      op at its link.
+  time (--collectives ring): as --clock sim charges it (gpt_moe_time.py: the tp collectives blocking,
+      --sp's gathers and LayerNorm sums too, every rank through every all-to-all round); otherwise
+      rough: matmul FLOPs / T plus each op at its link.
 """
 
 from __future__ import annotations
@@ -129,9 +129,7 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if (
-        hw is not None and cfg.collectives == "ring" and cfg.cp == 1 and not cfg.sp
-    ):  # as --clock sim charges it
+    if hw is not None and cfg.collectives == "ring" and cfg.cp == 1:  # as --clock sim charges it
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

@@ -22,20 +22,21 @@ from __future__ import annotations
 
 # attention: per row, whole (LayerNorms, residuals, bo) and on h/t (q k v biases, merging heads)
 ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
-ATTN_BWD_WHOLE, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 25, 9, 4
+ATTN_BWD_WHOLE, ATTN_BWD_BIAS, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 24, 1, 9, 4  # bo's sum: every row
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 
 def charge_attention(
-    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, backward: bool, t: int = 1
+    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, backward: bool, t: int = 1, whole=None
 ):
     """A block's attention half: q, k, v, o and the scores' two (rows keys h FLOPs each), twice in
     backward; its memory passes; `size`: the block's dense parameters (accumulated in backward). Under
     --tp t (parallel/expert_tensor_gpt.py) this rank's share, as tensor_gpt.py charges the dense
     block's: the sharded dimension h/t, the bias and merging passes on h/t, LayerNorms and residuals
-    whole -- forward 24h + 8h/t (+ 6 a/t s) per row, backward 24h + h + 9h/t (+ 4 a/t s)."""
-    hl, al = h // t, a // t
+    whole -- forward 24h + 8h/t (+ 6 a/t s) per row, backward 24h + h + 9h/t (+ 4 a/t s); under --sp the
+    whole 24h on this rank's `whole` rows only (its row shard), the rest on every row."""
+    hl, al, whole = h // t, a // t, rows if whole is None else whole
     for _ in range(2 if backward else 1):
         for _ in range(3):
             clock.matmul(rows, h, hl)
@@ -44,11 +45,14 @@ def charge_attention(
         clock.matmul(rows, keys, hl)
     if backward:
         elems = (
-            ATTN_BWD_WHOLE * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
-        ) * rows + ACCUMULATE * size
+            ATTN_BWD_WHOLE * h * whole
+            + (ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys) * rows
+        )
+        elems += ACCUMULATE * size
         clock.stream(elems * bpe)
     else:
-        clock.stream((ATTN_FWD_WHOLE * h + ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * rows * bpe)
+        elems = ATTN_FWD_WHOLE * h * whole + (ATTN_FWD_SHARD * hl + ATTN_FWD_SCORES * al * keys) * rows
+        clock.stream(elems * bpe)
         clock.layer_call()
 
 

@@ -126,9 +126,8 @@ class ExpertTensorStack(GptTensorStack):
         x2 = x + (self.g(y) + bo)  # every tp rank: the same x2 (--sp: its rows of it)
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
         if self.rt.clock is not None:  # this rank's share of the attention half (model/moe_charges.py)
-            mc.charge_attention(
-                self.rt.clock, x.shape[0], blk.h, blk.unit.a, self._keys(blk), x.itemsize, 0, False, blk.t
-            )
+            args = (blk.h, blk.unit.a, self._keys(blk), x.itemsize, 0, False, blk.t, x.shape[0])
+            mc.charge_attention(self.rt.clock, h1.shape[0], *args)  # --sp: h1 every row, x the shard
         h2 = self.f(h2)  # --sp: every row again (sp-gather), so every tp rank routes the same tokens
         m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
         self.aux += aux
@@ -165,9 +164,9 @@ class ExpertTensorStack(GptTensorStack):
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new
         if self.rt.clock is not None:
-            clock, rows = self.rt.clock, dy.shape[0]
-            keys = self._keys(blk)
-            mc.charge_attention(clock, rows, blk.h, blk.unit.a, keys, dy.itemsize, blk.size, True, blk.t)
+            clock, rows, keys = self.rt.clock, dm.shape[0], self._keys(blk)  # --sp: dy is the row shard
+            args = (blk.h, blk.unit.a, keys, dy.itemsize, blk.size, True, blk.t, dy.shape[0])
+            mc.charge_attention(clock, rows, *args)
         return dx2 + dx
 
     def forward(self, x, meter, watch):

@@ -7,11 +7,11 @@ and edp's. costmodel/gpt_moe_time.py writes the same step from the run's routing
 rank followed through every all-to-all round (and with --cp every ring hop, cp_hop_time.py), so the
 two agree to rounding (measured ~1e-15); under --tp each rank's attention share and tp's blocking
 collectives are added. One tour launch runs every MoE layout 4 ranks offer under sim (serial, dp4,
-dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, cp2, cp4, dp2 x cp2, dp2 x cp2 x ep2, cp2 x
-tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp, ep and edp groups cross nodes);
-two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's all-to-all over ep 4 in bfloat16 on
-the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; two pipelines (every rank of a stage
-on its own clock through the schedule: costmodel/gpt_moe_pipeline_time.py).
+dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --sp, cp2, cp4, dp2 x
+cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
+ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
+all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; three
+pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MOE_LAYOUTS = {
     "cp4",
     "dp2xcp2",
 }
-MOE_LAYOUTS |= {"dp2xcp2xep2", "cp2xtp2", "cp4-ulysses"}
+MOE_LAYOUTS |= {"dp2xcp2xep2", "cp2xtp2", "cp4-ulysses", "tp4-sp", "dp2xtp2-sp"}
 
 
 def test_every_moe_tour_layout_agrees(tmp_path):

@@ -278,6 +278,11 @@ CASES = [
         "precision; not yet with --schedule zb-v, --recompute selective",
     ),
     (
+        dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2, sp=True, clock="sim"),
+        4,
+        "--arch gpt --experts --tp runs in full precision; not yet with --clock sim with --sp and --pp",
+    ),
+    (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
         1,
         GPT_MOE + "--clock sim with --collectives tree",
