@@ -49,6 +49,7 @@ def moe_config(a, shape) -> RunConfig:
         batch=a.batch,
         dp=a.dp,
         tp=a.tp,
+        sp=a.sp,
         cp=a.cp,
         cp_algo=a.cp_algo,
         pp=a.pp,
