@@ -116,6 +116,7 @@ def plan_gpt_moe(cfg, hw) -> dict:
 def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
     L, h, E, K, P, D = cfg.blocks, cfg.hidden, cfg.experts, cfg.top_k, cfg.ep, cfg.dp
     axes = "".join(f" x {name} {n}" for name, n in (("cp", cfg.cp), ("tp", cfg.tp), ("pp", cfg.pp)) if n > 1)
+    axes = axes.replace(f"tp {cfg.tp}", f"tp {cfg.tp} + sp") if cfg.sp else axes
     mem = p["memory"]["max"]
     total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations_peak"]
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
