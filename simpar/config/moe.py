@@ -61,7 +61,7 @@ def expert_rules(cfg) -> None:
         for name, on in (
             ("--tp", cfg.tp > 1 and cfg.arch != "gpt"),
             ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
-            ("--zero", cfg.zero > 0),
+            ("--zero", cfg.zero > 0 and cfg.arch != "gpt"),
             ("--arch resmlp", cfg.arch == "resmlp"),
             ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
         )
@@ -79,6 +79,8 @@ def expert_rules(cfg) -> None:
                 # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
                 ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
                 ("--clock sim", cfg.clock == "sim"),
+                # parallel/expert_zero.py shards over dp and edp only
+                ("--zero with --cp, --tp or --pp", cfg.zero > 0 and (cfg.cp > 1 or cfg.tp > 1 or cfg.pp > 1)),
             )
             if on
         ]

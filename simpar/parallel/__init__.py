@@ -13,6 +13,7 @@
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
                pipeline/expert_stage.py with --pp (each stage's blocks over its ep group)
+               expert_zero.py with --zero 1-3 (dense states sharded over dp, the experts' over edp)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -64,6 +65,10 @@ def build_strategy(cfg, mesh):
         from .expert_tensor_gpt import ExpertTensorParallel  # attention over tp, experts replicated on it
 
         return ExpertTensorParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt" and cfg.zero:
+        from .expert_zero import ExpertZero  # ZeRO: dense states over dp, the experts' over edp
+
+        return ExpertZero(sections, mesh)
     if cfg.experts and cfg.arch == "gpt":
         from .expert_gpt import GptExpertParallel  # MoE transformer blocks, ep inside dp
 
