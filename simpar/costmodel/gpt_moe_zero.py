@@ -98,8 +98,9 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
             allreduce = (ALLREDUCE[cfg.collectives](M, D, d), ALLREDUCE[cfg.collectives](Me, D // P, d // P))
             delta = max(delta, _seconds(costs.values(), link) - _seconds(allreduce, link))
     comm, cats = out["comm"], ("data", "model", "activation")
-    comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
-    comm["per_rank_per_step_max"] = {k: max(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
+    per = max(steps, 1)
+    comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / per for k in cats}
+    comm["per_rank_per_step_max"] = {k: max(r["sent"][k] for r in comm["ranks"]) / per for k in cats}
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)

@@ -279,7 +279,7 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .gpt_moe_pipeline import predict_gpt_moe_pipeline_run
 
         return predict_gpt_moe_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
-    if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts and cfg.zero:  # ZeRO with experts (gpt_moe_zero.py)
+    if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts and cfg.zero:  # ZeRO, experts (gpt_moe_zero.py)
         from .gpt_moe_zero import predict_gpt_moe_zero_run
 
         return predict_gpt_moe_zero_run(cfg, world_size, steps, hw or hardware.load("local"), routing)

@@ -62,11 +62,14 @@ class ExpertZero(GptExpertParallel):
         self.units = self.make_units()
         moe = [isinstance(u, MoEBlockUnit) for u in self.units]
         # sizes[i] = (n_i, m_i); bounds[i][part] = this rank's chunk [lo, hi) of that part
-        self.sizes = [(u.dense, per * expert_size(u.h)) if b else (u.size, 0) for u, b in zip(self.units, moe)]
+        self.sizes = [
+            (u.dense, per * expert_size(u.h)) if b else (u.size, 0) for u, b in zip(self.units, moe)
+        ]
         self.bounds = [
             tuple(self._chunk(n, comm) for n, comm in zip(sizes, self.comms)) for sizes in self.sizes
         ]
-        self.positions = [(i, part) for i, sizes in enumerate(self.sizes) for part in (DENSE, EXPERT) if sizes[part]]
+        # the optimizer's positions: every (unit, part) that has elements
+        self.positions = [(i, part) for i, n in enumerate(self.sizes) for part in (DENSE, EXPERT) if n[part]]
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         whole = self.stage < 3
         self.params = [[None, None] for _ in self.units]  # stage 1/2: whole parts; stage 3: my chunks
@@ -261,7 +264,8 @@ class ExpertZero(GptExpertParallel):
         return [np.concatenate([pair[part] for pair in pairs]) for part in (DENSE, EXPERT)]
 
     def slice_full(self, full, dtype=None):
-        cut = GptExpertParallel.slice_full(self, full, dtype or self.dtype)  # [dense, my experts], expert_gpt.py's
+        # [all dense parts, all my experts], as expert_gpt.py cuts them; then my chunk of each unit's
+        cut = GptExpertParallel.slice_full(self, full, dtype or self.dtype)
         out, at = [], [0, 0]
         for i, part in sorted(self.positions, key=lambda ip: ip[1]):
             lo, hi = self.bounds[i][part]
