@@ -252,6 +252,11 @@ CASES = [
     (dict(experts=3, ep=2), 2, "--experts 3 must be divisible by --ep 2"),
     (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
     (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
+    (  # parallel/expert_zero.py shards over dp and edp only
+        dict(arch="gpt", dataset="copy", experts=2, zero=1, cp=2),
+        2,
+        GPT_MOE + "--zero with --cp, --tp or --pp",
+    ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,
