@@ -63,7 +63,7 @@ def expert_rules(cfg) -> None:
             ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
             ("--zero", cfg.zero > 0 and cfg.arch != "gpt"),
             ("--arch resmlp", cfg.arch == "resmlp"),
-            ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
+            ("--precision mixed-fp16", cfg.precision == "mixed-fp16" and cfg.arch != "gpt"),
         )
         if on
     ]

@@ -1,6 +1,7 @@
 """--arch gpt --experts --zero 1|2|3 (parallel/expert_zero.py) on dp4 x ep2: equal to serial in float64,
 every rank's ZeRO bytes and model-state memory against closed forms written HERE, the prediction exact,
-and a --zero 3 checkpoint resumed serially -- all cases in one mpiexec launch (scripts/train_layouts.py).
+and a --zero 3 checkpoint resumed serially; and --precision mixed-fp16 (its loss scaler) on dp4 x ep2
+(parallel/expert_gpt.py) and with --zero 3 -- all cases in one mpiexec launch (scripts/train_layouts.py).
 
 Closed forms (Rajbhandari et al. 2020, sec. 5 and 7.2; DeepSpeed-MoE's expert-data-parallel groups).
 Units: embedding (V + S) H, L blocks of 4H^2 + 8H + HE dense elements and E/P experts of 8H^2 + 5H
@@ -19,8 +20,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from tests.conftest import assert_same_model, split_sizes
+from tests.mpi.half_precision import assert_same_update, initial_weights
 from tests.mpiutil import run_script
 from tests.paths import MPI_SCRIPTS
 
@@ -72,22 +75,49 @@ def check_zero(m: dict, stage: int) -> None:
         }
 
 
-def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(tmp_path):
+FP16 = [a for a in ARGS if a not in ("--dtype", "float64")] + ["--precision", "mixed-fp16"]
+TOL = 16 * 2.0**-11  # 16 units of float16's roundoff: tests/mpi/model/test_mixed.py's tolerance
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every case of this file, trained in one launch: {name: metrics with "weights"}."""
+    out = tmp_path_factory.mktemp("moe_zero")
     layout = ["--dp", str(D), "--ep", str(P)]
-    ckpt = tmp_path / "ckpt"
+    ckpt = out / "ckpt"
+    every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
     cases = [["serial", 1, ARGS]]
     cases += [[f"zero{z}", D, [*ARGS, *layout, "--zero", str(z)]] for z in (1, 2)]
-    every = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
     cases += [["zero3", D, [*ARGS, *layout, "--zero", "3", *every]]]
     cases += [["resumed", 1, [*ARGS, "--resume", str(ckpt / "step-000001")]]]
-    res = run_script(D, MPI_SCRIPTS / "train_layouts.py", [str(tmp_path), json.dumps(cases)], timeout=300)
+    cases += [["serial-fp16", 1, FP16], ["fp16", D, [*FP16, *layout]]]
+    cases += [["fp16-zero3", D, [*FP16, *layout, "--zero", "3"]]]
+    res = run_script(D, MPI_SCRIPTS / "train_layouts.py", [str(out), json.dumps(cases)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    ref = load(tmp_path, "serial")
+    return {name: load(out, name) for name, _, _ in cases}
+
+
+def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
+    ref = runs["serial"]
     assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0  # capacity drops tokens here
     for z in (1, 2, 3):
-        run = load(tmp_path, f"zero{z}")
+        run = runs[f"zero{z}"]
         assert_same_model(run, ref, rtol=1e-12)
         assert run["moe"]["dropped"] == ref["moe"]["dropped"]
         check_zero(run, z)
     # the dp4 x ep2 --zero 3 checkpoint of step 1 (chunks gathered to full shape) resumed serially
-    assert_same_model(load(tmp_path, "resumed"), {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+    assert_same_model(runs["resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp16-zero3"])
+def test_mixed_fp16_trains_the_serial_model(runs, name):
+    """float16 with its loss scaler (model/precision.py; the aux loss's gradient scaled too): the losses
+    within 16 u of serial's, the update within tests/mpi/half_precision.py's drift of serial's, every
+    byte (2 per element) and memory as predicted, no step skipped at the initial scale."""
+    ref, run = runs["serial-fp16"], runs[name]
+    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=TOL, atol=0)
+    # Adam: test_mixed.py's looser 0.15 (a near-zero gradient may step +lr or -lr in another order)
+    assert_same_update(run["weights"], ref["weights"], initial_weights(FP16), drift=0.15)
+    assert run["prediction_mismatches"] == [] and ref["prediction_mismatches"] == []
+    assert run["precision"]["skipped_steps"] == 0 and run["precision"]["loss_scale"] == 65536.0
+    assert run["moe"]["dropped"][0] == ref["moe"]["dropped"][0]  # step 1 routes the same tokens
