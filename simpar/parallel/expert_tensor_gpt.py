@@ -22,8 +22,9 @@ expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmod
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
-ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. Refused in one line
-(config/moe.py): --sp and mixed precision with --tp.
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. --precision mixed-*:
+half shards and messages, the router in float32, the aux loss's gradient scaled with the main loss's, the
+world voting on an overflowed step. Refused in one line (config/moe.py): --sp with --tp.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ..model.mlp import ParamStore
 from ..model.moe import micro_rows
-from ..model.precision import build_optimizer
+from ..model.precision import build_optimizer, vote_comm
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import Strategy
 from .expert_gpt import EpExchange, GptExpertParallel
@@ -189,7 +190,9 @@ class ExpertTensorParallel(Strategy):
         self.stack = ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
         for i, ffn in self.stack.ffns.items():
             ffn.record = lambda H, kept, i=i: self.routing[-1].__setitem__(i, (H, kept))
-        self.optimizer = build_optimizer(self.model, self.optimisation, self.dp, self.rt)
+            ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)  # --precision mixed-*
+        # Mixed precision: tp shards hold different gradients, so the world votes on a skip (precision.py)
+        self.optimizer = build_optimizer(self.model, self.optimisation, vote_comm(mesh, self.dp), self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}
 
     def train_step(self, micro_steps, global_batch: int) -> float:

@@ -1,7 +1,8 @@
 """--arch gpt --experts --zero 1|2|3 (parallel/expert_zero.py) on dp4 x ep2: equal to serial in float64,
 every rank's ZeRO bytes and model-state memory against closed forms written HERE, the prediction exact,
 and a --zero 3 checkpoint resumed serially; and --precision mixed-fp16 (its loss scaler) on dp4 x ep2
-(parallel/expert_gpt.py) and with --zero 3 -- all cases in one mpiexec launch (scripts/train_layouts.py).
+(parallel/expert_gpt.py), with --zero 3, and on dp2 x ep2 x tp2 (expert_tensor_gpt.py) -- all cases in
+one mpiexec launch (scripts/train_layouts.py).
 
 Closed forms (Rajbhandari et al. 2020, sec. 5 and 7.2; DeepSpeed-MoE's expert-data-parallel groups).
 Units: embedding (V + S) H, L blocks of 4H^2 + 8H + HE dense elements and E/P experts of 8H^2 + 5H
@@ -27,7 +28,8 @@ from tests.mpi.half_precision import assert_same_update, initial_weights
 from tests.mpiutil import run_script
 from tests.paths import MPI_SCRIPTS
 
-L, H, A, S, V, B, E, K, STEPS, G = 2, 16, 2, 8, 17, 8, 4, 2, 2, 2
+# h = 10, V = 17: the embedding's 270 and the head's 190 elements do not split evenly over 4 dp ranks
+L, H, A, S, V, B, E, K, STEPS, G = 2, 10, 2, 10, 17, 8, 4, 2, 2, 2
 D, P = 4, 2
 ARGS = ["--arch", "gpt", "--n-layers", str(L), "--hidden", str(H), "--heads", str(A), "--seq-len", str(S)]
 ARGS += ["--vocab", str(V), "--dataset", "copy", "--samples", "64", "--batch", str(B), "--steps", str(STEPS)]
@@ -76,6 +78,7 @@ def check_zero(m: dict, stage: int) -> None:
 
 
 FP16 = [a for a in ARGS if a not in ("--dtype", "float64")] + ["--precision", "mixed-fp16"]
+FP16_TP = [*FP16, "--vocab", "18"]  # the vocabulary splits over tp (the later --vocab wins)
 TOL = 16 * 2.0**-11  # 16 units of float16's roundoff: tests/mpi/model/test_mixed.py's tolerance
 
 
@@ -92,6 +95,8 @@ def runs(tmp_path_factory):
     cases += [["resumed", 1, [*ARGS, "--resume", str(ckpt / "step-000001")]]]
     cases += [["serial-fp16", 1, FP16], ["fp16", D, [*FP16, *layout]]]
     cases += [["fp16-zero3", D, [*FP16, *layout, "--zero", "3"]]]
+    cases += [["serial-fp16-tp", 1, FP16_TP]]
+    cases += [["fp16-tp2", D, [*FP16_TP, "--dp", "2", "--ep", "2", "--tp", "2"]]]
     res = run_script(D, MPI_SCRIPTS / "train_layouts.py", [str(out), json.dumps(cases)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return {name: load(out, name) for name, _, _ in cases}
@@ -109,15 +114,18 @@ def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
     assert_same_model(runs["resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["fp16", "fp16-zero3"])
-def test_mixed_fp16_trains_the_serial_model(runs, name):
+@pytest.mark.parametrize("name,serial", [("fp16", ""), ("fp16-zero3", ""), ("fp16-tp2", "-tp")])
+def test_mixed_fp16_trains_the_serial_model(runs, name, serial):
     """float16 with its loss scaler (model/precision.py; the aux loss's gradient scaled too): the losses
     within 16 u of serial's, the update within tests/mpi/half_precision.py's drift of serial's, every
     byte (2 per element) and memory as predicted, no step skipped at the initial scale."""
-    ref, run = runs["serial-fp16"], runs[name]
+    ref, run = runs[f"serial-fp16{serial}"], runs[name]
+    args = FP16_TP if serial else FP16
     np.testing.assert_allclose(run["losses"], ref["losses"], rtol=TOL, atol=0)
     # Adam: test_mixed.py's looser 0.15 (a near-zero gradient may step +lr or -lr in another order)
-    assert_same_update(run["weights"], ref["weights"], initial_weights(FP16), drift=0.15)
+    assert_same_update(run["weights"], ref["weights"], initial_weights(args), drift=0.15)
     assert run["prediction_mismatches"] == [] and ref["prediction_mismatches"] == []
+    for mine, pred in zip(run["memory"]["ranks"], run["predicted"]["memory"]["ranks"]):
+        assert mine == pred  # activations_peak too: the router's probabilities in float32
     assert run["precision"]["skipped_steps"] == 0 and run["precision"]["loss_scale"] == 65536.0
     assert run["moe"]["dropped"][0] == ref["moe"]["dropped"][0]  # step 1 routes the same tokens
