@@ -18,6 +18,8 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
   activations  per micro-batch and chunk, gpt_moe.py's per-unit list (token ids 8 b s bytes; a block
                b s (7h + a s + 2) + b s h + kept outputs + 9h per received row + router's b s E; the
                head 2 b s h + b s), alive as the schedule's order says (order.peak_alive)
+  precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
+               vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
   time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs stretched by the
                bubble (M + S - 1) / M, and each op's messages at the dp link's alpha and beta.
 """
@@ -126,8 +128,9 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
             if bounds[c][1] == cfg.blocks + 2:
                 add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
-                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), bpe)
-                add(act, "vocab-ce-sums", ar(2 * R, T, k), bpe)
+                ce = 4 if bpe == 2 else bpe  # the loss's messages: float32 for half logits (gpt_tp.py)
+                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), ce)
+                add(act, "vocab-ce-sums", ar(2 * R, T, k), ce)
 
         def blocks(c: int) -> list[int]:
             return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]

@@ -32,8 +32,9 @@ ledger's snapshot), for the metrics' `moe` summary and the prediction.
 With --tp a chunk is expert_tensor_gpt.py's ExpertTensorStack over its units (attention and the
 vocabulary over tp, the MoE part replicated on it; each tp rank sends its own copy of the boundary's
 b s h, and of the all-to-alls over its tp index's ep group): pp x dp x ep x tp, every factor free.
+--precision mixed-*: the aux loss's gradient scaled with the main loss's, the world voting on a skip.
 Refused in one line (config/moe.py): zb-h1 and zb-v (their W pass splits every unit's backward),
---recompute, mixed precision, --sp, --cp.
+--recompute, --sp, --cp.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ...model.gpt_build import gpt_units
 from ...model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
+from ...model.precision import build_optimizer
 from ...run.data import distributed_sampler, micro_steps
 from ..expert_gpt import EpExchange
 from ..expert_tensor_gpt import ExpertTensorStack
@@ -142,6 +144,9 @@ class ExpertPipelineParallel(PipelineParallel):
         for st in self.stacks.values():
             for i, ffn in st.ffns.items():
                 ffn.record = lambda H, kept, i=i: self.routing[self._micro].__setitem__(i, (H, kept))
+                ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)  # --precision mixed-*
+        if self.model.mixed:  # a stage's ep ranks hold different experts: the world votes on a skip
+            self.optimizer = build_optimizer(self.model, self.optimisation, mesh.world, self.rt)
 
     def _stack(self, model, layout, mesh, lo: int, hi: int):
         # called inside PipelineParallel.__init__: self.layout and the groups above are already set

@@ -1,8 +1,9 @@
 """--arch gpt --experts --zero 1|2|3 (parallel/expert_zero.py) on dp4 x ep2: equal to serial in float64,
 every rank's ZeRO bytes and model-state memory against closed forms written HERE, the prediction exact,
 and a --zero 3 checkpoint resumed serially; and --precision mixed-fp16 (its loss scaler) on dp4 x ep2
-(parallel/expert_gpt.py), with --zero 3, and on dp2 x ep2 x tp2 (expert_tensor_gpt.py) -- all cases in
-one mpiexec launch (scripts/train_layouts.py).
+(parallel/expert_gpt.py), with --zero 3, on dp2 x ep2 x tp2 (expert_tensor_gpt.py), on pipeline stages
+pp2 x dp2 x ep2 and pp2 x tp2 (pipeline/expert_stage.py; 2 micro-batches = serial's --grad-accum 2) --
+all cases in one mpiexec launch (scripts/train_layouts.py).
 
 Closed forms (Rajbhandari et al. 2020, sec. 5 and 7.2; DeepSpeed-MoE's expert-data-parallel groups).
 Units: embedding (V + S) H, L blocks of 4H^2 + 8H + HE dense elements and E/P experts of 8H^2 + 5H
@@ -97,6 +98,9 @@ def runs(tmp_path_factory):
     cases += [["fp16-zero3", D, [*FP16, *layout, "--zero", "3"]]]
     cases += [["serial-fp16-tp", 1, FP16_TP]]
     cases += [["fp16-tp2", D, [*FP16_TP, "--dp", "2", "--ep", "2", "--tp", "2"]]]
+    pipe = ["--grad-accum", "1", "--microbatches", "2", "--pp", "2"]  # = serial's --grad-accum 2
+    cases += [["fp16-pp2", D, [*FP16, *pipe, "--dp", "2", "--ep", "2"]]]
+    cases += [["fp16-pp2-tp2", D, [*FP16_TP, *pipe, "--tp", "2"]]]
     res = run_script(D, MPI_SCRIPTS / "train_layouts.py", [str(out), json.dumps(cases)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return {name: load(out, name) for name, _, _ in cases}
@@ -114,7 +118,10 @@ def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
     assert_same_model(runs["resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 
-@pytest.mark.parametrize("name,serial", [("fp16", ""), ("fp16-zero3", ""), ("fp16-tp2", "-tp")])
+@pytest.mark.parametrize(
+    "name,serial",
+    [("fp16", ""), ("fp16-zero3", ""), ("fp16-tp2", "-tp"), ("fp16-pp2", ""), ("fp16-pp2-tp2", "-tp")],
+)
 def test_mixed_fp16_trains_the_serial_model(runs, name, serial):
     """float16 with its loss scaler (model/precision.py; the aux loss's gradient scaled too): the losses
     within 16 u of serial's, the update within tests/mpi/half_precision.py's drift of serial's, every
