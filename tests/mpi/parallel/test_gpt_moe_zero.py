@@ -129,8 +129,8 @@ def test_mixed_fp16_trains_the_serial_model(runs, name, serial):
     ref, run = runs[f"serial-fp16{serial}"], runs[name]
     args = FP16_TP if serial else FP16
     np.testing.assert_allclose(run["losses"], ref["losses"], rtol=TOL, atol=0)
-    # Adam: test_mixed.py's looser 0.15 (a near-zero gradient may step +lr or -lr in another order)
-    assert_same_update(run["weights"], ref["weights"], initial_weights(args), drift=0.15)
+    # measured 0.001-0.010 of serial's update; without the aux loss's gradient scaled 0.20-0.23
+    assert_same_update(run["weights"], ref["weights"], initial_weights(args))
     assert run["prediction_mismatches"] == [] and ref["prediction_mismatches"] == []
     for mine, pred in zip(run["memory"]["ranks"], run["predicted"]["memory"]["ranks"]):
         assert mine == pred  # activations_peak too: the router's probabilities in float32
