@@ -252,7 +252,7 @@ CASES = [
     (  # parallel/expert_zero.py shards over dp and edp only
         dict(arch="gpt", dataset="copy", experts=2, zero=1, cp=2),
         2,
-        GPT_MOE + "--zero with --cp, --tp or --pp",
+        GPT_MOE + "--zero with --cp, --tp, --pp or --clock sim",
     ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
