@@ -2,7 +2,7 @@
 parallel/expert_zero.py's bytes and memory written again (never calling it).
 
 The dense parameters shard over the D dp ranks, each rank's E/P experts over its Q = D/P
-expert-data-parallel ranks (DeepSpeed-MoE, Rajbhandari et al. 2022, sec. 5.2). Unit by unit: unit i
+expert-data-parallel ranks (as DeepSpeed's ZeRO partitions MoE parameter groups). Unit by unit: unit i
 has n_i dense elements -- embedding (V + s) h, a block's 4h^2 + 8h + hE, head 2h + hV -- and m_i of
 the rank's experts, E/P (8h^2 + 5h) for a block, 0 otherwise. Rank d (edp rank q = d div P) sends per
 step, ring (costmodel/collectives.py; chunk(n, p, r) = np.array_split's r-th size, RS and AG below):

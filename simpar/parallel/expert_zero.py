@@ -5,10 +5,11 @@ expert_gpt.py all-reduces two gradients: the dense parameters (embedding, attent
 routers, head) over the D dp ranks, and this rank's E/P experts of every block over its D/P
 expert-data-parallel ranks (`edp`: the ranks holding the same experts). ZeRO (Rajbhandari et al. 2020,
 sec. 5; zero.py) replaces each all-reduce by its halves over THAT group, so the dense states shard D
-ways and the experts' D/P ways -- as DeepSpeed-MoE does (Rajbhandari et al. 2022, "DeepSpeed-MoE",
-sec. 5.2: expert parameters are data-parallel over the expert-data-parallel group only; DeepSpeed's
-stage 1/2 optimizer partitions each parameter group over its own group, `expert_data_parallel_group`,
-deepspeed/runtime/zero/stage_1_and_2.py).
+ways and the experts' D/P ways -- as DeepSpeed does for its MoE (Rajbhandari et al. 2022,
+"DeepSpeed-MoE"): its ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py, _configure_moe_settings)
+gives each MoE parameter group the expert-data-parallel group as the group it partitions over
+(real_dp_process_group) and that group's size as its partition count. DeepSpeed's ZeRO-3 long refused
+MoE models; stage 3 here applies the same rule to the parameters themselves.
 
 Unit by unit, in all three stages: unit i (embedding, block, head) has n_i dense elements (a block's
 dense part, gpt_moe.dense_size) and m_i elements of this rank's experts (per E/P x expert_size, 0 for
@@ -82,6 +83,7 @@ class ExpertZero(GptExpertParallel):
                 lo, hi = self.bounds[i][part]
                 self.params[i][part] = parts[part].copy() if whole else parts[part][lo:hi].copy()
         self.grads = None  # stage 1: whole gradients of every part, kept for the step
+        self.accum = None  # stage 2 with --grad-accum > 1: whole buffers the micro-steps add into
         if self.stage == 1:
             self.grads = [[np.zeros_like(p) for p in pair] for pair in self.params]
             self.grads_held.take(self._total(whole=True))
