@@ -80,6 +80,7 @@ def check_zero(m: dict, stage: int) -> None:
 
 FP16 = [a for a in ARGS if a not in ("--dtype", "float64")] + ["--precision", "mixed-fp16"]
 FP16_TP = [*FP16, "--vocab", "18"]  # the vocabulary splits over tp (the later --vocab wins)
+SKIP_SCALE = 400000  # float16 gradients overflow at this loss scale on step 1, not at half of it
 TOL = 16 * 2.0**-11  # 16 units of float16's roundoff: tests/mpi/model/test_mixed.py's tolerance
 
 
@@ -101,6 +102,9 @@ def runs(tmp_path_factory):
     pipe = ["--grad-accum", "1", "--microbatches", "2", "--pp", "2"]  # = serial's --grad-accum 2
     cases += [["fp16-pp2", D, [*FP16, *pipe, "--dp", "2", "--ep", "2"]]]
     cases += [["fp16-pp2-tp2", D, [*FP16_TP, *pipe, "--tp", "2"]]]
+    skip = [*FP16_TP, "--loss-scale", str(SKIP_SCALE)]
+    cases += [["serial-skip", 1, skip], ["skip-tp2", D, [*skip, "--dp", "2", "--ep", "2", "--tp", "2"]]]
+    cases += [["skip-pp2", D, [*skip, *pipe, "--dp", "2", "--ep", "2"]]]
     res = run_script(D, MPI_SCRIPTS / "train_layouts.py", [str(out), json.dumps(cases)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return {name: load(out, name) for name, _, _ in cases}
@@ -136,3 +140,14 @@ def test_mixed_fp16_trains_the_serial_model(runs, name, serial):
         assert mine == pred  # activations_peak too: the router's probabilities in float32
     assert run["precision"]["skipped_steps"] == 0 and run["precision"]["loss_scale"] == 65536.0
     assert run["moe"]["dropped"][0] == ref["moe"]["dropped"][0]  # step 1 routes the same tokens
+
+
+@pytest.mark.parametrize("name", ["skip-tp2", "skip-pp2"])
+def test_an_overflowed_step_is_skipped_alike_everywhere(runs, name):
+    """--loss-scale 400000: step 1's float16 gradients overflow, so every rank skips it and halves the
+    scale (its ep, tp and pp ranks hold different gradients: the world votes), as serial does; step 2
+    trains at the halved scale to serial's loss."""
+    ref, run = runs["serial-skip"], runs[name]
+    assert ref["precision"]["skipped_at"] == [1] and ref["precision"]["loss_scale"] == SKIP_SCALE / 2
+    assert run["precision"] == ref["precision"]
+    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=TOL, atol=0)
