@@ -57,7 +57,7 @@ class ExpertZero(GptExpertParallel):
         model = self.model
         self.stage, self.dtype = self.layout.zero, model.compute_dtype()
         self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
-        self.comms = (self.dp, self.edp)
+        self.comms = self._sharding_groups(mesh)  # (dense parts', experts')
         per = model.experts // self.layout.ep
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         self.units = self.make_units()
@@ -70,7 +70,7 @@ class ExpertZero(GptExpertParallel):
             tuple(self._chunk(n, comm) for n, comm in zip(sizes, self.comms)) for sizes in self.sizes
         ]
         # the optimizer's positions: every (unit, part) that has elements
-        self.positions = [(i, part) for i, n in enumerate(self.sizes) for part in (DENSE, EXPERT) if n[part]]
+        self.slots = [(i, part) for i, n in enumerate(self.sizes) for part in (DENSE, EXPERT) if n[part]]
         self.grads_held, self.gathered = HeldBytes(), HeldBytes()
         whole = self.stage < 3
         self.params = [[None, None] for _ in self.units]  # stage 1/2: whole parts; stage 3: my chunks
@@ -97,9 +97,14 @@ class ExpertZero(GptExpertParallel):
                 ffn.record = lambda H, kept, i=u.index: self.routing[-1].__setitem__(i, (H, kept))
                 ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)
                 self.ffns[u.index] = ffn
-        # Mixed precision: ranks hold different gradient chunks, so the dp group votes on a skip.
-        self.optimizer = build_optimizer(model, self.optimisation, self.dp, self.rt)
+        # Mixed precision: ranks hold different gradient chunks, so the whole group votes on a skip.
+        self.optimizer = build_optimizer(model, self.optimisation, self.comms[DENSE], self.rt)
         self.routing = []
+
+    def _sharding_groups(self, mesh) -> tuple:
+        """The groups that sum each part's gradient: dp, and the experts' edp (context_expert_zero.py:
+        dp x cp and edp x cp)."""
+        return mesh.dp_comm, mesh.groups["edp"]
 
     def _chunk(self, n: int, comm) -> tuple[int, int]:
         b = collectives.chunk_bounds(n, comm.size)
@@ -151,7 +156,7 @@ class ExpertZero(GptExpertParallel):
     # -- one step ----------------------------------------------------------------------------------------
     def train_step(self, micro_steps, global_batch: int) -> float:
         self.watch.reset()
-        K, s = len(micro_steps), self.model.seq_len
+        K = len(micro_steps)
         for pair in self.grads or self.shards:
             for g in pair:
                 g.fill(0)
@@ -162,14 +167,13 @@ class ExpertZero(GptExpertParallel):
         loss = 0.0
         for k, (x, y) in enumerate(micro_steps):
             self.routing.append({})
-            N = micro_rows(global_batch, K, k) * s
-            loss += self._pass(x, y, N, global_batch, last=k == K - 1)
+            loss += self._micro_step(x, y, micro_rows(global_batch, K, k), global_batch, last=k == K - 1)
         if self.accum is not None:
             self.grads_held.free(self._total(whole=True))
             self.accum = None
         # stage 1 reduce-scatters each unit's whole gradients now; stages 2/3 did so during backward
         chunks = [self._scatter(i, b) for i, b in enumerate(self.grads)] if self.stage == 1 else self.shards
-        self.optimizer.step(self.optimizer_params(), [chunks[i][part] for i, part in self.positions])
+        self.optimizer.step(self.optimizer_params(), [chunks[i][part] for i, part in self.slots])
         if self.stage < 3:  # everyone needs everyone's updated chunks for the next forward
             ops = ("param-all-gather", "expert-param-all-gather")
             for pair in self.params:
@@ -178,9 +182,15 @@ class ExpertZero(GptExpertParallel):
                         collectives.allgather(comm, whole, "model", op)
         return loss
 
-    def _pass(self, tokens, labels, N: int, global_batch: int, last: bool) -> float:
-        """gpt_moe.train_pass, unit by unit with ZeRO's gathers and reduce-scatters around each unit."""
-        x, contexts, loss, B = tokens, [], 0.0, global_batch * self.model.seq_len
+    def _micro_step(self, x, y, rows: int, global_batch: int, last: bool) -> float:
+        """One micro-step of `rows` global sequences (context_expert_zero.py: on this cp rank's tokens)."""
+        s = self.model.seq_len
+        return self._pass(x, y, rows * s, global_batch * s, global_batch, last)
+
+    def _pass(self, tokens, labels, N: int, B: int, loss_rows: int, last: bool) -> float:
+        """gpt_moe.train_pass, unit by unit with ZeRO's gathers and reduce-scatters around each unit: N,
+        B the micro-step's and the step's global tokens, loss_rows the rows the loss divides over."""
+        x, contexts, loss = tokens, [], 0.0
         for i, u in enumerate(self.units):
             full = self._unit_params(i)
             if u.index in self.ffns:
@@ -195,7 +205,7 @@ class ExpertZero(GptExpertParallel):
             self.watch.check(u.index, x)
             self.meter.take(held)
             contexts.append((ctx, held))
-        main, grad = loss_grad(self.optimizer, x, labels, global_batch)
+        main, grad = loss_grad(self.optimizer, x, labels, loss_rows)
         for i in reversed(range(len(self.units))):
             u, (ctx, held) = self.units[i], contexts.pop()
             full = self._unit_params(i)  # stage 3: the second gather of this unit in this micro-step
@@ -230,8 +240,8 @@ class ExpertZero(GptExpertParallel):
     def optimizer_params(self) -> list:
         """This rank's chunk of each unit's dense part and of its experts (positions, in unit order)."""
         if self.stage == 3:
-            return [self.params[i][part] for i, part in self.positions]
-        return [self.params[i][part][slice(*self.bounds[i][part])] for i, part in self.positions]
+            return [self.params[i][part] for i, part in self.slots]
+        return [self.params[i][part][slice(*self.bounds[i][part])] for i, part in self.slots]
 
     def full_weights(self):
         if self.stage < 3:  # every part whole already: expert_gpt.py's gather of the experts
@@ -246,7 +256,7 @@ class ExpertZero(GptExpertParallel):
         over its group (dense to dp rank 0, experts to edp rank 0: the first ep group), then
         expert_gpt.py's gather of the first ep group's experts to rank 0 (all control traffic)."""
         parts = [[np.zeros(0, self.dtype), np.zeros(0, self.dtype)] for _ in self.units]
-        for (i, part), chunk in zip(self.positions, local):
+        for (i, part), chunk in zip(self.slots, local):
             parts[i][part] = np.ascontiguousarray(chunk)
         whole = [[None, None] for _ in self.units]
         for part, comm in enumerate(self.comms):
@@ -254,9 +264,9 @@ class ExpertZero(GptExpertParallel):
             if comm.rank == 0:
                 for i in range(len(self.units)):
                     whole[i][part] = np.concatenate([g[i] for g in got])
-        if self.edp.rank != 0:  # not in the first ep group (dp ranks 0 .. P-1): nothing more to do
+        if self.comms[EXPERT].rank != 0:  # not in the first ep group (of cp rank 0): nothing more to do
             return None
-        if self.dp.rank != 0:
+        if self.comms[DENSE].rank != 0:
             whole = [[np.zeros(0, self.dtype), pair[EXPERT]] for pair in whole]
         return self._gather(self._concat(whole), op)
 
@@ -269,12 +279,12 @@ class ExpertZero(GptExpertParallel):
         # [all dense parts, all my experts], as expert_gpt.py cuts them; then my chunk of each unit's
         cut = GptExpertParallel.slice_full(self, full, dtype or self.dtype)
         out, at = [], [0, 0]
-        for i, part in sorted(self.positions, key=lambda ip: ip[1]):
+        for i, part in sorted(self.slots, key=lambda ip: ip[1]):
             lo, hi = self.bounds[i][part]
             out.append(((i, part), cut[part][at[part] + lo : at[part] + hi].copy()))
             at[part] += self.sizes[i][part]
         order = dict(out)
-        return [order[ip] for ip in self.positions]
+        return [order[ip] for ip in self.slots]
 
     def load_params(self, full) -> None:
         if self.stage == 3:
