@@ -79,10 +79,10 @@ def expert_rules(cfg) -> None:
                 # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
                 ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
                 ("--clock sim", cfg.clock == "sim"),
-                # parallel/expert_zero.py shards over dp and edp only; its time is gpt_moe's rough estimate
+                # expert_zero.py shards over dp (x cp) and edp (x cp) only; its time is a rough estimate
                 (
-                    "--zero with --cp, --tp, --pp or --clock sim",
-                    cfg.zero > 0 and (cfg.cp > 1 or cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
+                    "--zero with --tp, --pp or --clock sim",
+                    cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
                 ),
             )
             if on

@@ -1,5 +1,8 @@
-"""ZeRO with experts (--arch gpt --experts E --ep P --dp D --zero 1|2|3) in closed form:
-parallel/expert_zero.py's bytes and memory written again (never calling it).
+"""ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] --zero 1|2|3) in closed form:
+parallel/expert_zero.py's (and context_expert_zero.py's) bytes and memory written again (never calling
+them). With --cp C, read D C for D and (D/P) C for D/P below: world rank r = d C + c is rank r of the
+dense parts' group (dpcp) and rank (d div P) C + c of its experts' (edpcp); the K/V traffic and the
+all-to-alls are cp_moe.py's.
 
 The dense parameters shard over the D dp ranks, each rank's E/P experts over its Q = D/P
 expert-data-parallel ranks (as DeepSpeed's ZeRO partitions MoE parameter groups). Unit by unit: unit i
@@ -40,13 +43,20 @@ def unit_sizes(cfg) -> list[tuple[int, int]]:
     return [((V + s) * h, 0)] + [block] * L + [(2 * h + h * V, 0)]
 
 
-def zero_costs(cfg, D: int, d: int, prec) -> dict[str, Cost]:
-    """One step's ZeRO collectives of dp rank d, op -> bytes and messages (module docstring)."""
-    P, G = cfg.ep, cfg.grad_accum
+def groups(cfg, D: int, r: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((size, rank) of the group the dense parts shard over, the same for the experts) of world rank
+    r = d C + c: dp (dpcp with --cp, rank r itself) and edp (edpcp: rank (d div P) C + c)."""
+    C, P = getattr(cfg, "cp", 1), cfg.ep
+    d, c = divmod(r, C)
+    return (D * C, r), (D // P * C, d // P * C + c)
+
+
+def zero_costs(cfg, D: int, r: int, prec) -> dict[str, Cost]:
+    """One step's ZeRO collectives of world rank r, op -> bytes and messages (module docstring)."""
+    G = cfg.grad_accum
     R, A = (G, 2 * G) if cfg.zero == 3 else (1, 1)
-    groups = ((D, d, 0, ""), (D // P, d // P, 1, "expert-"))
     ops = {}
-    for p, r, part, prefix in groups:
+    for (p, r), part, prefix in zip(groups(cfg, D, r), (0, 1), ("", "expert-")):
         rs = ag = Cost()
         for sizes in unit_sizes(cfg):
             rs = rs + to_bytes(ring_reduce_scatter(sizes[part], p, r), prec.grad, R)
@@ -55,11 +65,11 @@ def zero_costs(cfg, D: int, d: int, prec) -> dict[str, Cost]:
     return {op: c for op, c in ops.items() if c.messages}
 
 
-def zero_memory(cfg, D: int, d: int, prec) -> dict[str, int]:
-    """params, grads and optimizer bytes of dp rank d (module docstring)."""
-    P = cfg.ep
+def zero_memory(cfg, D: int, r: int, prec) -> dict[str, int]:
+    """params, grads and optimizer bytes of world rank r (module docstring)."""
+    (p, g), (q, h) = groups(cfg, D, r)
     sizes = unit_sizes(cfg)
-    S = sum(chunk(n, D, d) + chunk(m, D // P, d // P) for n, m in sizes)
+    S = sum(chunk(n, p, g) + chunk(m, q, h) for n, m in sizes)
     U, W = max(n + m for n, m in sizes), sum(n + m for n, m in sizes)
     params = W if cfg.zero < 3 else S + U
     grads = W if cfg.zero == 1 else S + (W if cfg.zero == 2 and cfg.grad_accum > 1 else U)
@@ -72,20 +82,26 @@ def _seconds(costs, link) -> float:
 
 
 def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """gpt_moe.py's prediction of the layout without --zero, its gradient all-reduces replaced by
-    ZeRO's reduce-scatters and all-gathers and its model states by this rank's (module docstring)."""
-    out = predict_gpt_moe_run(without_zero(cfg), world_size, steps, hw, routing)
-    D, P = (cfg.dp if cfg.dp is not None else world_size), cfg.ep
+    """gpt_moe.py's (with --cp: cp_moe.py's) prediction of the layout without --zero, its gradient
+    all-reduces replaced by ZeRO's reduce-scatters and all-gathers and its model states by this rank's
+    (module docstring)."""
+    C = getattr(cfg, "cp", 1)
+    if C > 1:
+        from .cp_moe import predict_cp_moe_run as predict_plain
+    else:
+        predict_plain = predict_gpt_moe_run
+    out = predict_plain(without_zero(cfg), world_size, steps, hw, routing)
+    D = cfg.dp if cfg.dp is not None else world_size // C
     prec = PRECISIONS[precision_of(cfg)]
     steps = out["steps"]  # with the run's routing: the steps it routed
     link, delta = None, 0.0
-    if hw is not None and D > 1:
+    if hw is not None and D * C > 1:
         from .hardware import group_link
 
-        link = group_link(hw, "dp", D, 1, 1)
+        link = group_link(hw, "dp", D, C, 1)
     M, Me = sum(n for n, _ in unit_sizes(cfg)), sum(m for _, m in unit_sizes(cfg))
-    for d, (rank, mem) in enumerate(zip(out["comm"]["ranks"], out["memory"]["ranks"])):
-        by_op, costs = rank["by_op"], zero_costs(cfg, D, d, prec)
+    for r, (rank, mem) in enumerate(zip(out["comm"]["ranks"], out["memory"]["ranks"])):
+        by_op, costs = rank["by_op"], zero_costs(cfg, D, r, prec)
         for op in ("model/grad-allreduce", "model/expert-grad-allreduce"):
             by_op.pop(op, None)
         for op, c in costs.items():
@@ -93,9 +109,10 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
         model = [v for k, v in by_op.items() if k.startswith("model/")]
         rank["sent"]["model"] = sum(v["sent"] for v in model)
         rank["messages"]["model"] = sum(v["messages"] for v in model)
-        mem.update(zero_memory(cfg, D, d, prec))
+        mem.update(zero_memory(cfg, D, r, prec))
         if link is not None:
-            allreduce = (ALLREDUCE[cfg.collectives](M, D, d), ALLREDUCE[cfg.collectives](Me, D // P, d // P))
+            (p, g), (q, h) = groups(cfg, D, r)
+            allreduce = (ALLREDUCE[cfg.collectives](M, p, g), ALLREDUCE[cfg.collectives](Me, q, h))
             delta = max(delta, _seconds(costs.values(), link) - _seconds(allreduce, link))
     comm, cats = out["comm"], ("data", "model", "activation")
     per = max(steps, 1)

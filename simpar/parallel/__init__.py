@@ -9,6 +9,7 @@
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
                context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
+               (context_expert_zero.py: and --zero)
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
@@ -45,6 +46,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
         return ContextPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.experts and cfg.zero:
+        from .context_expert_zero import ContextExpertZero  # ZeRO over dpcp (dense) and edpcp (experts)
+
+        return ContextExpertZero(sections, mesh)
     if cfg.cp > 1 and cfg.experts:
         from .context_expert import ContextExpertParallel  # MoE blocks, experts over ep at each cp coordinate
 
