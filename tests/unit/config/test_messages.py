@@ -250,9 +250,9 @@ CASES = [
     (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
     (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
     (  # parallel/expert_zero.py shards over dp and edp only
-        dict(arch="gpt", dataset="copy", experts=2, zero=1, cp=2),
+        dict(arch="gpt", dataset="copy", experts=2, zero=1, tp=2),
         2,
-        GPT_MOE + "--zero with --cp, --tp, --pp or --clock sim",
+        GPT_MOE + "--zero with --tp, --pp or --clock sim",
     ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
