@@ -20,25 +20,27 @@ M = EMBED + L * BLOCK + HEAD
 EXPERT = 8 * H * H + 5 * H
 
 
-def predict(D: int, P: int, zero: int, **extra) -> dict:
-    return predict_from_config(RunConfig(**SHAPE, dp=D, ep=P, zero=zero, **extra), D, 1, LOCAL_DEFAULTS)
+def predict(D: int, P: int, zero: int, C: int = 1, **extra) -> dict:
+    cfg = RunConfig(**SHAPE, dp=D, ep=P, cp=C, zero=zero, **extra)
+    return predict_from_config(cfg, D * C, 1, LOCAL_DEFAULTS)
 
 
-@pytest.mark.parametrize("D,P", [(2, 2), (4, 2), (4, 1), (4, 4)])
-def test_stages_1_and_2_send_the_all_reduces_bytes_and_stage_3_half_as_much_again(D, P):
-    plain = predict(D, P, 0)
-    Me, Q = L * E // P * EXPERT, D // P
+@pytest.mark.parametrize("D,P,C", [(2, 2, 1), (4, 2, 1), (4, 1, 1), (4, 4, 1), (2, 2, 2)])
+def test_stages_1_and_2_send_the_all_reduces_bytes_and_stage_3_half_as_much_again(D, P, C):
+    """With --cp C the groups are dp x cp (D C ranks) and edp x cp ((D/P) C ranks)."""
+    plain = predict(D, P, 0, C)
+    Me, Q, D = L * E // P * EXPERT, D // P * C, D * C
     ring = lambda n, p: 2 * (p - 1) * n // p  # noqa: E731  (every size here divides by p)
     for zero in (1, 2, 3):
-        pred = predict(D, P, zero)
+        pred = predict(D // C, P, zero, C)
         for r, base in zip(pred["comm"]["ranks"], plain["comm"]["ranks"]):
             ops = {k: v["sent"] for k, v in r["by_op"].items()}
             assert "model/grad-allreduce" not in ops and "model/expert-grad-allreduce" not in ops
             factor = 1.5 if zero == 3 else 1  # stage 3 gathers twice: 3(p-1)/p instead of 2(p-1)/p
             assert r["sent"]["model"] == factor * (ring(M, D) + ring(Me, Q)) * 8
             assert ops.get("model/expert-grad-reduce-scatter", 0) == (Q - 1) * Me // Q * 8
-            assert r["sent"]["activation"] == base["sent"]["activation"]  # the all-to-alls: unchanged
-        assert pred["layout"] == f"dp{D}xzero{zero}" + (f"xep{P}" if P > 1 else "")
+            assert r["sent"]["activation"] == base["sent"]["activation"]  # all-to-alls, K/V: unchanged
+        assert f"zero{zero}" in pred["layout"] and f"zero{zero}" not in plain["layout"]
 
 
 @pytest.mark.parametrize("zero,accum", [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2)])
