@@ -75,6 +75,8 @@ def check_zero(m: dict, stage: int, D: int = D, C: int = 1) -> None:
         grads = {1: W, 2: Sh + W, 3: Sh + U}[stage]
         mem = m["memory"]["ranks"][r]
         assert (mem["params"], mem["grads"], mem["optimizer"]) == (params * bpe, grads * bpe, 16 * Sh), r
+        # activations: the layout's without ZeRO (costmodel/gpt_moe.py, cp_moe.py; their own tests)
+        assert mem["activations_peak"] == m["predicted"]["memory"]["ranks"][r]["activations_peak"], r
     assert m["prediction_mismatches"] == []
     for r, p in zip(m["comm"]["ranks"], m["predicted"]["comm"]["ranks"]):  # all-to-alls too, op by op
         assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control")} == {
