@@ -73,11 +73,10 @@ def expert_rules(cfg) -> None:
         + ", ".join(unsupported),
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
+        # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once)
         later = [
             name
             for name, on in (
-                # context_expert.py runs dp x cp x ep only (a guard for when --tp/--pp come to --experts)
-                ("--cp with --tp or --pp", cfg.cp > 1 and (cfg.tp > 1 or cfg.pp > 1)),
                 ("--clock sim", cfg.clock == "sim"),
                 # expert_zero.py shards over dp (x cp) and edp (x cp) only; its time is a rough estimate
                 (
@@ -89,12 +88,36 @@ def expert_rules(cfg) -> None:
         ]
         require(
             not later,
-            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
+            f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
             f"{', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
-        later = [name for name, on in (("--sp", cfg.sp),) if on]
+        # mixed precision runs on expert_tensor_gpt.py's tp (and its pipeline stages), not yet with --cp
+        later = [
+            name
+            for name, on in (
+                ("--sp", cfg.sp),
+                (f"--cp with --precision {cfg.precision}", cfg.mixed and cfg.cp > 1),
+            )
+            if on
+        ]
         require(not later, f"--arch gpt --experts --tp runs without --sp; not yet with {', '.join(later)}")
+    if cfg.arch == "gpt" and cfg.pp > 1 and cfg.cp > 1:  # pipeline/context_expert_stage.py (its own guard:
+        # what expert_stage.py comes to run, its cp stages and costmodel/cp_moe_pipeline.py do not yet)
+        later = [
+            name
+            for name, on in (
+                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
+                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
+                (f"--precision {cfg.precision}", cfg.mixed),
+            )
+            if on
+        ]
+        require(
+            not later,
+            "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+            f"precision; not yet with {', '.join(later)}",
+        )
     if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
         later = [
             name

@@ -292,7 +292,8 @@ def layout_cp(cfg) -> None:
 
 
 def layout_zero(cfg) -> None:
-    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards, any arch (parallel/zero_mesh.py)."""
+    """--zero 1-3 over dp (x cp); --zero 1 also inside --tp/--pp shards, any arch (parallel/zero_mesh.py);
+    --zero 2|3 inside --tp shards on --arch gpt, with --cp too (parallel/zero_tp.py)."""
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):
         require(  # DeepSpeed's PipelineEngine asserts the same (deepspeed/runtime/pipe/engine.py,
             # https://github.com/deepspeedai/DeepSpeed/issues/4164): docs/strategies.md says why
@@ -300,10 +301,10 @@ def layout_zero(cfg) -> None:
             f"--zero {cfg.zero} with --pp: gradient (and parameter) partitioning does not fit the "
             "pipeline's accumulation over micro-batches (DeepSpeed refuses it too); use --zero 1",
         )
-        require(
-            cfg.zero == 1,
-            f"--zero {cfg.zero} with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer "
-            "state); use --zero 1",
+        require(  # stages 2/3 shard each tp share's gradients (and parameters): parallel/zero_tp.py
+            cfg.zero == 1 or cfg.arch == "gpt",
+            f"--zero {cfg.zero} with --tp is not built yet for --arch {cfg.arch} (built: --arch gpt); "
+            "use --zero 1",
         )
     if cfg.zero:
         require(

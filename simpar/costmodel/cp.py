@@ -55,6 +55,26 @@ def ring_block_map(C: int) -> list[list[tuple[int, int] | None]]:
     ]
 
 
+def ring_score_flops(B: int, s: int, L: int, h: int, C: int, recompute: str = "none") -> float:
+    """The score products the ring computes in a step (hardware FLOPs): C (2C+1) blocks of m = s/(2C)
+    queries x m keys per sequence and block (ring_block_map: the causal triangle's, diagonal blocks
+    whole), s^2 (2C+1)/(4C) scores -- just over the causal half that model FLOPs count (gpt.py), not
+    the s^2 attention.py computes and masks. Each product over a block and every head is 2 m^2 h
+    FLOPs: forward q k^T, P v (2); backward P rebuilt from the log-sum-exp, dV, dP, dQ, dK (5,
+    FlashAttention-2's); full recomputation runs the forward again (2 more). Selective keeps the
+    log-sum-exp: nothing again (plan_cp)."""
+    products = 9 if recompute == "full" else 7
+    return products * 2 * h * B * L * s * s * (2 * C + 1) / (4 * C)
+
+
+def ring_rank_product_flops(n: int, h: int, C: int) -> int:
+    """One score product (q k^T, P v, or one of backward's) over the 2C+1 causal blocks a ring rank
+    computes, for one sequence and one block of the model, every head of width h: (2C+1) x 2 m^2 h,
+    m = n/2. attention.py's count of the same product, the rank's share of the square, is 2 s n h."""
+    m = n // 2
+    return (2 * C + 1) * 2 * m * m * h
+
+
 def cp_messages(C: int, algo: str) -> int:
     """Messages one rank sends per block per step: ring 2(C-1) K/V + (C-1) dK/dV; Ulysses 8 x (C-1)."""
     return 3 * (C - 1) if algo == "ring" else 8 * (C - 1)
@@ -155,7 +175,10 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     accumulation step (full recomputation's second forward sends its K/V again: counted in the bytes).
     compute_s keeps the blocks' compute, cp_s the transfer time left exposed; cp_wire_s is the
     traffic's whole time on the link (bytes x beta + messages x alpha): cp_s never exceeds it
-    stretched by the bubble, (M + pp - 1)/M."""
+    stretched by the bubble, (M + pp - 1)/M. The hardware's FLOPs follow the time: the ring's are
+    gpt.plan's less its score products plus ring_score_flops (its causal blocks); Ulysses computes
+    every score of its heads and masks them, as attention.py, so gpt.plan's stand. Model FLOPs, and
+    so MFU's numerator, are gpt.plan's causal count whatever the layout."""
     from .cp_time import ring_parts, ring_seconds, ulysses_parts, ulysses_seconds
     from .hardware import group_link
 
@@ -199,9 +222,16 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
         compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
     step_s = compute_s + t["tp_s"] + t["dp_s"] + cp_s
+    hw_flops, scores = base["hardware_flops_per_step"], base["attention_scores"]
+    if C > 1 and algo == "ring":  # gpt.plan's every score (12, 14 or 16 s^2 h) for the ring's blocks
+        whole = {"full": 16, "selective": 14}.get(mode, 12) * batch * s * s * L * h
+        hw_flops += ring_score_flops(batch, s, L, h, C, mode) - whole
+        scores = f"the causal blocks, (2C+1)/(4C) = {(2 * C + 1) / (4 * C):.3g} of s^2"
     return {
         **base,
         "layout": dict(base["layout"], dp=dp, cp=C, cp_algo=algo),
+        "hardware_flops_per_step": hw_flops,
+        "attention_scores": scores,
         "cp_bytes_per_gpu": cp_bytes,
         "time": dict(t, step_s=step_s, compute_s=compute_s, cp_s=cp_s, cp_wire_s=cp_wire_s),
         "mfu": base["mfu"] * t["step_s"] / step_s,

@@ -30,8 +30,10 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
               so a ring rank sends, per block per micro-batch, 8 (C-1) b n h elements instead of 6.
   zb-h1, zb-v split each unit's backward into B (dL/dx) and W (the weights' gradients): all of the
               attention's cp traffic is on dL/dx's path, so it is in B, with the same bytes.
-  FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the causal scores'
-              4 s^2 h, which the balanced split divides by C too: 4 s n h)
+  FLOPs       gpt_pipeline.py's per unit, / C (every term is linear in s but the scores' 4 s^2 h,
+              which the balanced split divides by C too: 4 s n h, what Ulysses computes); the ring
+              computes its 2C+1 causal blocks instead (cp.ring_rank_product_flops, P1 a product over
+              them): 2 P1 forward, 5 P1 backward (P rebuilt from the lse), selective 2 P1 again
   time        as --clock sim charges the step: cp_pipeline_time.py (steptime.py's recurrences over
               each chunk's units, its blocks' attention priced hop by hop as cp_time.py)
 """
@@ -39,7 +41,7 @@ sequences in a micro-batch, bpe bytes per element; world rank ((stage dp + d) C 
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
-from .cp import cp_block_elems, cp_kv_bytes, cp_messages, wide_bytes
+from .cp import cp_block_elems, cp_kv_bytes, cp_messages, ring_rank_product_flops, wide_bytes
 from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
@@ -116,7 +118,7 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
         def add(op: str, sent: int, messages: int) -> None:
             ops[op] = ops.get(op, Cost()) + Cost(sent * steps, messages * steps, 0, 0, 0)
 
-        fwd = redo = 0
+        fwd = bwd = redo = 0
         model = Cost()
         for k in mine:
             lo, hi = bounds[k]
@@ -131,11 +133,17 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                     sent = cp_kv_bytes(b, n, h, C, algo, bpe) + again
                     add(cp_op, blocks * sent, blocks * (cp_messages(C, algo) + again_msgs))
                 chunk_fwd = b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // C
-                fwd += chunk_fwd
+                chunk_bwd = 2 * chunk_fwd
+                square = 2 * s * n * h  # one score product over my share of the square (Ulysses')
+                if algo == "ring":  # its causal blocks instead: 2 products forward, 5 backward
+                    one = ring_rank_product_flops(n, h, C)
+                    chunk_fwd += blocks * b * 2 * (one - square)
+                    chunk_bwd += blocks * b * (5 * one - 4 * square)
+                fwd, bwd = fwd + chunk_fwd, bwd + chunk_bwd
                 if mode == "full":
                     redo += chunk_fwd
-                elif mode == "selective":  # the ring's score products again (4 s n h); Ulysses' q k^T
-                    redo += blocks * b * (4 if algo == "ring" else 2) * s * n * h
+                elif mode == "selective":  # the ring's forward again (its lse); Ulysses' q k^T
+                    redo += blocks * b * (2 * one if algo == "ring" else square)
             for elems in dp_buckets(sizes[lo:hi], prec.grad, cfg.bucket_mb):
                 model = model + to_bytes(
                     ALLREDUCE[cfg.collectives](elems, dp * C, d * C + c), prec.grad, steps
@@ -156,11 +164,11 @@ def predict_cp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             for step in rows
         )
         memory.append(mem)
-        stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        stage_s.append((fwd + bwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
         record = rank_record(
             r, {"pp": st, "dp": d, "cp": c, "tp": 0}, activation=ops, model={"grad-allreduce": model}
         )
-        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
+        ranks.append(record | {"flops": {"forward": fwd, "backward": bwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
     if hw is not None and cfg.tp == 1:  # as --clock sim charges it

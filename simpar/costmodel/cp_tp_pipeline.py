@@ -32,7 +32,8 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
               the chunk's whole again
   zb-h1, zb-v the same bytes: the cp attention's backward and tp's input-gradient collectives in B,
               W local
-  FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split)
+  FLOPs       gpt_pipeline.py's per unit, / C (the balanced split), / T (the matmuls split); the
+              ring's scores are its causal blocks' of a/T heads, as cp_pipeline.py counts them
   time        as --clock sim charges the step: cp_tp_pipeline_time.py (steptime.py's recurrences over
               cp_time.py's hops of a/T heads and gpt_time.py's tp units and blocking tp collectives)
 """
@@ -40,7 +41,7 @@ inside a chunk, gpt_tp_pipeline.py's per-chunk tp messages. World rank ((stage d
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
-from .cp import cp_kv_bytes, cp_messages, wide_bytes
+from .cp import cp_kv_bytes, cp_messages, ring_rank_product_flops, wide_bytes
 from .cp_pipeline import cp_recompute_kv
 from .gpt import rank_record, run_result, unit_sizes
 from .gpt_pipeline import TOKEN_BYTES, unit_forward_flops
@@ -123,7 +124,7 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, steps)
 
-        fwd = redo = 0
+        fwd = bwd = redo = 0
         mine = stage_chunks(sched, S, Vs, st)
         for k in mine:
             lo, hi = bounds[k]
@@ -148,11 +149,17 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
                     messages = blocks * (cp_messages(C, algo) + again_msgs)
                     act[cp_op] = act.get(cp_op, Cost()) + Cost(sent * steps, messages * steps)
                 chunk_fwd = b * sum(unit_forward_flops(u, L, h, s, V) for u in range(lo, hi)) // (C * T)
-                fwd += chunk_fwd
+                chunk_bwd = 2 * chunk_fwd
+                square = 2 * s * n * (h // T)  # one score product over my share of the square (Ulysses')
+                if algo == "ring":  # its causal blocks instead: 2 products forward, 5 backward
+                    one = ring_rank_product_flops(n, h // T, C)
+                    chunk_fwd += blocks * b * 2 * (one - square)
+                    chunk_bwd += blocks * b * (5 * one - 4 * square)
+                fwd, bwd = fwd + chunk_fwd, bwd + chunk_bwd
                 if mode == "full":
                     redo += chunk_fwd
-                elif mode == "selective":  # the ring's score products again (4 s n h); Ulysses' q k^T
-                    redo += blocks * b * (4 if algo == "ring" else 2) * s * n * h // T
+                elif mode == "selective":  # the ring's forward again (its lse); Ulysses' q k^T
+                    redo += blocks * b * (2 * one if algo == "ring" else square)
             for elems in dp_buckets(local[lo:hi], prec.grad, cfg.bucket_mb):
                 add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](elems, dp * C, g), prec.grad)
             for u in range(max(lo, 1), hi) if cfg.sp else ():  # LayerNorm gradients of my rows
@@ -177,9 +184,9 @@ def predict_cp_tp_pipeline_run(cfg, world_size: int, steps: int, hw) -> dict:
             for step in rows
         )
         memory.append(mem)
-        stage_s.append((3 * fwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
+        stage_s.append((fwd + bwd + redo) / hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0)
         record = rank_record(r, {"pp": st, "dp": d, "cp": c, "tp": j}, model=model, activation=act)
-        ranks.append(record | {"flops": {"forward": fwd, "backward": 2 * fwd, "recompute": redo}})
+        ranks.append(record | {"flops": {"forward": fwd, "backward": bwd, "recompute": redo}})
     compute_s = step_s = max(stage_s) * (M + S - 1) / M
     comm_s = 0.0
     if hw is not None:  # as --clock sim charges it

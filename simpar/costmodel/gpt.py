@@ -6,9 +6,20 @@ step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula
   parameters   simpar's model (gpt.py): L (12h^2 + 13h) + (V + s) h + 2h + V h (untied head, final LN);
                Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters
                Using Megatron-LM", sec. 5.1): 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)), head tied
-  FLOPs/step   Narayanan et al. 2021, sec. 5.1 (matmuls only, causal scores counted in full):
+  FLOPs/step   two counts, which differ only in the attention's score products (q k^T and P v):
+               model FLOPs (MFU's numerator, the same for every layout): the causal half of the scores,
+               72 B s L h^2 (1 + s/(12h) + V/(12 L h)) -- Megatron-LM's num_floating_point_operations
+               (megatron/training/training.py: "causal mask (only half of the mask is non-zero)"),
+               as FlashAttention's benchmark counts a causal kernel (benchmark_flash_attention.py,
+               flops() / 2 if causal). PaLM (Chowdhery et al. 2022, app. B: 6N + 12 L H Q T) and
+               torchtitan (get_num_flop_per_token: "do not account for sparsity in causal attention")
+               count the whole square; a kernel that skips the masked blocks (cp's ring) would then
+               read above 100%.
+               hardware FLOPs (what a run computes; time is priced from these): simpar's attention.py
+               computes all s^2 scores and masks them, Narayanan et al. 2021, sec. 5.1's count
                72 B s L h^2 (1 + s/(6h) + V/(12 L h)); with full recomputation
-               96 B s L h^2 (1 + s/(6h) + V/(16 L h)) -- simpar's matmuls are exactly these
+               96 B s L h^2 (1 + s/(6h) + V/(16 L h)) -- simpar's matmuls are exactly these. cp's ring
+               computes only its causal blocks (cp.py: ring_score_flops).
   activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
                Models", Table 2), bytes per layer with 16-bit activations and 1-byte dropout masks:
                  no parallelism            s b h (34 + 5 a s / h)
@@ -23,7 +34,8 @@ step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula
                masks, the a s^2 b attention-dropout mask and its 2 a s^2 b output, plus the row stats.
   optimizer    ZeRO (Rajbhandari et al. 2020, sec. 3.1 and 5): (2 + 2 + K) bytes per parameter,
                K = 12 for mixed-precision Adam; ZeRO-1/2/3 divide the optimizer / + grads / + params by dp
-  MFU          model FLOPs (the 72 formula: recomputation is not useful work) / (step time x devices x
+  MFU          model FLOPs (the causal count: recomputation and masked scores are not useful work) /
+               (step time x devices x
                peak), PaLM's definition (Chowdhery et al. 2022, appendix B); the peak is the profile's
                datasheet dense rate (gpus.py: H100 BF16 989.4 TFLOP/s), while its time uses the
                achievable GEMM rate (80.3% of that on H100, the MAMF table), so MFU stays below it.
@@ -90,8 +102,18 @@ def narayanan_params(L: int, h: int, s: int, V: int) -> float:
     return 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
 
 
+def model_flops_per_step(B: int, s: int, L: int, h: int, V: int) -> float:
+    """The model's useful FLOPs per step, MFU's numerator (module docstring): Narayanan's count with
+    only the causal half of the score products, 72 B s L h^2 (1 + s/12h + V/12Lh). Per sequence and
+    block forward: q, k, v, o 8 s h^2, the MLP 16 s h^2, q k^T and P v over the s^2/2 scores a token
+    may see 2 s^2 h; the head 2 s h V; backward twice the forward."""
+    return 72 * B * s * L * h * h * (1 + s / (12 * h) + V / (12 * L * h))
+
+
 def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "none") -> float:
-    """Narayanan et al. 2021, sec. 5.1: 72 B s L h^2 (1 + s/6h + V/12Lh); full recomputation runs each
+    """The hardware's FLOPs when every score is computed and masked, as simpar's attention.py does
+    (model_flops_per_step counts half of them). Narayanan et al. 2021, sec. 5.1: 72 B s L h^2
+    (1 + s/6h + V/12Lh); full recomputation runs each
     block's forward again (the head's is not recomputed): 96 B s L h^2 (1 + s/6h + V/16Lh); selective
     (Korthikanti et al. 2022, sec. 4.2, as simpar rebuilds P from q and k): + 2 B L s^2 h."""
     if recompute == "full":
@@ -184,8 +206,8 @@ def plan(
     in_flight = min(pp, M)
     act_layer = korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute)
     activations = math.ceil(L / pp) * in_flight * act_layer * PRECISIONS[precision].act / 2
-    model_flops = flops_per_step(batch, s, L, h, V)
-    hw_flops = flops_per_step(batch, s, L, h, V, recompute)
+    model_flops = model_flops_per_step(batch, s, L, h, V)  # causal: the same for every layout
+    hw_flops = flops_per_step(batch, s, L, h, V, recompute)  # attention.py: every score, masked
     rate = hw.flop_rate(precision)
     compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
     tp_link, dp_link = group_link(hw, "tp", dp, tp, pp), group_link(hw, "dp", dp, tp, pp)
@@ -226,6 +248,7 @@ def plan(
         "activation_per_layer": act_layer,
         "flops_per_step": model_flops,
         "hardware_flops_per_step": hw_flops,
+        "attention_scores": "all s^2, masked",  # attention.py's; cp's ring: its causal blocks (cp.py)
         "time": {"step_s": step_s, "compute_s": compute_s, "tp_s": tp_s, "dp_s": dp_s},
         "mfu": model_flops / (step_s * world * peak),
         "precision": precision,
@@ -257,13 +280,14 @@ def rank_record(rank: int, coords: dict, **categories: dict) -> dict:
 def run_result(cfg, hw, steps: int, ranks: list, memory: list, params: int, time: tuple, **extra) -> dict:
     """A gpt or cp run's prediction, keyed like its metrics (predict.predict_from_config): the ranks'
     records (rank_record) with the per-step totals and per-rank maxima, memory per rank and its max,
-    the model's FLOPs per step (and the hardware's, recomputation included, where the ranks carry
-    "flops"), and `time` = (step_s, compute_s, comm_s per step). `extra`: bubble, stage_units."""
+    the model's FLOPs per step (model_flops_per_step; the hardware's, recomputation included, where
+    the ranks carry "flops"), and `time` = (step_s, compute_s, comm_s per step). `extra`: bubble,
+    stage_units."""
     step_s, compute_s, comm_s = time
     per, cats = max(steps, 1), ("data", "model", "activation")
     if all("flops" in r for r in ranks):
         extra["hardware_flops_per_step"] = sum(
-            r["flops"]["forward"] * 3 + r["flops"]["recompute"] for r in ranks
+            r["flops"]["forward"] + r["flops"]["backward"] + r["flops"]["recompute"] for r in ranks
         )
     return {
         "steps": steps,
@@ -277,7 +301,7 @@ def run_result(cfg, hw, steps: int, ranks: list, memory: list, params: int, time
         "memory": {"ranks": memory, "max": {k: max(m[k] for m in memory) for k in memory[0]}},
         "bubble": 0.0,
         "params": params,
-        "flops_per_step": flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab),
+        "flops_per_step": model_flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab),
         "time": {
             "step_s": step_s,
             "compute_s": compute_s,

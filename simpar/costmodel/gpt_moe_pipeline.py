@@ -77,6 +77,23 @@ def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
     ]
 
 
+def chunk_tensor_ops(cfg, bounds: tuple[int, int], R: int, k: int) -> list[tuple[str, Cost]]:
+    """(op, Cost in elements) of tp rank k's traffic in a chunk of units bounds = [lo, hi) for R token
+    rows (gpt_moe_tp.py): attention's g and f per block (the MoE part is whole on every tp rank), the
+    vocabulary's embedding all-reduce on the first chunk, the head's and the loss's on the last."""
+    T, h, ar = cfg.tp, cfg.hidden, ALLREDUCE[cfg.collectives]
+    lo, hi = bounds
+    out = []
+    for _ in (u for u in range(lo, hi) if 0 < u <= cfg.blocks):
+        out += [("tp-g-allreduce", ar(R * h, T, k)), ("tp-f-allreduce", ar(R * h, T, k))]
+    if lo == 0:
+        out.append(("vocab-embed-allreduce", ar(R * h, T, k)))
+    if hi == cfg.blocks + 2:
+        out.append(("vocab-head-allreduce", ar(R * h, T, k)))
+        out += [("vocab-ce-max", ring_allgather(T * R, T, k)), ("vocab-ce-sums", ar(2 * R, T, k))]
+    return out
+
+
 def block_kept_elems(cfg, kept, n: int, d: int, T: int = 1) -> float:
     """Elements one MoE block keeps on dp rank d for n tokens (router's n E counted apart); under tp
     this rank's heads' q, k, v, output and scores are 1/T (costmodel/gpt_moe_tp.py)."""
@@ -117,21 +134,6 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             if cost.messages:
                 ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
 
-        def tensor_ops(act: dict, c: int, R: int, k: int) -> None:
-            """Chunk c's tp traffic for R token rows (gpt_moe_tp.py): attention's g and f per block,
-            the vocabulary's embedding all-reduce on the first chunk, head and loss on the last."""
-            ar = ALLREDUCE[cfg.collectives]
-            for _ in blocks(c):
-                add(act, "tp-g-allreduce", ar(R * h, T, k), bpe)
-                add(act, "tp-f-allreduce", ar(R * h, T, k), bpe)
-            if bounds[c][0] == 0:
-                add(act, "vocab-embed-allreduce", ar(R * h, T, k), bpe)
-            if bounds[c][1] == cfg.blocks + 2:
-                add(act, "vocab-head-allreduce", ar(R * h, T, k), bpe)
-                ce = 4 if bpe == 2 else bpe  # the loss's messages: float32 for half logits (gpt_tp.py)
-                add(act, "vocab-ce-max", ring_allgather(T * R, T, k), ce)
-                add(act, "vocab-ce-sums", ar(2 * R, T, k), ce)
-
         def blocks(c: int) -> list[int]:
             return [u for u in range(*bounds[c]) if 0 < u <= cfg.blocks]
 
@@ -142,8 +144,8 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                     add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
                 if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
                     add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-                if T > 1:
-                    tensor_ops(act, c, n // h, k)
+                for op, cost in chunk_tensor_ops(cfg, bounds[c], n // h, k) if T > 1 else ():
+                    add(act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe)  # float32 loss
                 for u in blocks(c) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
                     for op in OPS:

@@ -242,15 +242,29 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
     --experts: moe.predict_moe, exact from `routing` (the run's metrics["moe"]) or balanced without.
     """
     steps = steps if steps is not None else (cfg.steps or 1)
+    if cfg.zero > 1 and cfg.tp > 1 and cfg.arch == "gpt" and not getattr(cfg, "experts", 0):  # zero_tp.py
+        from .zero_mesh import without_zero
+        from .zero_tp import predict_zero_tp_run
+
+        plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
+        return predict_zero_tp_run(cfg, world_size, steps, hw, plain)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and cfg.arch == "gpt":  # ZeRO-1 in tp/pp shards (zero_mesh.py)
         from .zero_mesh import predict_zero_mesh_run, without_zero
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
         return predict_zero_mesh_run(cfg, world_size, steps, hw, plain)
+    if getattr(cfg, "cp", 1) > 1 and cfg.pp > 1 and cfg.experts:  # MoE stages, cp [x tp]: cp_moe_pipeline
+        from .cp_moe_pipeline import predict_cp_moe_pipeline_run
+
+        return predict_cp_moe_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.pp > 1:  # pp x dp x cp x tp (cp_tp_pipeline.py)
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 
         return predict_cp_tp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.experts:  # MoE blocks, cp x tp (cp_moe_tp.py)
+        from .cp_moe_tp import predict_cp_moe_tp_run
+
+        return predict_cp_moe_tp_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1:  # cp x tp (costmodel/cp_tp.py)
         from .cp_tp import predict_cp_tp_run
 

@@ -67,6 +67,24 @@ def without_zero(cfg):
     return plain
 
 
+def refresh_totals(cfg, steps: int, out: dict) -> dict:
+    """After the ranks' model ops and memory were edited: their model sums, the per-step totals and
+    maxima, the memory maxima and the layout's name (this file's and zero_tp.py's edits)."""
+    for rank in out["comm"]["ranks"]:
+        model = [v for k, v in rank["by_op"].items() if k.startswith("model/")]
+        rank["sent"]["model"] = sum(v["sent"] for v in model)
+        rank["messages"]["model"] = sum(v["messages"] for v in model)
+    comm, cats = out["comm"], ("data", "model", "activation")
+    comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
+    comm["per_rank_per_step_max"] = {
+        k: max(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats
+    }
+    memory = out["memory"]["ranks"]
+    out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
+    out["layout"] = layout_name(cfg)
+    return out
+
+
 def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw, out: dict) -> dict:
     """`out`, the layout's prediction without --zero (predict.py makes it), edited in place: its
     gradient all-reduce replaced by ZeRO-1's halves, its optimizer state by this rank's chunks."""
@@ -85,18 +103,8 @@ def predict_zero_mesh_run(cfg, world_size: int, steps: int, hw, out: dict) -> di
         for op, cost in (("grad-reduce-scatter", rs), ("param-all-gather", ag)):
             if cost.messages:
                 by_op[f"model/{op}"] = {"sent": cost.sent * steps, "messages": cost.messages * steps}
-        model = [v for k, v in by_op.items() if k.startswith("model/")]
-        rank["sent"]["model"] = sum(v["sent"] for v in model)
-        rank["messages"]["model"] = sum(v["messages"] for v in model)
         mem["optimizer"] = sum(chunk(n, p, g) for n in stores) * opt_bpp
-    comm, cats = out["comm"], ("data", "model", "activation")
-    comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats}
-    comm["per_rank_per_step_max"] = {
-        k: max(r["sent"][k] for r in comm["ranks"]) / max(steps, 1) for k in cats
-    }
-    memory = out["memory"]["ranks"]
-    out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
-    out["layout"] = layout_name(cfg)
+    refresh_totals(cfg, steps, out)
     if hw is not None:  # the step's time, as the simulated clock charges it (zero_mesh_time.py)
         from .zero_mesh_time import zero1_pipeline_seconds, zero1_tp_seconds
 

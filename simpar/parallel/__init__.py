@@ -1,19 +1,22 @@
 """Parallel strategies. Each file is one layout, readable alone:
 
   data.py      data parallelism (DDP): gradient buckets all-reduced while backward still runs
-  zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded
+  zero.py      ZeRO-1/2/3: data parallelism with optimizer state / gradients / parameters sharded;
+               zero_mesh.py ZeRO-1 inside tp/pp shards, zero_tp.py ZeRO-2/3 inside gpt's tp shards
   tensor.py    Megatron tensor parallelism: column- then row-parallel linear pairs (f and g)
   restensor.py the residual MLP's blocks under tensor parallelism, and sequence parallelism (--sp)
   tensor_gpt.py, vocab_parallel.py  the transformer (--arch gpt) under tp [--sp]: heads split by
                columns, the embedding, LM head and cross-entropy split over the vocabulary
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
-               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate
-               (context_expert_zero.py: and --zero)
+               context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate;
+               context_expert_tensor.py: the same with --tp (expert_tensor_gpt.py's tp groups);
+               context_expert_zero.py: with --zero
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
-               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group)
+               pipeline/expert_stage.py with --pp (each stage's blocks over its ep group),
+               pipeline/context_expert_stage.py with --pp and --cp,
                expert_zero.py with --zero 1-3 (dense states sharded over dp, the experts' over edp)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
@@ -30,14 +33,26 @@ def build_strategy(cfg, mesh):
     """The strategy `cfg` asks for. Each gets only the sections it reads (`sections`, config.StrategySections:
     model, layout, optimisation), never the whole RunConfig."""
     sections = StrategySections.of(cfg)
+    if cfg.zero > 1 and cfg.tp > 1 and not cfg.experts:  # ZeRO-2/3 of each tp share, unit by unit (gpt)
+        from .zero_tp import ZeroGptTensorLayerwise
+
+        return ZeroGptTensorLayerwise(sections, mesh)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
         from . import zero_mesh
 
         return zero_mesh.strategy_class(cfg.pp > 1, cfg.cp > 1, cfg.tp > 1, cfg.arch == "gpt")(sections, mesh)
+    if cfg.cp > 1 and cfg.pp > 1 and cfg.experts:
+        from .pipeline.context_expert_stage import ContextExpertPipelineParallel  # MoE stages with cp (x tp)
+
+        return ContextExpertPipelineParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1 and cfg.pp > 1:
         from .pipeline.context_tensor_stage import ContextTensorPipelineParallel  # pp x dp x cp x tp
 
         return ContextTensorPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.tp > 1 and cfg.experts:
+        from .context_expert_tensor import ContextExpertTensorParallel  # MoE blocks, cp x tp, ep in dp
+
+        return ContextExpertTensorParallel(sections, mesh)
     if cfg.cp > 1 and cfg.tp > 1:
         from .context_tensor import ContextTensorParallel  # heads and vocabulary split inside a cp rank
 

@@ -83,8 +83,15 @@ class ContextTensorStack(GptTensorStack):
     """GptTensorStack on this cp rank's n tokens: its blocks' attention reaches the other cp ranks'
     tokens through context_attention.py with this rank's a/T heads."""
 
+    block_types = (ShardedBlock,)  # context_expert_tensor.py: MoE blocks
+
     def __init__(self, model, layout, mesh, indices=None):
         super().__init__(model, layout, mesh, indices)  # indices: one pipeline chunk's units (cp x tp x pp)
+        self.take_sequence_share(model, layout, mesh)
+
+    def take_sequence_share(self, model, layout, mesh) -> None:
+        """Make the tp stack's units run on this cp rank's n = s/C tokens: the embedding at their
+        global positions, every block's attention over the cp group (attend below)."""
         self.cp_comm, self.algo, self.full_seq = mesh.groups["cp"], layout.cp_algo, model.seq_len
         C = self.cp_comm.size
         self.positions = chunk_positions(self.cp_comm.rank, C, model.seq_len)
@@ -94,7 +101,7 @@ class ContextTensorStack(GptTensorStack):
             embedding.stack = self
             self.units[0] = embedding  # the same pieces as the one it replaces: the store is unchanged
         for blk in self.units:
-            if isinstance(blk, ShardedBlock):
+            if isinstance(blk, self.block_types):
                 blk.s = model.seq_len // C  # a block's rows per sequence: my n tokens
                 blk.score_keys = 0  # context_attention.py charges the scores, hop by hop (--clock sim)
 

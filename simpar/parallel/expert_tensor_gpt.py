@@ -22,9 +22,11 @@ expert-data-parallel ranks (`model/expert-grad-allreduce`). Closed form: costmod
 Full shape (checkpoints, --weights-out): expert_gpt.py's -- per unit its flat vector, a block's being
 its dense part then all E experts -- assembled on world rank 0 from the tp shards of dp rank 0 (tp
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
-ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp. --precision mixed-*:
-half shards and messages, the router in float32, the aux loss's gradient scaled with the main loss's, the
-world voting on an overflowed step. Refused in one line (config/moe.py): --sp with --tp.
+ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp; with --cp the stack
+runs on a cp rank's tokens (context_expert_tensor.py, through the ffn_class, make_stack and my_tokens
+hooks). --precision mixed-*: half shards and messages, the router in float32, the aux loss's gradient
+scaled with the main loss's, the world voting on an overflowed step. Refused in one line (config/moe.py):
+--sp with --tp, and mixed precision with --tp and --cp.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class ExpertTensorStack(GptTensorStack):
     with their experts replicated over tp. One store: every unit's tp shard, then this ep rank's
     experts of every block."""
 
+    ffn_class = MoEFFN  # context_expert_tensor.py's plans capacity per sequence segment (cp)
+
     def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
         self.comm, self.algorithm, self.sp = mesh.tp_comm, layout.collectives, False
         t, k, dtype = self.comm.size, self.comm.rank, model.compute_dtype()
@@ -93,7 +97,7 @@ class ExpertTensorStack(GptTensorStack):
                     for i, e in enumerate(mine)
                 }
                 offset += len(mine) * n
-                self.ffns[u.index] = MoEFFN(m.h, m.E, m.K, m.C, m.alpha, views, exchange, self.rt)
+                self.ffns[u.index] = self.ffn_class(m.h, m.E, m.K, m.C, m.alpha, views, exchange, self.rt)
         self.N = self.B = 0  # the micro-step's and the step's global tokens, set before each forward
         self.aux = 0.0
 
@@ -185,15 +189,23 @@ class ExpertTensorParallel(Strategy):
             mesh.groups["edp"],
             mesh.tp_comm,
         )
+        self.replicas = self.dp  # who holds the same dense shards (context_expert_tensor.py adds cp)
         per = self.model.experts // self.ep.size
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
-        self.stack = ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
+        self.stack = self.make_stack(mesh)
         for i, ffn in self.stack.ffns.items():
             ffn.record = lambda H, kept, i=i: self.routing[-1].__setitem__(i, (H, kept))
             ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)  # --precision mixed-*
         # Mixed precision: tp shards hold different gradients, so the world votes on a skip (precision.py)
         self.optimizer = build_optimizer(self.model, self.optimisation, vote_comm(mesh, self.dp), self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}
+
+    def make_stack(self, mesh) -> ExpertTensorStack:
+        return ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
+
+    def my_tokens(self, x, y, rows: int):
+        """This rank's tokens of its dp rows in a micro-step of `rows` global rows: all of them."""
+        return x, y
 
     def train_step(self, micro_steps, global_batch: int) -> float:
         st, s = self.stack, self.model.seq_len
@@ -202,13 +214,15 @@ class ExpertTensorParallel(Strategy):
         st.aux, loss = 0.0, 0.0
         for k, (x, y) in enumerate(micro_steps):
             self.routing.append({})
-            st.N, st.B = micro_rows(global_batch, len(micro_steps), k) * s, global_batch * s
+            rows = micro_rows(global_batch, len(micro_steps), k)
+            st.N, st.B = rows * s, global_batch * s
+            x, y = self.my_tokens(x, y, rows)
             logits, contexts = st.forward(x, self.meter, self.watch)
             share, grad = vocab_loss_grad(st, self.optimizer, logits, y, global_batch, s)
             st.backward(contexts, grad, self.meter)
             loss += share
         for comm, buf, op in (
-            (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
+            (self.replicas, st.store.grads[: st.n_dense], "grad-allreduce"),
             (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),
         ):
             if comm.size > 1:

@@ -33,7 +33,8 @@ own gather_full assembles the full model, so a checkpoint reshards to serial and
 Not built: ZeRO-2/3 with --pp -- DeepSpeed's PipelineEngine refuses them too ("ZeRO-2 and ZeRO-3 are
 incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py): partitioned gradients
 would be reduced on every micro-batch's backward, which a pipeline runs many of per step
-(deepspeedai/DeepSpeed issues #823, #4164) -- and ZeRO-2/3 with --tp; config/rules.py refuses both.
+(deepspeedai/DeepSpeed issues #823, #4164); config/rules.py refuses it. ZeRO-2/3 with --tp on gpt is
+zero_tp.py's (unit by unit, as zero.py, with --cp too); on mlp/resmlp it is refused.
 """
 
 from __future__ import annotations

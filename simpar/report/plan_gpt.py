@@ -113,6 +113,19 @@ PLAN_ARGS = (
 )
 
 
+def _hardware_note(p: dict) -> str:
+    """What the hardware's FLOPs count beyond the model's: the scores the layout's attention computes
+    (attention.py: all s^2, masked; cp's ring: its causal blocks) and what recomputation adds."""
+    scores = p.get("attention_scores", "all s^2, masked")
+    ring = not scores.startswith("all")
+    redo = {
+        "full": "full recomputation: the blocks' forward again",
+        "selective": "selective recomputation: "
+        + ("the ring keeps its log-sum-exp, nothing again" if ring else "+ 2 B L s^2 h, q k^T again"),
+    }.get(p["layout"].get("recompute", "none"))
+    return f" (attention scores: {scores}" + (f"; {redo})" if redo else ")")
+
+
 def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
     lay, mem, t, prec = p["layout"], p["memory_per_gpu"], p["time"], p["precision"]
@@ -134,12 +147,9 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"activations {fmt_si(mem['activations'])}",
         f"  activations per layer per micro-batch {fmt_si(p['activation_per_layer'])} (Korthikanti et al. "
         "2022, Table 2), x ceil(L/pp) layers x min(pp, M) micro-batches in flight (1F1B)",
-        f"FLOPs per step: {p['flops_per_step']:.3e} = 72 B s L h^2 (1 + s/6h + V/12Lh) (Narayanan et al. "
-        f"2021 sec. 5.1); the hardware does {p['hardware_flops_per_step']:.3e}"
-        + {
-            "full": " (full recomputation: 96 ... V/16Lh)",
-            "selective": " (selective recomputation: + 2 B L s^2 h, q k^T again)",
-        }.get(p["layout"].get("recompute", "none"), ""),
+        f"FLOPs per step: {p['flops_per_step']:.3e} = 72 B s L h^2 (1 + s/12h + V/12Lh) (Narayanan et al. "
+        f"2021 sec. 5.1, the causal half of the scores as Megatron-LM counts them); the hardware does "
+        f"{p['hardware_flops_per_step']:.3e}" + _hardware_note(p),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
         f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped"
         + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),

@@ -85,7 +85,7 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
 def context_layouts(n: int) -> list[tuple[str, dict]]:
     """--arch gpt's context-parallel layouts (validate refuses them elsewhere): cp2 (on 2 of the
     ranks), cp n, dp2 x cp2, dp2 x cp2 with ZeRO-1 over the 4 (context_zero.py), with --experts dp2 x
-    cp2 x ep2 (context_expert.py), cp2 x tp2 and cp2 x pp2
+    cp2 x ep2 (context_expert.py), cp2 x tp2 (with --experts: context_expert_tensor.py) and cp2 x pp2
     on 4, and cp n with the all-to-all attention."""
     sizes = sorted({2, n}) if n % 2 == 0 else [n]
     out = [(f"cp{c}", dict(dp=1, cp=c, cp_algo="ring")) for c in sizes]
@@ -329,7 +329,8 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
     print(f"(speedup: serial step / this layout's step; pred: the cost model on the same hardware; {note})")
     if mfu:
         print(
-            "(MFU: model FLOPs per step, 72 B s L h^2 (1 + s/6h + V/12Lh) (Narayanan et al. 2021 sec. 5.1), "
+            "(MFU: model FLOPs per step, 72 B s L h^2 (1 + s/12h + V/12Lh) (Narayanan et al. 2021 sec. 5.1 "
+            "with the causal half of the scores, as Megatron-LM counts them), "
             f"over step x ranks x {base.hardware}'s dense peak (Chowdhery et al. 2022 app. B); a model this "
             "small is all latency and launches, a real one is not: `plan --arch gpt --model gpt3-175b`)"
         )
@@ -337,12 +338,13 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
 
 def model_flops_utilisation(cfg: RunConfig, ranks: int, step_s: float) -> float:
     """MFU of a --arch gpt step as PaLM defines it (Chowdhery et al. 2022, appendix B): the model's
-    FLOPs per step (Narayanan et al. 2021's count, costmodel/gpt.py; recomputation is not useful work)
-    over the step's time x the ranks x the profile's dense peak per device."""
-    from ..costmodel.gpt import flops_per_step
+    FLOPs per step (costmodel/gpt.py's model_flops_per_step: Narayanan et al. 2021's count with the
+    causal half of the scores; recomputation and masked scores are not useful work) over the step's
+    time x the ranks x the profile's dense peak per device."""
+    from ..costmodel.gpt import model_flops_per_step
     from ..costmodel.spec import precision_of
 
-    flops = flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab)
+    flops = model_flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab)
     return flops / (step_s * ranks * hardware.load(cfg.hardware).peak_rate(precision_of(cfg)))
 
 

@@ -57,8 +57,10 @@ class MoEChunkStack:
     """Units lo..hi-1 on this rank: one flat store, every unit's dense part (a block's outside its
     experts, the embedding and head whole) first, then this ep rank's experts of each block."""
 
-    def __init__(self, model, rt, lo: int, hi: int, mine: range, exchange):
-        self.units, dtype = gpt_units(model, rt)[lo:hi], model.compute_dtype()
+    def __init__(self, model, rt, lo: int, hi: int, mine: range, exchange, units=None, ffn_class=MoEFFN):
+        # units: the whole model's (context_expert_stage.py: a cp rank's); ffn_class plans capacity
+        units = gpt_units(model, rt) if units is None else units
+        self.units, dtype = units[lo:hi], model.compute_dtype()
         dense, experts = [], []
         for u in self.units:  # every rank builds the full shape from (seed, unit) and keeps its part
             full = u.init(model.seed, dtype)
@@ -79,7 +81,7 @@ class MoEChunkStack:
                 for e in mine:
                     views[e] = (p[offset : offset + n], g[offset : offset + n])
                     offset += n
-                self.ffns[u.index] = MoEFFN(u.h, u.E, u.K, u.C, u.alpha, views, exchange, rt)
+                self.ffns[u.index] = ffn_class(u.h, u.E, u.K, u.C, u.alpha, views, exchange, rt)
         self.N = self.B = 0  # the micro-step's and the step's global tokens, set before each forward
         self.aux = 0.0  # this rank's aux-loss shares of the step
 
@@ -136,6 +138,7 @@ class ExpertPipelineParallel(PipelineParallel):
 
     def __init__(self, sections, mesh):
         self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
+        self.replicas = self.dp  # who holds the same dense parameters (context_expert_stage.py: dp x cp)
         per = sections.model.experts // mesh.groups["ep"].size
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         self.routing = []  # per micro-step of the run: {block index: (H, kept)} of this stage's blocks
@@ -199,7 +202,7 @@ class ExpertPipelineParallel(PipelineParallel):
         for c in self.chunks:
             st = self.stacks[c]
             for comm, buf, op in (
-                (self.dp, st.store.grads[: st.n_dense], "grad-allreduce"),
+                (self.replicas, st.store.grads[: st.n_dense], "grad-allreduce"),
                 (self.edp, st.store.grads[st.n_dense :], "expert-grad-allreduce"),
             ):
                 if comm.size > 1 and buf.size:

@@ -129,9 +129,8 @@ def test_mixed_precision_tp_matches_its_prediction(tmp_path):
         (["--vocab", "17", "--tp", "2"], "--vocab 17 is not divisible by --tp 2"),
         (["--seq-len", "6", "--tp", "4", "--heads", "4", "--vocab", "16"], None),
         (["--seq-len", "6", "--tp", "4", "--heads", "4", "--vocab", "16", "--sp"], "--seq-len 6 must be"),
-        (["--tp", "2", "--zero", "2"], "--zero 2 with --tp is not built yet"),
     ],
-    ids=["heads", "vocab", "seq-ok-without-sp", "seq-sp", "zero"],
+    ids=["heads", "vocab", "seq-ok-without-sp", "seq-sp"],
 )
 def test_shapes_tp_cannot_split_are_refused_in_one_line(extra, message):
     n = 4 if "4" in extra[extra.index("--tp") + 1] else 2

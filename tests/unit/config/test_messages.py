@@ -26,7 +26,7 @@ USAGE = (
 )
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
-GPT_MOE = "--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp (not all at once); not yet with "
+GPT_MOE = "--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
 GPT_MOE_PP = "--arch gpt --experts --pp runs --schedule naive, gpipe, 1f1b and interleaved; not yet with "
 
 # (RunConfig fields, world size, the message)
@@ -274,7 +274,17 @@ CASES = [
         2,
         GPT_MOE_PP + "--schedule zb-v",
     ),
-    (dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2), 4, GPT_MOE + "--cp with --tp or --pp"),
+    (  # the full mesh runs (pipeline/context_expert_stage.py); its tp rule still holds
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, pp=2, vocab=16, sp=True),
+        8,
+        "--arch gpt --experts --tp runs without --sp; not yet with --sp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
+        4,
+        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
+        "precision; not yet with --schedule zb-v, --recompute selective",
+    ),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
@@ -294,9 +304,9 @@ CASES = [
         "over micro-batches (DeepSpeed refuses it too); use --zero 1",
     ),
     (
-        dict(arch="gpt", dataset="text", zero=3, tp=2),
+        dict(arch="resmlp", zero=2, tp=2),
         2,
-        "--zero 3 with --tp is not built yet (ZeRO-1 shards each tp shard's optimizer state); use --zero 1",
+        "--zero 2 with --tp is not built yet for --arch resmlp (built: --arch gpt); use --zero 1",
     ),
     (
         dict(zero=1, collectives="tree"),

@@ -3,7 +3,8 @@ and `simpar plan --arch gpt` (no MPI, fast).
 
   Narayanan et al. 2021, sec. 5.1: parameters 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)) and FLOPs
   per step 72 B s L h^2 (1 + s/(6h) + V/(12 L h)), 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full
-  recomputation -- checked against the matmuls counted one by one.
+  recomputation -- checked against the matmuls counted one by one (the hardware's: attention.py
+  computes every score; model FLOPs count the causal half, tests/unit/costmodel/test_mfu_causal.py).
   Korthikanti et al. 2022, Table 2: activation bytes per layer under each kind of parallelism.
 """
 
@@ -115,8 +116,11 @@ def test_plan_memory_flops_and_mfu():
     assert mem["optimizer"] == pytest.approx(12 * P_gpu / 8)  # ZeRO-1: K = 12 sharded over dp 8
     b = 1536 / (8 * 96)
     assert mem["activations"] == pytest.approx(6 * 16 * 34 * s * b * h / 8)  # 6 layers x 16 in flight
-    flops = 72 * 1536 * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
+    # model FLOPs: the scores' causal half (s/12h, Megatron-LM's count); the hardware does every score
+    flops = 72 * 1536 * s * L * h**2 * (1 + s / (12 * h) + V / (12 * L * h))
     assert p["flops_per_step"] == pytest.approx(flops, rel=1e-12)
+    whole = 72 * 1536 * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)) + 2 * 1536 * L * s * s * h
+    assert p["hardware_flops_per_step"] == pytest.approx(whole, rel=1e-12)  # + selective's q k^T
     peak = 989.4e12  # H100 SXM BF16 dense, the datasheet (MFU's denominator, not the achievable rate)
     assert p["mfu"] == pytest.approx(flops / (p["time"]["step_s"] * 1024 * peak), rel=1e-12)
     assert 0 < p["mfu"] < 794.5 / 989.4  # below the achievable share of the peak (the MAMF table's)

@@ -1,0 +1,187 @@
+"""MoE pipeline stages with context parallelism (--arch gpt --experts E --ep P --cp C --pp S [--tp T], D dp
+ranks a stage) in closed form: parallel/pipeline/context_expert_stage.py's bytes and memory written again
+from gpt_moe_pipeline.py's stage rules and cp_moe.py's routing over segments (nothing here calls the code).
+
+World rank r = ((st D + d) C + c) T + t (mesh.py). A step is G M micro-steps (G = --grad-accum, M =
+--microbatches): micro-step i has N_i = chunk(B, G M, i) sequences, dp rank d b = chunk(N_i, D, d) of
+them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C), so n = b s/C tokens.
+
+  chunks       gpt_moe_pipeline.stage_bounds: the full units balanced over S (interleaved: S V) chunks
+  boundaries   per micro-step and chunk boundary between stages, the cp rank's own residual stream
+               n h forward ("pp-send-act") and n h backward ("pp-send-grad"), times bpe
+  cp           per block of the rank's chunks and micro-step, cp.py's cp_kv_bytes(b, s/C, h/T, C, algo)
+               in cp_messages(C, algo) messages (ring `cp-kv`, Ulysses `cp-alltoall`): a/T heads' K/V
+  tp (T > 1)   per chunk and micro-step gpt_moe_pipeline.chunk_tensor_ops for R = b s/C rows: attention's
+               g and f per block, the vocabulary's all-reduces and loss on the first and last chunk (the
+               MoE part is whole on every tp rank, so each tp index repeats the all-to-alls; cp_moe_tp.py)
+  routing      per block and micro-step the segment table T (2C N_i x E, metrics["moe"]
+               ["routed_by_segment"]) gives kept[c][d][e] = sum over rank (d, c)'s segments of
+               clip(cap_i - sum_{i' < i} T_i'[e], 0, T_i[e]), cap_i = ceil(C_f K N_i s / E)
+               (cp_moe.kept_by_rank); balanced without it: b (s/C) K / E, no drops
+  all-to-all   gpt_moe.py's four ops over the ep group at cp coordinate c, from kept[c] (h wide)
+  gradients    once per step and chunk its dense parameters over the stage's D C dp x cp ranks (place
+               d C + c), its experts (E/P a block) over the D/P x C ranks holding them (place (d div P) C
+               + c), ring
+  memory       params, grads, optimizer: gpt_moe_pipeline.py's tp shards (every cp rank holds its chunks)
+  activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
+               cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
+               the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
+  time         rough (--clock sim is refused for MoE): the busiest stage's FLOPs / C stretched by the
+               bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .cp import cp_kv_bytes, cp_messages, wide_bytes
+from .cp_moe import kept_by_rank
+from .gpt import flops_per_step, rank_record, run_result
+from .gpt_moe import Routing, capacity
+from .gpt_moe_pipeline import TOKEN_BYTES, block_kept_elems, chunk_tensor_ops, stage_bounds, unit_params
+from .moe import OPS, alltoall_pieces
+from .order import chunk_stage, peak_alive, stage_chunks
+from .spec import PRECISIONS, precision_of, split
+
+
+def micro_kept(cfg, D: int, routing: dict | None, steps: int) -> list[list]:
+    """Per micro-step of the run, per block: kept[c][d][e] (module docstring), exact or balanced."""
+    GM, s, E, K, C = cfg.grad_accum * cfg.microbatches, cfg.seq_len, cfg.experts, cfg.top_k, cfg.cp
+    seqs = split(cfg.batch, GM)
+    if routing is not None:
+        return [
+            [kept_by_rank(T, capacity(cfg, seqs[i % GM] * s), D, C) for T in micro]
+            for i, micro in enumerate(routing["routed_by_segment"])
+        ]
+    balanced = lambda i: [[[chunk(seqs[i % GM], D, d) * s / C * K / E] * E for d in range(D)]] * C  # noqa: E731
+    return [[balanced(i)] * cfg.blocks for i in range(steps * GM)]
+
+
+def cp_block_kept_bytes(cfg, kept, n: int, d: int, bpe: int) -> float:
+    """Bytes one MoE block keeps on dp rank d (kept: its cp coordinate's D x E) for n tokens, router
+    apart: block_kept_elems' per-token arrays of a tp rank; its a s n / T scores are Ulysses' (a/(C T)
+    heads x s x n), the ring keeps a n / T log-sum-exps in the wide type instead."""
+    T, a = cfg.tp, cfg.heads
+    elems = block_kept_elems(cfg, kept, n, d, T)
+    if cfg.cp_algo == "ring":
+        return (elems - a * cfg.seq_len * n // T) * bpe + a * n // T * wide_bytes(bpe)
+    return elems * bpe
+
+
+def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    S, M, G, C, T = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.cp, cfg.tp
+    h, s, E = cfg.hidden, cfg.seq_len, cfg.experts
+    Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    D, P = (cfg.dp if cfg.dp is not None else world_size // (S * C * T)), cfg.ep
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe, algo = prec.act, cfg.cp_algo
+    micro = micro_kept(cfg, D, routing, steps)
+    steps = len(micro) // (G * M)
+    seqs = split(cfg.batch, G * M)
+    bounds, units = stage_bounds(cfg), unit_params(cfg, T)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    link = None
+    if hw is not None:
+        from .hardware import group_link
+
+        link = group_link(hw, "dp", D * C, 1, 1)
+    ranks, memory, comm_s, K = [], [], 0.0, len(bounds)
+
+    def blocks(k: int) -> list[int]:
+        return [u for u in range(*bounds[k]) if 0 < u <= cfg.blocks]
+
+    for r in range(world_size):
+        (st, d), c, t = divmod(r // (C * T), D), r // T % C, r % T
+        mine = stage_chunks(cfg.schedule, S, Vs, st)
+        act: dict[str, Cost] = {}
+        model: dict[str, Cost] = {}
+
+        def add(ops: dict, op: str, cost: Cost, elem_bytes: int, times: int = 1) -> None:
+            if cost.messages:
+                ops[op] = ops.get(op, Cost()) + to_bytes(cost, elem_bytes, times)
+
+        for i, kept_blocks in enumerate(micro):
+            b = chunk(seqs[i % (G * M)], D, d)
+            n = b * (s // C) * h  # this cp rank's residual stream
+            for k in mine:
+                if k < K - 1 and chunk_stage(cfg.schedule, S, k + 1) != st:
+                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                if k > 0 and chunk_stage(cfg.schedule, S, k - 1) != st:
+                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+                if blocks(k) and C > 1:
+                    kv, msgs = cp_kv_bytes(b, s // C, h // T, C, algo, bpe), cp_messages(C, algo)
+                    add(act, cp_op, Cost(kv, msgs, 0, msgs, kv), 1, len(blocks(k)))  # already bytes
+                for op, cost in chunk_tensor_ops(cfg, bounds[k], b * (s // C), t) if T > 1 else ():
+                    add(act, op, cost, bpe)
+                for u in blocks(k) if P > 1 else ():
+                    pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1][c], d)
+                    for op in OPS:
+                        a2a = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
+                        cost = Cost(round(a2a.sent), a2a.messages, 0, a2a.rounds, math.ceil(a2a.round_elems))
+                        add(act, op, cost, bpe)
+        n_params = 0
+        for k in mine:  # one all-reduce of the chunk's dense part over dp x cp, one of its experts
+            dense = sum(units[u][0] for u in range(*bounds[k]))
+            experts = sum(units[u][1] for u in range(*bounds[k]))
+            replicas = ALLREDUCE[cfg.collectives](dense, D * C, d * C + c)
+            add(model, "grad-allreduce", replicas, prec.grad, steps)
+            if experts:
+                edp = ALLREDUCE[cfg.collectives](experts, (D // P) * C, (d // P) * C + c)
+                add(model, "expert-grad-allreduce", edp, prec.grad, steps)
+            n_params += dense + experts
+        if link is not None:
+            every = list(act.values()) + list(model.values())
+            comm_s = max(comm_s, sum(x.rounds * link.alpha + x.round_elems * link.beta for x in every))
+        ranks.append(rank_record(r, {"pp": st, "dp": d, "cp": c, "tp": t}, model=model, activation=act))
+
+        def held(i: int, b: int, k: int) -> float:
+            """Bytes micro-step i's forward keeps on chunk k, b = this rank's sequences of it."""
+            n, router = b * (s // C), 4 if precision_of(cfg) == "mixed" else bpe
+            lo, hi = bounds[k]
+            out = TOKEN_BYTES * n if lo == 0 else 0
+            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            for u in blocks(k):
+                out += cp_block_kept_bytes(cfg, micro[i][u - 1][c], n, d, bpe) + n * E * router
+            return out
+
+        peak = 0
+        for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
+            b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
+            size = lambda m, k, p=p, b=b: held(p + m, b[m], k)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+        memory.append(
+            {
+                "params": n_params * prec.param,
+                "grads": n_params * prec.grad,
+                "optimizer": n_params * opt_bpp,
+                "activations_peak": round(peak),
+            }
+        )
+    L, V, Kt = cfg.blocks, cfg.vocab, cfg.top_k
+
+    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (Kt - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        (compute_s + per_step_comm, compute_s, per_step_comm),
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, seqs[0] * s),
+        bubble=(S - 1) / (M + S - 1),
+        stage_units=bounds,
+    )

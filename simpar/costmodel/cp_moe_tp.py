@@ -1,0 +1,163 @@
+"""MoE blocks with context and tensor parallelism (--arch gpt --experts E [--ep P] --cp C --tp T [--dp D])
+in closed form: parallel/context_expert_tensor.py's bytes written again (nothing here calls it), from
+three closed forms it combines -- gpt_moe_tp.py's tp ops, cp_tp.py's K/V of a/T heads, cp_moe.py's
+all-to-alls from the per-segment capacity.
+
+World rank w = (d C + c) T + k: dp index d, cp index c, tp index k. Micro-step k' has B_k' global rows,
+dp rank d holds b_d of them, cp rank c of each the n = s/C tokens of chunks c and 2C-1-c: R = b_d n rows.
+Per block and micro-step, rank w sends (elements; x bpe):
+  cp-kv (ring)          forward 2 (C-1) b_d n h/T, backward 4 (C-1) b_d n h/T, 3 (C-1) messages
+  cp-alltoall (Ulysses) 8 (C-1)/C b_d n h/T in 8 (C-1) messages
+  tp-g-allreduce, tp-f-allreduce   one all-reduce of R h each (attention only: the MoE part is whole)
+  ep-dispatch, ep-combine-grad     sum_{e not on j} kept[d,c][e] h       (j = d mod P)
+  ep-combine, ep-dispatch-grad     sum_{d' in d's ep group, d' != d} sum_{e on j} kept[d',c][e] h
+with kept[d,c][e] cp_moe.kept_by_rank's sums over rank (d, c)'s segments -- the same on every tp index.
+Per micro-step: the vocabulary's embed and head all-reduces of R h, vocab-ce-max (all-gather of T R),
+vocab-ce-sums (all-reduce of 2R). Per step (ring): the dense shard (gpt_moe_tp.dense_shard) over the
+D C ranks of the dpcp group (group rank d C + c), the L E/P experts over the D/P x C ranks of edpcp
+(group rank (d div P) C + c). Control (not counted): the segment table's all-gather.
+
+Memory: (dense shard + L E/P (8h^2 + 5h)) x params, grads, optimizer bytes. Activations (elements):
+token ids 8 R bytes; per block 3 R h + 4 R h/T + 2R (LayerNorms' xh, attention's input, this rank's q,
+k, v, output, two 1/sigma) + the scores (ring: a R/T log-sum-exps in the wide type; Ulysses: a s R/T)
++ the MoE part R h + (kept rows) h + 9 h (received rows) + R E; the head 2 R h + R.
+Time: rough, as gpt_moe_tp.py's (--clock sim is refused for --experts): FLOPs / (C T) plus each op's
+messages and bytes at the tp link.
+"""
+
+from __future__ import annotations
+
+from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .cp import cp_kv_bytes, cp_messages, wide_bytes
+from .cp_moe import micro_kept
+from .gpt import flops_per_step, rank_record, run_result
+from .gpt_moe import Routing, capacity
+from .gpt_moe_tp import dense_shard
+from .gpt_tp import micro_step_ops
+from .moe import OPS, alltoall_pieces
+from .spec import PRECISIONS, precision_of, split
+
+
+def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int) -> float:
+    """Rank (d, c, any tp index)'s activations at the end of micro-step k's forward (docstring)."""
+    h, a, s, E, P, C, T = cfg.hidden, cfg.heads, cfg.seq_len, cfg.experts, cfg.ep, cfg.cp, cfg.tp
+    R = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s // C
+    per, j = E // P, d % P
+    if cfg.cp_algo == "ring":
+        scores = a * R // T * wide_bytes(bpe)
+    else:
+        scores = a * s * R // T * bpe
+    total = 8 * R + (2 * R * h + R) * bpe
+    for kept in blocks:
+        mine = kept[c]
+        received = sum(mine[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
+        elems = 3 * R * h + 4 * R * h // T + 2 * R + R * h + sum(mine[d]) * h + 9 * h * received + R * E
+        total += elems * bpe + scores
+    return total
+
+
+def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict:
+    """{op: Cost in bytes} of rank (d, c, k)'s activations over `micro` (cp_moe.micro_kept's list)."""
+    L, h, s, C, T, P = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.cp, cfg.tp, cfg.ep
+    ops: dict[str, Cost] = {}
+
+    def add(op: str, cost: Cost) -> None:
+        if cost.messages:
+            ops[op] = ops.get(op, Cost()) + cost
+
+    for kk, blocks in micro:
+        b = chunk(split(cfg.batch, cfg.grad_accum)[kk], D, d)
+        R = b * (s // C)
+        kv = cp_kv_bytes(b, s // C, h // T, C, cfg.cp_algo, bpe) * L
+        add(
+            "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall",
+            Cost(sent=kv, messages=cp_messages(C, cfg.cp_algo) * L),
+        )
+        for op, costs in micro_step_ops(R, h, L, T, k, False, cfg.collectives).items():
+            if op in ("tp-g-allreduce", "tp-f-allreduce"):
+                costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
+            for cost in costs:
+                add(op, to_bytes(cost, bpe))
+        for kept in blocks if P > 1 else ():
+            pieces = alltoall_pieces(Routing(cfg.experts, P), kept[c], d)
+            for op in OPS:
+                a2a = ALLTOALL[cfg.alltoall]([[q * h for q in line] for line in pieces[op]], P, d % P)
+                add(op, to_bytes(Cost(round(a2a.sent), a2a.messages), bpe))
+    return ops
+
+
+def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
+    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like the metrics."""
+    L, h, s, V, E, K, C, T, P = (
+        cfg.blocks,
+        cfg.hidden,
+        cfg.seq_len,
+        cfg.vocab,
+        cfg.experts,
+        cfg.top_k,
+        cfg.cp,
+        cfg.tp,
+        cfg.ep,
+    )
+    D = cfg.dp if cfg.dp is not None else world_size // (C * T)
+    prec = PRECISIONS[precision_of(cfg)]
+    bpe = prec.act
+    micro = micro_kept(cfg, D, C, routing, steps)
+    steps = len(micro) // cfg.grad_accum if routing is not None else steps
+    dense, experts = dense_shard(cfg), L * (E // P) * (8 * h * h + 5 * h)
+    opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
+    link = None
+    if hw is not None:
+        from .hardware import group_link
+
+        link = group_link(hw, "tp", D * C, T, 1)
+    ranks, memory, comm_s = [], [], 0.0
+    for w in range(D * C * T):
+        g, k = divmod(w, T)  # g: this rank's place in its dpcp group, d C + c
+        d, c = divmod(g, C)
+        act = rank_ops(cfg, micro, D, d, c, k, bpe)
+        model: dict[str, Cost] = {}
+        for op, n, size, rank in (
+            ("grad-allreduce", dense, D * C, g),
+            ("expert-grad-allreduce", experts, (D // P) * C, (d // P) * C + c),
+        ):
+            cost = ALLREDUCE[cfg.collectives](n, size, rank)
+            if cost.messages:
+                model[op] = to_bytes(cost, prec.grad, steps)
+        if link is not None:
+            wire = sum(x.sent for x in act.values())
+            msgs = sum(x.messages for x in act.values())
+            comm_s = max(comm_s, wire * link.beta + msgs * link.alpha)
+        ranks.append(rank_record(w, {"pp": 0, "dp": d, "cp": c, "tp": k}, model=model, activation=act))
+        n = dense + experts
+        peak = max(activation_bytes(cfg, blocks, d, c, kk, D, bpe) for kk, blocks in micro)
+        memory.append(
+            {
+                "params": n * prec.param,
+                "grads": n * prec.grad,
+                "optimizer": n * opt_bpp,
+                "activations_peak": round(peak),
+            }
+        )
+
+    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
+        tokens = rows * s
+        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+    rows = max(chunk(cfg.batch, D, d) for d in range(D))
+    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
+    compute_s = moe_flops(rows) / (C * T) / rate if rate else 0.0
+    per_step_comm = comm_s / max(steps, 1)
+    total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        (compute_s + per_step_comm, compute_s, per_step_comm),
+        flops_per_step=moe_flops(cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+    )
