@@ -3,7 +3,8 @@ dp2 x cp2 x ep2 (context_expert_zero.py): equal to serial in float64,
 every rank's ZeRO bytes and model-state memory against closed forms written HERE, the prediction exact,
 and a --zero 3 checkpoint resumed serially; and --precision mixed-fp16 (its loss scaler) on dp4 x ep2
 (parallel/expert_gpt.py), with --zero 3, on dp2 x ep2 x tp2 (expert_tensor_gpt.py), on pipeline stages
-pp2 x dp2 x ep2 and pp2 x tp2 (pipeline/expert_stage.py; 2 micro-batches = serial's --grad-accum 2) --
+pp2 x dp2 x ep2 and pp2 x tp2 (pipeline/expert_stage.py; 2 micro-batches = serial's --grad-accum 2), and
+with --cp on cp2 x tp2 and pp2 x cp2 (context_expert_tensor.py, pipeline/context_expert_stage.py) --
 all cases in one mpiexec launch (scripts/train_layouts.py).
 
 Closed forms (Rajbhandari et al. 2020, sec. 5 and 7.2; DeepSpeed-MoE's expert-data-parallel groups).
@@ -110,6 +111,8 @@ def runs(tmp_path_factory):
     pipe = ["--grad-accum", "1", "--microbatches", "2", "--pp", "2"]  # = serial's --grad-accum 2
     cases += [["fp16-pp2", D, [*FP16, *pipe, "--dp", "2", "--ep", "2"]]]
     cases += [["fp16-pp2-tp2", D, [*FP16_TP, *pipe, "--tp", "2"]]]
+    cases += [["fp16-cp2-tp2", D, [*FP16_TP, "--cp", "2", "--tp", "2"]]]  # context_expert_tensor.py
+    cases += [["fp16-pp2-cp2", D, [*FP16, *pipe, "--cp", "2"]]]  # pipeline/context_expert_stage.py
     skip = [*FP16_TP, "--loss-scale", str(SKIP_SCALE)]
     cases += [["serial-skip", 1, skip], ["skip-tp2", D, [*skip, "--dp", "2", "--ep", "2", "--tp", "2"]]]
     cases += [["skip-pp2", D, [*skip, *pipe, "--dp", "2", "--ep", "2"]]]
@@ -137,7 +140,15 @@ def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
 
 @pytest.mark.parametrize(
     "name,serial",
-    [("fp16", ""), ("fp16-zero3", ""), ("fp16-tp2", "-tp"), ("fp16-pp2", ""), ("fp16-pp2-tp2", "-tp")],
+    [
+        ("fp16", ""),
+        ("fp16-zero3", ""),
+        ("fp16-tp2", "-tp"),
+        ("fp16-pp2", ""),
+        ("fp16-pp2-tp2", "-tp"),
+        ("fp16-cp2-tp2", "-tp"),
+        ("fp16-pp2-cp2", ""),
+    ],
 )
 def test_mixed_fp16_trains_the_serial_model(runs, name, serial):
     """float16 with its loss scaler (model/precision.py; the aux loss's gradient scaled too): the losses

@@ -282,8 +282,8 @@ CASES = [
     (
         dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
         4,
-        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-        "precision; not yet with --schedule zb-v, --recompute selective",
+        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved; "
+        "not yet with --schedule zb-v, --recompute selective",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
