@@ -9,8 +9,8 @@ ways and the experts' D/P ways -- as DeepSpeed does for its MoE (Rajbhandari et 
 "DeepSpeed-MoE"): its ZeRO-1/2 optimizer (deepspeed/runtime/zero/stage_1_and_2.py, _configure_moe_settings)
 gives each MoE parameter group the expert-data-parallel group as the group it partitions over
 (real_dp_process_group) and that group's size as its partition count. Its MoE long ran with ZeRO-1/2
-only (the Alpa OSDI'22 artifact notes, of DeepSpeed v0.5.4: "DeepSpeed MoE is not compatible with
-ZeRO-3"); stage 3 here applies the same rule to the parameters themselves.
+only (the Alpa OSDI'22 artifact notes report DeepSpeed v0.5.4's MoE unable to use ZeRO-3); stage 3
+here applies the same rule to the parameters themselves.
 
 Unit by unit, in all three stages: unit i (embedding, block, head) has n_i dense elements (a block's
 dense part, gpt_moe.dense_size) and m_i elements of this rank's experts (per E/P x expert_size, 0 for
