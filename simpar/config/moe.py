@@ -61,9 +61,9 @@ def expert_rules(cfg) -> None:
         for name, on in (
             ("--tp", cfg.tp > 1 and cfg.arch != "gpt"),
             ("--pp", cfg.pp > 1 and cfg.arch != "gpt"),
-            ("--zero", cfg.zero > 0),
+            ("--zero", cfg.zero > 0 and cfg.arch != "gpt"),
             ("--arch resmlp", cfg.arch == "resmlp"),
-            ("--precision mixed-fp16", cfg.precision == "mixed-fp16"),
+            ("--precision mixed-fp16", cfg.precision == "mixed-fp16" and cfg.arch != "gpt"),
         )
         if on
     ]
@@ -74,7 +74,18 @@ def expert_rules(cfg) -> None:
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
         # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once)
-        later = [name for name, on in (("--clock sim", cfg.clock == "sim"),) if on]
+        later = [
+            name
+            for name, on in (
+                ("--clock sim", cfg.clock == "sim"),
+                # expert_zero.py shards over dp (x cp) and edp (x cp) only; its time is a rough estimate
+                (
+                    "--zero with --tp, --pp or --clock sim",
+                    cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
+                ),
+            )
+            if on
+        ]
         require(
             not later,
             f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
@@ -84,16 +95,14 @@ def expert_rules(cfg) -> None:
         later = [
             name
             for name, on in (
-                (f"--precision {cfg.precision}", cfg.mixed),
                 # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
                 ("--sp with --cp", cfg.sp and cfg.cp > 1),
-                # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
-                ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
             )
             if on
         ]
         require(
-            not later, f"--arch gpt --experts --tp runs in full precision; not yet with {', '.join(later)}"
+            not later,
+            f"--arch gpt --experts --tp runs with and without --sp; not yet with {', '.join(later)}",
         )
     if cfg.arch == "gpt" and cfg.pp > 1 and cfg.cp > 1:  # pipeline/context_expert_stage.py (its own guard:
         # what expert_stage.py comes to run, its cp stages and costmodel/cp_moe_pipeline.py do not yet)
@@ -102,30 +111,11 @@ def expert_rules(cfg) -> None:
             for name, on in (
                 (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
                 (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
-                (f"--precision {cfg.precision}", cfg.mixed),
             )
             if on
         ]
         require(
             not later,
-            "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-            f"precision; not yet with {', '.join(later)}",
-        )
-    if cfg.arch == "gpt" and cfg.pp > 1:  # parallel/pipeline/expert_stage.py: what it has not been built with
-        later = [
-            name
-            for name, on in (
-                # gpt_moe_split.py's halves and a recomputed MoE forward charge no simulated clock
-                (
-                    "--clock sim with zb-h1, zb-v or --recompute",
-                    cfg.clock == "sim" and (cfg.schedule in ("zb-h1", "zb-v") or cfg.recompute != "none"),
-                ),
-                (f"--precision {cfg.precision}", cfg.mixed),
-            )
-            if on
-        ]
-        require(
-            not later,
-            "--arch gpt --experts --pp runs every --schedule and --recompute in full precision; not yet "
-            f"with {', '.join(later)}",
+            "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved; "
+            f"not yet with {', '.join(later)}",
         )

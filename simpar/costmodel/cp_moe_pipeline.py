@@ -115,7 +115,9 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                     kv, msgs = cp_kv_bytes(b, s // C, h // T, C, algo, bpe), cp_messages(C, algo)
                     add(act, cp_op, Cost(kv, msgs, 0, msgs, kv), 1, len(blocks(k)))  # already bytes
                 for op, cost, times in tp_chunk_ops(cfg, *bounds[k], b * (s // C), t) if T > 1 else ():
-                    add(act, op, cost, bpe, times)
+                    add(
+                        act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe, times
+                    )  # float32 loss
                 for u in blocks(k) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1][c], d)
                     for op in OPS:

@@ -51,8 +51,9 @@ def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int
     for kept in blocks:
         mine = kept[c]
         received = sum(mine[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-        elems = 3 * R * h + 4 * R * h // T + 2 * R + R * h + sum(mine[d]) * h + 9 * h * received + R * E
-        total += elems * bpe + scores
+        elems = 3 * R * h + 4 * R * h // T + 2 * R + R * h + sum(mine[d]) * h + 9 * h * received
+        router = R * E * (4 if bpe == 2 else bpe)  # the router's probabilities: float32 under mixed-*
+        total += elems * bpe + router + scores
     return total
 
 
@@ -76,8 +77,8 @@ def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict
         for op, costs in micro_step_ops(R, h, L, T, k, False, cfg.collectives).items():
             if op in ("tp-g-allreduce", "tp-f-allreduce"):
                 costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
-            for cost in costs:
-                add(op, to_bytes(cost, bpe))
+            for cost in costs:  # the loss's two messages are float32 for half logits (gpt_tp.py)
+                add(op, to_bytes(cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe))
         for kept in blocks if P > 1 else ():
             pieces = alltoall_pieces(Routing(cfg.experts, P), kept[c], d)
             for op in OPS:

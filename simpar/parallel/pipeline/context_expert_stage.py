@@ -26,7 +26,8 @@ With --tp T, the full mesh pp x dp x ep x cp x tp: each chunk is context_expert_
 its units (attention by a/T heads over the cp group, the vocabulary over tp, the MoE part whole on every
 tp rank, capacity per segment as above); each tp rank sends its own copy of the boundary's b n h; the
 loss is the vocabulary-parallel one, which divides by B s itself (context_tensor_stage.py's rule).
-Refused (config/moe.py): --sp, zb-h1/zb-v, --recompute, mixed precision, --clock sim.
+--precision mixed-*: expert_stage.py's (the world votes on a skip, the aux gradient scaled).
+Refused (config/moe.py): --sp, zb-h1/zb-v, --recompute, --clock sim.
 """
 
 from __future__ import annotations
