@@ -37,6 +37,7 @@ import math
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
+from .cp_pipeline import cp_recompute_kv
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
 from .gpt_moe_pipeline import TOKEN_BYTES, block_kept_elems, stage_bounds, tp_chunk_ops, unit_params
@@ -83,6 +84,10 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     bounds, units = stage_bounds(cfg), unit_params(cfg, T)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    # --recompute selective drops, per sequence and block, the ring's log-sum-exps (a n / T, wide type)
+    # or Ulysses' P of a/(C T) heads over s x s (a s n / T): cp_pipeline.cp_unit_softmax_bytes over tp
+    a, n_seq = cfg.heads, s // C
+    softmax_bytes = a * n_seq // T * wide_bytes(bpe) if algo == "ring" else a * s * n_seq // T * bpe
     link = None
     if hw is not None:
         from .hardware import group_link
@@ -111,8 +116,10 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                     add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
                 if k > 0 and chunk_stage(cfg.schedule, S, k - 1) != st:
                     add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-                if blocks(k) and C > 1:
-                    kv, msgs = cp_kv_bytes(b, s // C, h // T, C, algo, bpe), cp_messages(C, algo)
+                if blocks(k) and C > 1:  # --recompute: the ring's forward hops again (Ulysses': full only)
+                    again, again_msgs = cp_recompute_kv(b, s // C, h // T, C, algo, bpe, cfg.recompute)
+                    kv = cp_kv_bytes(b, s // C, h // T, C, algo, bpe) + again
+                    msgs = cp_messages(C, algo) + again_msgs
                     add(act, cp_op, Cost(kv, msgs, 0, msgs, kv), 1, len(blocks(k)))  # already bytes
                 for op, cost, times in tp_chunk_ops(cfg, *bounds[k], b * (s // C), t) if T > 1 else ():
                     add(act, op, cost, bpe, times)
@@ -121,7 +128,8 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                     for op in OPS:
                         a2a = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                         cost = Cost(round(a2a.sent), a2a.messages, 0, a2a.rounds, math.ceil(a2a.round_elems))
-                        add(act, op, cost, bpe)
+                        again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
+                        add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0
         for k in mine:  # one all-reduce of the chunk's dense part over dp x cp, one of its experts
             dense = sum(units[u][0] for u in range(*bounds[k]))
@@ -147,11 +155,23 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 out += cp_block_kept_bytes(cfg, micro[i][u - 1][c], n, d, bpe) + n * E * router
             return out
 
+        def kept(b: int, k: int, full: float) -> float:
+            """What --recompute lets the forward of b sequences on chunk k keep of its `full` bytes."""
+            n = b * (s // C)
+            if cfg.recompute == "full":  # the chunk's input: its n tokens' ids, or n h elements
+                return TOKEN_BYTES * n if bounds[k][0] == 0 else n * h * bpe
+            if cfg.recompute == "selective":  # each block's softmax part, this rank's a/T heads
+                return full - len(blocks(k)) * b * softmax_bytes
+            return full
+
         peak = 0
         for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
             b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
-            size = lambda m, k, p=p, b=b: held(p + m, b[m], k)  # noqa: E731
-            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+            size = lambda m, k, p=p, b=b: kept(b[m], k, held(p + m, b[m], k))  # noqa: E731
+            extra = None
+            if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
+                extra = lambda m, k, p=p, b=b: held(p + m, b[m], k) - size(m, k)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(
             {
                 "params": n_params * prec.param,
@@ -168,7 +188,9 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
+    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
+    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
+    compute_s = work / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     return run_result(

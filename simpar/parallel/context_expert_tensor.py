@@ -42,6 +42,8 @@ class ContextExpertTensorStack(ExpertTensorStack):
     take_sequence_share = ContextTensorStack.take_sequence_share
     attend = ContextTensorStack.attend
     attend_backward = ContextTensorStack.attend_backward
+    attend_core_backward = ContextTensorStack.attend_core_backward  # zb's B pass (expert_tensor_split.py)
+    rebuild_softmax = ContextTensorStack.rebuild_softmax  # --recompute selective (gpt_recompute.py)
 
     def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
         super().__init__(model, layout, mesh, mine, exchange, indices)  # indices: a pipeline chunk's units

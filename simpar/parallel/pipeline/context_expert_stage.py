@@ -66,10 +66,12 @@ class ContextExpertPipelineParallel(ExpertPipelineParallel, ContextPipelineParal
             return PipelineParallel._loss_grad(self, y, labels, global_batch)
         return super()._loss_grad(y, labels, global_batch)
 
-    def _forward(self, step, flight) -> None:
+    def _route(self, mb: int, stack) -> None:
+        """expert_stage.py's micro-step, and its global rows for the segment table: before each forward
+        and before --recompute full's second one (a later micro-step's forward may have run between)."""
         G, M = self.optimisation.grad_accum, self.M
-        self.exchange.rows = micro_rows(self._global_batch, G * M, self._pass * M + step.mb)
-        super()._forward(step, flight)
+        self.exchange.rows = micro_rows(self._global_batch, G * M, self._pass * M + mb)
+        super()._route(mb, stack)
 
     def routing_summary(self) -> dict:
         """expert_stage.py's keys over every stage's blocks, plus context_expert.py's: routed_by_segment
