@@ -85,8 +85,6 @@ def expert_rules(cfg) -> None:
             name
             for name, on in (
                 (f"--precision {cfg.precision}", cfg.mixed),
-                # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
-                ("--sp with --cp", cfg.sp and cfg.cp > 1),
                 # the MoE part's --sp gathers are priced by costmodel/gpt_moe_tp.py, not the sim clock's model
                 ("--clock sim with --sp", cfg.clock == "sim" and cfg.sp),
             )

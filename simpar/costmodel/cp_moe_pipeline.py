@@ -111,11 +111,12 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
         for i, kept_blocks in enumerate(micro):
             b = chunk(seqs[i % (G * M)], D, d)
             n = b * (s // C) * h  # this cp rank's residual stream
+            x = n // T if cfg.sp else n  # what crosses a boundary: --sp, this tp rank's rows of it
             for k in mine:
                 if k < K - 1 and chunk_stage(cfg.schedule, S, k + 1) != st:
-                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                    add(act, "pp-send-act", Cost(x, 1, 0, 1, x), bpe)
                 if k > 0 and chunk_stage(cfg.schedule, S, k - 1) != st:
-                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
+                    add(act, "pp-send-grad", Cost(x, 1, 0, 1, x), bpe)
                 if blocks(k) and C > 1:  # --recompute: the ring's forward hops again (Ulysses': full only)
                     again, again_msgs = cp_recompute_kv(b, s // C, h // T, C, algo, bpe, cfg.recompute)
                     kv = cp_kv_bytes(b, s // C, h // T, C, algo, bpe) + again
@@ -140,6 +141,10 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 edp = ALLREDUCE[cfg.collectives](experts, (D // P) * C, (d // P) * C + c)
                 add(model, "expert-grad-allreduce", edp, prec.grad, steps)
             n_params += dense + experts
+            for u in range(*bounds[k]) if cfg.sp else ():  # LayerNorms' row-shard sums over tp, per unit
+                ln = 4 * h if 0 < u <= cfg.blocks else 2 * h if u == cfg.blocks + 1 else 0
+                if ln:
+                    add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](ln, T, t), prec.grad, steps)
         if link is not None:
             every = list(act.values()) + list(model.values())
             comm_s = max(comm_s, sum(x.rounds * link.alpha + x.round_elems * link.beta for x in every))
@@ -150,7 +155,8 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
             n, router = b * (s // C), 4 if precision_of(cfg) == "mixed" else bpe
             lo, hi = bounds[k]
             out = TOKEN_BYTES * n if lo == 0 else 0
-            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            head = n * h + n * h // T + n // T if cfg.sp else 2 * n * h + n  # --sp: LN_f on n/T rows
+            out += head * bpe if hi == cfg.blocks + 2 else 0
             for u in blocks(k):
                 out += cp_block_kept_bytes(cfg, micro[i][u - 1][c], n, d, bpe) + n * E * router
             return out
@@ -159,7 +165,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
             """What --recompute lets the forward of b sequences on chunk k keep of its `full` bytes."""
             n = b * (s // C)
             if cfg.recompute == "full":  # the chunk's input: its n tokens' ids, or n h elements
-                return TOKEN_BYTES * n if bounds[k][0] == 0 else n * h * bpe
+                return TOKEN_BYTES * n if bounds[k][0] == 0 else n * h // (T if cfg.sp else 1) * bpe
             if cfg.recompute == "selective":  # each block's softmax part, this rank's a/T heads
                 return full - len(blocks(k)) * b * softmax_bytes
             return full

@@ -61,6 +61,12 @@ class ContextExpertPipelineParallel(ExpertPipelineParallel, ContextPipelineParal
         units = context_moe_units(model, layout, mesh.groups["cp"], mesh.world.runtime)
         return MoEChunkStack(model, mesh.world.runtime, lo, hi, self.mine, self.exchange, units, CpMoEFFN)
 
+    def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
+        """context_stage.py's (rows n, h); --sp: this tp rank's contiguous shard, rows n / T (as
+        context_tensor_stage.py's boundaries)."""
+        rows_n, h = super()._boundary_shape(rows, layer)
+        return (rows_n // self.mesh.tp if self.layout.sp else rows_n, h)
+
     def _loss_grad(self, y, labels, global_batch: int):
         if self.mesh.tp > 1:  # vocab_loss_grad divides by B s already (context_tensor_stage.py's reason)
             return PipelineParallel._loss_grad(self, y, labels, global_batch)
