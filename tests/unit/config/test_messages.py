@@ -266,16 +266,11 @@ CASES = [
         2,
         GPT_MOE_PP + "--precision mixed-bf16",
     ),
-    (  # the full mesh runs (pipeline/context_expert_stage.py); its tp rule still holds
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, pp=2, vocab=16, sp=True),
-        8,
-        "--arch gpt --experts --tp runs in full precision; not yet with --sp with --cp",
-    ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
+    (  # the full mesh runs every schedule, --recompute and --sp (pipeline/context_expert_stage.py)
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", precision="mixed-bf16"),
         4,
-        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-        "precision; not yet with --schedule zb-v, --recompute selective",
+        "--arch gpt --experts --cp --pp runs every --schedule and --recompute in full precision; not yet "
+        "with --precision mixed-bf16",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
