@@ -19,6 +19,14 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
                clip(cap_i - sum_{i' < i} T_i'[e], 0, T_i[e]), cap_i = ceil(C_f K N_i s / E)
                (cp_moe.kept_by_rank); balanced without it: b (s/C) K / E, no drops
   all-to-all   gpt_moe.py's four ops over the ep group at cp coordinate c, from kept[c] (h wide)
+  --recompute  full: each block's K/V again (cp_pipeline.cp_recompute_kv: ring 2 (C-1) b n h/T, Ulysses
+               4 (C-1) b n h/(C T)) and its ep-dispatch and ep-combine again (the same routes); tp's
+               forward ops again (tp_chunk_ops); a chunk keeps its input (token ids, or n h, --sp n h/T).
+               selective: the ring's K/V again (its lse rebuilt by its forward), Ulysses nothing; each
+               block drops its softmax part (ring a n/T wide, Ulysses a s n/T) until its backward
+  zb-h1, zb-v  the same bytes (every message is in B); a micro-batch's bytes held until its W pass
+  --sp         a boundary carries n h / T; tp_chunk_ops' sp ops; per step each unit's LayerNorm gradients
+               over tp ("sp-grad-allreduce": 4h a block, 2h the head); LayerNorms on n/T rows
   gradients    once per step and chunk its dense parameters over the stage's D C dp x cp ranks (place
                d C + c), its experts (E/P a block) over the D/P x C ranks holding them (place (d div P) C
                + c), ring
@@ -26,7 +34,8 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
   activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
                cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
                the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
-  time         rough (--clock sim is refused for MoE): the busiest stage's FLOPs / C stretched by the
+  time         rough (--clock sim is refused for MoE): the busiest stage's FLOPs / C (--recompute: plus
+               the forward again, or selective's q k^T, as gpt_moe_pipeline.py) stretched by the
                bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.
 """
 
