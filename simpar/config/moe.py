@@ -91,31 +91,3 @@ def expert_rules(cfg) -> None:
             f"--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
             f"{', '.join(later)}",
         )
-    if cfg.arch == "gpt" and cfg.tp > 1:  # parallel/expert_tensor_gpt.py: what it has not been built with
-        later = [
-            name
-            for name, on in (
-                # context_expert_tensor.py's stacks keep whole rows: the --sp row shards are not built there
-                ("--sp with --cp", cfg.sp and cfg.cp > 1),
-            )
-            if on
-        ]
-        require(
-            not later,
-            f"--arch gpt --experts --tp runs with and without --sp; not yet with {', '.join(later)}",
-        )
-    if cfg.arch == "gpt" and cfg.pp > 1 and cfg.cp > 1:  # pipeline/context_expert_stage.py (its own guard:
-        # what expert_stage.py comes to run, its cp stages and costmodel/cp_moe_pipeline.py do not yet)
-        later = [
-            name
-            for name, on in (
-                (f"--schedule {cfg.schedule}", cfg.schedule in ("zb-h1", "zb-v")),
-                (f"--recompute {cfg.recompute}", cfg.recompute != "none"),
-            )
-            if on
-        ]
-        require(
-            not later,
-            "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved; "
-            f"not yet with {', '.join(later)}",
-        )

@@ -5,7 +5,8 @@ and a --zero 3 checkpoint resumed serially; and --precision mixed-fp16 (its loss
 (parallel/expert_gpt.py), with --zero 3, on dp2 x ep2 x tp2 (expert_tensor_gpt.py), on pipeline stages
 pp2 x dp2 x ep2 and pp2 x tp2 (pipeline/expert_stage.py; 2 micro-batches = serial's --grad-accum 2), and
 with --cp on cp2 x tp2 and pp2 x cp2 (context_expert_tensor.py, pipeline/context_expert_stage.py),
-with --sp on dp2 x ep2 x tp2 and with zb-h1 and --recompute full on pp2 x dp2 x ep2 --
+with --sp on dp2 x ep2 x tp2 and cp2 x tp2, with zb-h1 and --recompute full on pp2 x dp2 x ep2 and zb-v
+and --recompute selective on pp2 x cp2 --
 all cases in one mpiexec launch (scripts/train_layouts.py).
 
 Closed forms (Rajbhandari et al. 2020, sec. 5 and 7.2; DeepSpeed-MoE's expert-data-parallel groups).
@@ -117,6 +118,9 @@ def runs(tmp_path_factory):
     cases += [["fp16-tp2-sp", D, [*FP16_TP, "--dp", "2", "--ep", "2", "--tp", "2", "--sp"]]]
     cases += [["fp16-pp2-zb", D, [*FP16, *pipe, "--dp", "2", "--ep", "2", "--schedule", "zb-h1"]]]
     cases[-1][2] += ["--recompute", "full"]  # expert_stage.py's zero-bubble and recompute, half precision
+    cases += [["fp16-cp2-tp2-sp", D, [*FP16_TP, "--cp", "2", "--tp", "2", "--sp"]]]
+    cases += [["fp16-pp2-cp2-zb", D, [*FP16, *pipe, "--cp", "2", "--schedule", "zb-v"]]]
+    cases[-1][2] += ["--recompute", "selective"]  # context_expert_stage.py's, half precision
     skip = [*FP16_TP, "--loss-scale", str(SKIP_SCALE)]
     cases += [["serial-skip", 1, skip], ["skip-tp2", D, [*skip, "--dp", "2", "--ep", "2", "--tp", "2"]]]
     cases += [["skip-pp2", D, [*skip, *pipe, "--dp", "2", "--ep", "2"]]]
@@ -154,6 +158,8 @@ def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
         ("fp16-pp2-cp2", ""),
         ("fp16-tp2-sp", "-tp"),
         ("fp16-pp2-zb", ""),
+        ("fp16-cp2-tp2-sp", "-tp"),
+        ("fp16-pp2-cp2-zb", ""),
     ],
 )
 def test_mixed_fp16_trains_the_serial_model(runs, name, serial):

@@ -258,17 +258,6 @@ CASES = [
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
-    (  # the full mesh runs (pipeline/context_expert_stage.py); its tp rule still holds
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, pp=2, vocab=16, sp=True),
-        8,
-        "--arch gpt --experts --tp runs with and without --sp; not yet with --sp with --cp",
-    ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
-        4,
-        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved; "
-        "not yet with --schedule zb-v, --recompute selective",
-    ),
     (
         dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
         1,
