@@ -83,7 +83,7 @@ class Model:
         choices=PRECISIONS,
         help="fp32: all in --dtype; mixed-fp16|mixed-bf16: half weights, activations, gradients and "
         "messages, float32 master weights and optimizer state, dynamic loss scaling (every layout: dp, "
-        "--zero, --tp/--sp, --pp; --experts with mixed-bf16)",
+        "--zero, --tp/--sp, --pp; --arch mlp --experts with mixed-bf16)",
     )
     loss_scale: float | None = option(
         None, help="mixed precision: the initial loss scale (default 65536 for fp16, 1 for bf16)"

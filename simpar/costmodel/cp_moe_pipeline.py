@@ -19,6 +19,14 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
                clip(cap_i - sum_{i' < i} T_i'[e], 0, T_i[e]), cap_i = ceil(C_f K N_i s / E)
                (cp_moe.kept_by_rank); balanced without it: b (s/C) K / E, no drops
   all-to-all   gpt_moe.py's four ops over the ep group at cp coordinate c, from kept[c] (h wide)
+  --recompute  full: each block's K/V again (cp_pipeline.cp_recompute_kv: ring 2 (C-1) b n h/T, Ulysses
+               4 (C-1) b n h/(C T)) and its ep-dispatch and ep-combine again (the same routes); tp's
+               forward ops again (tp_chunk_ops); a chunk keeps its input (token ids, or n h, --sp n h/T).
+               selective: the ring's K/V again (its lse rebuilt by its forward), Ulysses nothing; each
+               block drops its softmax part (ring a n/T wide, Ulysses a s n/T) until its backward
+  zb-h1, zb-v  the same bytes (every message is in B); a micro-batch's bytes held until its W pass
+  --sp         a boundary carries n h / T; tp_chunk_ops' sp ops; per step each unit's LayerNorm gradients
+               over tp ("sp-grad-allreduce": 4h a block, 2h the head); LayerNorms on n/T rows
   gradients    once per step and chunk its dense parameters over the stage's D C dp x cp ranks (place
                d C + c), its experts (E/P a block) over the D/P x C ranks holding them (place (d div P) C
                + c), ring
@@ -26,7 +34,8 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
   activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
                cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
                the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
-  time         rough (--clock sim is refused for MoE): the busiest stage's FLOPs / C stretched by the
+  time         rough (--clock sim is refused for MoE): the busiest stage's FLOPs / C (--recompute: plus
+               the forward again, or selective's q k^T, as gpt_moe_pipeline.py) stretched by the
                bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.
 """
 
@@ -37,6 +46,7 @@ import math
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
+from .cp_pipeline import cp_recompute_kv
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
 from .gpt_moe_pipeline import (
@@ -90,6 +100,10 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     bounds, units = stage_bounds(cfg), unit_params(cfg, T)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    # --recompute selective drops, per sequence and block, the ring's log-sum-exps (a n / T, wide type)
+    # or Ulysses' P of a/(C T) heads over s x s (a s n / T): cp_pipeline.cp_unit_softmax_bytes over tp
+    a, n_seq = cfg.heads, s // C
+    softmax_bytes = a * n_seq // T * wide_bytes(bpe) if algo == "ring" else a * s * n_seq // T * bpe
     link = None
     if hw is not None:
         from .hardware import group_link
@@ -113,22 +127,28 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
         for i, kept_blocks in enumerate(micro):
             b = chunk(seqs[i % (G * M)], D, d)
             n = b * (s // C) * h  # this cp rank's residual stream
+            x = n // T if cfg.sp else n  # what crosses a boundary: --sp, this tp rank's rows of it
             for k in mine:
                 if k < K - 1 and chunk_stage(cfg.schedule, S, k + 1) != st:
-                    add(act, "pp-send-act", Cost(n, 1, 0, 1, n), bpe)
+                    add(act, "pp-send-act", Cost(x, 1, 0, 1, x), bpe)
                 if k > 0 and chunk_stage(cfg.schedule, S, k - 1) != st:
-                    add(act, "pp-send-grad", Cost(n, 1, 0, 1, n), bpe)
-                if blocks(k) and C > 1:
-                    kv, msgs = cp_kv_bytes(b, s // C, h // T, C, algo, bpe), cp_messages(C, algo)
+                    add(act, "pp-send-grad", Cost(x, 1, 0, 1, x), bpe)
+                if blocks(k) and C > 1:  # --recompute: the ring's forward hops again (Ulysses': full only)
+                    again, again_msgs = cp_recompute_kv(b, s // C, h // T, C, algo, bpe, cfg.recompute)
+                    kv = cp_kv_bytes(b, s // C, h // T, C, algo, bpe) + again
+                    msgs = cp_messages(C, algo) + again_msgs
                     add(act, cp_op, Cost(kv, msgs, 0, msgs, kv), 1, len(blocks(k)))  # already bytes
                 for op, cost, times in tp_chunk_ops(cfg, *bounds[k], b * (s // C), t) if T > 1 else ():
-                    add(act, op, cost, bpe, times)
+                    add(
+                        act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe, times
+                    )  # float32 loss
                 for u in blocks(k) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1][c], d)
                     for op in OPS:
                         a2a = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
                         cost = Cost(round(a2a.sent), a2a.messages, 0, a2a.rounds, math.ceil(a2a.round_elems))
-                        add(act, op, cost, bpe)
+                        again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
+                        add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0
         for k in mine:  # one all-reduce of the chunk's dense part over dp x cp, one of its experts
             dense = sum(units[u][0] for u in range(*bounds[k]))
@@ -139,6 +159,10 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 edp = ALLREDUCE[cfg.collectives](experts, (D // P) * C, (d // P) * C + c)
                 add(model, "expert-grad-allreduce", edp, prec.grad, steps)
             n_params += dense + experts
+            for u in range(*bounds[k]) if cfg.sp else ():  # LayerNorms' row-shard sums over tp, per unit
+                ln = 4 * h if 0 < u <= cfg.blocks else 2 * h if u == cfg.blocks + 1 else 0
+                if ln:
+                    add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](ln, T, t), prec.grad, steps)
         if link is not None:
             every = list(act.values()) + list(model.values())
             comm_s = max(comm_s, sum(x.rounds * link.alpha + x.round_elems * link.beta for x in every))
@@ -149,16 +173,29 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
             n, router = b * (s // C), 4 if precision_of(cfg) == "mixed" else bpe
             lo, hi = bounds[k]
             out = TOKEN_BYTES * n if lo == 0 else 0
-            out += (2 * n * h + n) * bpe if hi == cfg.blocks + 2 else 0
+            head = n * h + n * h // T + n // T if cfg.sp else 2 * n * h + n  # --sp: LN_f on n/T rows
+            out += head * bpe if hi == cfg.blocks + 2 else 0
             for u in blocks(k):
                 out += cp_block_kept_bytes(cfg, micro[i][u - 1][c], n, d, bpe) + n * E * router
             return out
 
+        def kept(b: int, k: int, full: float) -> float:
+            """What --recompute lets the forward of b sequences on chunk k keep of its `full` bytes."""
+            n = b * (s // C)
+            if cfg.recompute == "full":  # the chunk's input: its n tokens' ids, or n h elements
+                return TOKEN_BYTES * n if bounds[k][0] == 0 else n * h // (T if cfg.sp else 1) * bpe
+            if cfg.recompute == "selective":  # each block's softmax part, this rank's a/T heads
+                return full - len(blocks(k)) * b * softmax_bytes
+            return full
+
         peak = 0
         for p in range(0, len(micro), M):  # each grad-accum pass of M micro-batches
             b = [chunk(seqs[(p + m) % (G * M)], D, d) for m in range(M)]
-            size = lambda m, k, p=p, b=b: held(p + m, b[m], k)  # noqa: E731
-            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size))
+            size = lambda m, k, p=p, b=b: kept(b[m], k, held(p + m, b[m], k))  # noqa: E731
+            extra = None
+            if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
+                extra = lambda m, k, p=p, b=b: held(p + m, b[m], k) - size(m, k)  # noqa: E731
+            peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(
             {
                 "params": n_params * prec.param,
@@ -175,7 +212,9 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
+    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
+    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
+    compute_s = work / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)

@@ -13,14 +13,20 @@ Per block and micro-step, rank w sends (elements; x bpe):
   ep-combine, ep-dispatch-grad     sum_{d' in d's ep group, d' != d} sum_{e on j} kept[d',c][e] h
 with kept[d,c][e] cp_moe.kept_by_rank's sums over rank (d, c)'s segments -- the same on every tp index.
 Per micro-step: the vocabulary's embed and head all-reduces of R h, vocab-ce-max (all-gather of T R),
-vocab-ce-sums (all-reduce of 2R). Per step (ring): the dense shard (gpt_moe_tp.dense_shard) over the
-D C ranks of the dpcp group (group rank d C + c), the L E/P experts over the D/P x C ranks of edpcp
-(group rank (d div P) C + c). Control (not counted): the segment table's all-gather.
+vocab-ce-sums (all-reduce of 2R). --sp (gpt_moe_tp.py's ops on R rows): per block 4 all-gathers of R h
+("sp-gather": attention's f-bar, the MoE input, backward g-bar's and dL/dm's) and 2 reduce-scatters
+("sp-scatter": attention's g-bar, f-bar's backward) in place of tp-g/tp-f, the vocabulary's embed and
+head as a reduce-scatter and an all-gather each (vocab-embed-scatter/-gather, vocab-head-gather/-scatter),
+and once per step "sp-grad-allreduce" (model) of each block's 4h LayerNorm and the head's 2h over tp.
+Per step (ring): the dense shard (gpt_moe_tp.dense_shard) over the D C ranks of the dpcp group (group
+rank d C + c), the L E/P experts over the D/P x C ranks of edpcp (group rank (d div P) C + c).
+Control (not counted): the segment table's all-gather.
 
 Memory: (dense shard + L E/P (8h^2 + 5h)) x params, grads, optimizer bytes. Activations (elements):
 token ids 8 R bytes; per block 3 R h + 4 R h/T + 2R (LayerNorms' xh, attention's input, this rank's q,
 k, v, output, two 1/sigma) + the scores (ring: a R/T log-sum-exps in the wide type; Ulysses: a s R/T)
-+ the MoE part R h + (kept rows) h + 9 h (received rows) + R E; the head 2 R h + R.
++ the MoE part R h + (kept rows) h + 9 h (received rows) + R E; the head 2 R h + R. --sp: the LayerNorms'
+xh and 1/sigma on R/T rows (the attention's input and the MoE part on every row, gathered).
 Time: rough, as gpt_moe_tp.py's (--clock sim is refused for --experts): FLOPs / (C T) plus each op's
 messages and bytes at the tp link.
 """
@@ -47,12 +53,14 @@ def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int
         scores = a * R // T * wide_bytes(bpe)
     else:
         scores = a * s * R // T * bpe
-    total = 8 * R + (2 * R * h + R) * bpe
+    ln, r = (R * h // T, R // T) if cfg.sp else (R * h, R)  # --sp: LayerNorms' xh, 1/sigma on R/T rows
+    total = 8 * R + (R * h + ln + r) * bpe
     for kept in blocks:
         mine = kept[c]
         received = sum(mine[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-        elems = 3 * R * h + 4 * R * h // T + 2 * R + R * h + sum(mine[d]) * h + 9 * h * received + R * E
-        total += elems * bpe + scores
+        elems = R * h + 2 * ln + 4 * R * h // T + 2 * r + R * h + sum(mine[d]) * h + 9 * h * received
+        router = R * E * (4 if bpe == 2 else bpe)  # the router's probabilities: float32 under mixed-*
+        total += elems * bpe + router + scores
     return total
 
 
@@ -73,11 +81,13 @@ def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict
             "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall",
             Cost(sent=kv, messages=cp_messages(C, cfg.cp_algo) * L),
         )
-        for op, costs in micro_step_ops(R, h, L, T, k, False, cfg.collectives).items():
+        for op, costs in micro_step_ops(R, h, L, T, k, cfg.sp, cfg.collectives).items():
             if op in ("tp-g-allreduce", "tp-f-allreduce"):
                 costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
-            for cost in costs:
-                add(op, to_bytes(cost, bpe))
+            if op == "sp-scatter":  # attention's g-bar and f-bar backward; the MoE output is sliced
+                costs = costs[: 2 * L]
+            for cost in costs:  # the loss's two messages are float32 for half logits (gpt_tp.py)
+                add(op, to_bytes(cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe))
         for kept in blocks if P > 1 else ():
             pieces = alltoall_pieces(Routing(cfg.experts, P), kept[c], d)
             for op in OPS:
@@ -124,6 +134,9 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
             cost = ALLREDUCE[cfg.collectives](n, size, rank)
             if cost.messages:
                 model[op] = to_bytes(cost, prec.grad, steps)
+        for n in [4 * h] * L + [2 * h] if cfg.sp else ():  # LayerNorms' row-shard gradients, per unit
+            cost = to_bytes(ALLREDUCE[cfg.collectives](n, T, k), prec.grad, steps)
+            model["sp-grad-allreduce"] = model.get("sp-grad-allreduce", Cost()) + cost
         if link is not None:
             wire = sum(x.sent for x in act.values())
             msgs = sum(x.messages for x in act.values())

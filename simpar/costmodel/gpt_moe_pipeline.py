@@ -28,6 +28,8 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                backward rebuilds the rest, selective drops each block's softmax output (a s b s elements)
                until its backward rebuilds it (recompute.py, as costmodel/gpt_pipeline.py); zb-h1 and
                zb-v hold a micro-batch's bytes from its forward to its W pass
+  precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
+               vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
   time         where sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
                through the schedule); otherwise a rough estimate: the busiest stage's FLOPs
                (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
@@ -177,7 +179,9 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 if c > 0 and chunk_stage(cfg.schedule, S, c - 1) != st:
                     add(act, "pp-send-grad", Cost(x, 1, 0, 1, x), bpe)
                 for op, cost, times in tp_chunk_ops(cfg, *bounds[c], n // h, k) if T > 1 else ():
-                    add(act, op, cost, bpe, times)
+                    add(
+                        act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe, times
+                    )  # float32 loss
                 for u in blocks(c) if P > 1 else ():
                     pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
                     for op in OPS:

@@ -16,8 +16,10 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
       plus L E/P experts of 8h^2 + 5h, each x params, grads, optimizer bytes
   activations per micro-step (elements, bpe; token ids 8 B): a block keeps LN1's xh, attention's
       input, LN2's xh (3 n h), this rank's q, k, v and output (4 n h/T), scores (a s n/T), two 1/sigma
-      (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E);
-      the head 2 n h + n; --sp: the LayerNorms' xh and 1/sigma on n/T rows (the rest as without)
+      (2n), then gpt_moe.py's MoE part (n h + kept outputs + 9h per received row + the router's n E,
+      4 bytes each under --precision mixed-*); the head 2 n h + n; --sp: the LayerNorms' xh and
+      1/sigma on n/T rows (the rest as without). Under mixed-*: 2-byte activations and messages, but
+      the loss's vocab-ce-max and vocab-ce-sums in float32 (gpt_tp.py)
   time (--collectives ring): as --clock sim charges it (gpt_moe_time.py: the tp collectives blocking,
       --sp's gathers and LayerNorm sums too, every rank through every all-to-all round); otherwise
       rough: matmul FLOPs / T plus each op at its link.
@@ -52,8 +54,9 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     for kept in kept_blocks:
         received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
         elems += n * h + 2 * ln + 4 * n * h // T + a * s * n // T + 2 * r
-        elems += n * h + sum(kept[d]) * h + 9 * h * received + n * E
-    return 8 * n + round(elems * bpe)
+        elems += n * h + sum(kept[d]) * h + 9 * h * received
+    router_bpe = 4 if bpe == 2 else bpe  # the router's probabilities: float32 under --precision mixed-*
+    return 8 * n + round(elems * bpe) + len(kept_blocks) * n * E * router_bpe
 
 
 def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
@@ -88,8 +91,8 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
                     costs = costs[:L]  # attention's g (forward) and f (backward) only: no MLP split
                 if op == "sp-scatter":  # attention's g-bar and f-bar backward; the MoE output is sliced
                     costs = costs[: 2 * L]
-                for c in costs:
-                    add(act, op, c, bpe)
+                for c in costs:  # the loss's two messages are float32 for half logits (gpt_tp.py)
+                    add(act, op, c, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe)
             for kept in blocks if P > 1 else ():
                 pieces = alltoall_pieces(Routing(E, P), kept, d)
                 for op in OPS:

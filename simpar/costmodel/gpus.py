@@ -154,7 +154,8 @@ PRESETS = {
         gamma=3 / (HBM_SHARE * 2.039e12),  # 80 GB HBM2e at 2.039 TB/s (datasheet); measured 1500 GB/s
         memory_bytes=80e9,
         intra_alpha=RING_PROTOCOLS["LL"][0] + RING_PROTOCOLS["LL"][1],
-        intra_bw=235 * GB,  # tuning.cc caps A100 (sm80) bus bandwidth at 235; measured 234.89 at 16 GiB
+        intra_bw=235 * GB,  # tuning.cc v2.7.5-v2.17 capped A100 (sm80) bus bandwidth at 235.0f (v2.18.1
+        # dropped the cap); measured 234.89 at 16 GiB, 230.77 at 1 GiB on another node (nccl#527)
         devices_per_node=8,
         ring_proto=AMPERE_PROTOCOLS,
         reduce_in_transfer=True,
@@ -171,8 +172,8 @@ PRESETS = {
             "NVIDIA A100 Tensor Core GPU datasheet: FP64 TC 19.5, TF32 156, BF16 312 TFLOP/s; 80 GB HBM2e "
             "2.039 TB/s; 108 SMs; NVLink 3 300 GB/s per direction",
             f"achievable GEMM rate: {MAMF} (A100 SXM BF16 271.2 = 86.9%)",
-            f"ring bus bandwidth 235 GB/s: {TUNING_CC} (sm80 cap), measured 234.89 GB/s at 16 GiB "
-            "(stas00/ml-engineering network/README.md)",
+            "ring bus bandwidth 235 GB/s: NVIDIA/nccl src/graph/tuning.cc v2.7.5-v2.17 (sm80 cap, dropped in "
+            "v2.18.1), measured 234.89 GB/s at 16 GiB (stas00/ml-engineering network/README.md)",
             f"protocols: {TUNING_CC}; memory: {HBM_SHARE:.0%} of spec (NVIDIA/cuda-samples#311, A100 80GB)",
             "DGX A100 user guide: 8 single-port ConnectX-6 HDR 200 Gb/s compute NICs",
         ],

@@ -273,6 +273,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_pipeline import predict_cp_pipeline_run
 
         return predict_cp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if getattr(cfg, "arch", "mlp") == "gpt" and cfg.experts and cfg.zero:  # ZeRO, experts, cp (gpt_moe_zero)
+        from .gpt_moe_zero import predict_gpt_moe_zero_run
+
+        return predict_gpt_moe_zero_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.experts:  # MoE blocks with cp, experts over ep (cp_moe.py)
         from .cp_moe import predict_cp_moe_run
 

@@ -31,8 +31,10 @@ Layouts: serial, --dp, --zero 1/2/3, --pp and --tp (the overflow verdict is agre
 whose ranks hold different gradients: ZeRO's dp group, each rank a shard; the pipeline's pp group,
 each stage its layers, the last one applying the loss scale; with --tp the whole world, as tp shards
 differ inside every stage -- see vote_comm). tp's f and g all-reduce half activations and gradients.
---experts (mixed-bf16 only; parallel/expert.py): the whole dp group votes, as ep ranks hold different
-experts; the router computes in float32 (moe.router_dtype) and the aux loss's gradient is scaled too.
+--experts (the MLP's parallel/expert.py: mixed-bf16 only; gpt's expert_gpt.py, expert_zero.py,
+expert_tensor_gpt.py, pipeline/expert_stage.py, context_expert.py: both): the whole dp group votes (with
+--tp or --pp the world), as ep ranks hold different experts; the router computes in float32
+(moe.router_dtype) and the aux loss's gradient is scaled too.
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@
   context.py   context parallelism (--cp, --arch gpt): the sequence split over ranks, ring or all-to-all
                attention (model/ring_attention.py); context_zero.py: with --zero, sharded over dp x cp;
                context_expert.py: with --experts, MoE blocks' experts over ep at each cp coordinate;
-               context_expert_tensor.py: the same with --tp (expert_tensor_gpt.py's tp groups)
+               context_expert_tensor.py: the same with --tp (expert_tensor_gpt.py's tp groups);
+               context_expert_zero.py: with --zero
   expert.py    mixture of experts: experts sharded over --ep ranks, tokens moved by all-to-all;
                expert_gpt.py the same for the transformer's MoE blocks (--arch gpt --experts),
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
                pipeline/expert_stage.py with --pp (each stage's blocks over its ep group),
-               pipeline/context_expert_stage.py with --pp and --cp
+               pipeline/context_expert_stage.py with --pp and --cp,
+               expert_zero.py with --zero 1-3 (dense states sharded over dp, the experts' over edp)
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -59,6 +61,10 @@ def build_strategy(cfg, mesh):
         from .pipeline.context_stage import ContextPipelineParallel  # cp ranks inside each stage
 
         return ContextPipelineParallel(sections, mesh)
+    if cfg.cp > 1 and cfg.experts and cfg.zero:
+        from .context_expert_zero import ContextExpertZero  # ZeRO over dpcp (dense) and edpcp (experts)
+
+        return ContextExpertZero(sections, mesh)
     if cfg.cp > 1 and cfg.experts:
         from .context_expert import ContextExpertParallel  # MoE blocks, experts over ep at each cp coordinate
 
@@ -79,6 +85,10 @@ def build_strategy(cfg, mesh):
         from .expert_tensor_gpt import ExpertTensorParallel  # attention over tp, experts replicated on it
 
         return ExpertTensorParallel(sections, mesh)
+    if cfg.experts and cfg.arch == "gpt" and cfg.zero:
+        from .expert_zero import ExpertZero  # ZeRO: dense states over dp, the experts' over edp
+
+        return ExpertZero(sections, mesh)
     if cfg.experts and cfg.arch == "gpt":
         from .expert_gpt import GptExpertParallel  # MoE transformer blocks, ep inside dp
 

@@ -51,6 +51,8 @@ class ContextMoEBlock(MoEBlockUnit):
     charged_keys = 0
     attend = ContextBlock.attend
     attend_backward = ContextBlock.attend_backward
+    attend_core_backward = ContextBlock.attend_core_backward  # zb-h1/zb-v's B pass (gpt_moe_split.py)
+    rebuild_softmax = ContextBlock.rebuild_softmax  # --recompute selective (pipeline/gpt_recompute.py)
 
     def __init__(self, model, index: int, comm, algo: str):
         super().__init__(

@@ -22,6 +22,10 @@ Gradients, once per step: the dense shards (tp shard k of the attention, embeddi
 router and LayerNorms whole) all-reduced over the D C ranks of the `dpcp` group of tp index k
 (`model/grad-allreduce`, one call); ep rank j's experts over the D/P x C ranks holding them (`edpcp`,
 `model/expert-grad-allreduce`). The loss divides by B s (context.py), tp index 0 reports each share.
+--sp: expert_tensor_gpt.py's row shards on the cp rank's b n rows (each tp rank keeps n/T of them
+between units; the MoE input all-gathered, so every tp rank routes every row; the embedding adds the
+global positions of its shard, context_tensor.PositionedShardedEmbedding). zb-h1/zb-v and --recompute
+selective reach the cp attention through attend_core_backward and rebuild_softmax (context_tensor.py's).
 Full shape and checkpoints: expert_tensor_gpt.py's gather from cp rank 0 (every cp rank holds the same
 parameters), so a checkpoint resumes serially. Closed form: costmodel/cp_moe_tp.py.
 """
@@ -42,6 +46,8 @@ class ContextExpertTensorStack(ExpertTensorStack):
     take_sequence_share = ContextTensorStack.take_sequence_share
     attend = ContextTensorStack.attend
     attend_backward = ContextTensorStack.attend_backward
+    attend_core_backward = ContextTensorStack.attend_core_backward  # zb's B pass (expert_tensor_split.py)
+    rebuild_softmax = ContextTensorStack.rebuild_softmax  # --recompute selective (gpt_recompute.py)
 
     def __init__(self, model, layout, mesh, mine: range, exchange, indices=None):
         super().__init__(model, layout, mesh, mine, exchange, indices)  # indices: a pipeline chunk's units

@@ -33,8 +33,10 @@ its dense part then all E experts -- assembled on world rank 0 from the tp shard
 gather) and the experts of its ep group's tp-0 ranks (`control`). With --pp a stage's chunks are
 ExpertTensorStacks over their units (pipeline/expert_stage.py): pp x dp x ep x tp, every schedule
 (zb-h1, zb-v: expert_tensor_split.py), --recompute and --sp; with --cp the stack runs on a cp rank's
-tokens (context_expert_tensor.py, through the ffn_class, make_stack and my_tokens hooks). Refused in
-one line (config/moe.py): mixed precision with --tp, and --sp with --cp.
+tokens (context_expert_tensor.py, through the ffn_class, make_stack and my_tokens hooks).
+--precision mixed-*: half shards and messages, the router in float32, the aux loss's gradient scaled
+with the main loss's, the world voting on an overflowed step. Refused in one line (config/moe.py):
+--sp with --cp, and mixed precision with --sp.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ..model.mlp import ParamStore, pending_weight_passes
 from ..model.moe import micro_rows
-from ..model.precision import build_optimizer
+from ..model.precision import build_optimizer, vote_comm
 from ..model.resmlp import layernorm_backward, layernorm_forward
 from .base import Strategy
 from .expert_gpt import EpExchange, GptExpertParallel, UnitContext
@@ -243,7 +245,9 @@ class ExpertTensorParallel(Strategy):
         self.stack = self.make_stack(mesh)
         for i, ffn in self.stack.ffns.items():
             ffn.record = lambda H, kept, i=i: self.routing[-1].__setitem__(i, (H, kept))
-        self.optimizer = build_optimizer(self.model, self.optimisation, self.dp, self.rt)
+            ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)  # --precision mixed-*
+        # Mixed precision: tp shards hold different gradients, so the world votes on a skip (precision.py)
+        self.optimizer = build_optimizer(self.model, self.optimisation, vote_comm(mesh, self.dp), self.rt)
         self.routing = []  # per micro-step: {block index: (H, kept)}
 
     def make_stack(self, mesh) -> ExpertTensorStack:

@@ -49,8 +49,9 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
     one again with --sp; for --experts, dp n x ep m for every m > 1 dividing n); a candidate stays
     when config.validate accepts it on its ranks, so the tour offers exactly the layouts `train` would
     run with the same options (--arch, --precision, --layers, --experts, --batch, ...), and one rule
-    set decides both: a dense model refuses --ep, a mixture of experts refuses --zero and --tp (--pp:
-    not in the tour, its micro-batches are capacity's routing groups: parallel/pipeline/expert_stage.py)."""
+    set decides both: a dense model refuses --ep; a mixture of experts leaves out --zero (its own test:
+    tests/mpi/parallel/test_gpt_moe_zero.py) and --pp (its micro-batches are capacity's routing
+    groups: parallel/pipeline/expert_stage.py)."""
     n = world_size
     candidates = [("serial", dict(dp=1))]
     if n > 1:
@@ -72,8 +73,11 @@ def layouts_for(world_size: int, cfg: RunConfig) -> list[tuple[str, dict]]:
             (name, over if over.get("ep", 1) > 1 else dict(over, alltoall="pairwise"))
             for name, over in candidates
         ]
-    if cfg.experts:  # a pipeline of MoE blocks equals serial --grad-accum M, not this tour's reference
-        candidates = [(name, over) for name, over in candidates if over.get("pp", 1) == 1]
+    if cfg.experts:  # a pipeline of MoE blocks equals serial --grad-accum M, not this tour's reference;
+        # --zero with experts (parallel/expert_zero.py) has its own test, and the tour keeps its length
+        candidates = [
+            (name, over) for name, over in candidates if over.get("pp", 1) == 1 and not over.get("zero")
+        ]
     # serial always runs: it is the reference, and a problem with the options shows there as one line
     return candidates[:1] + [(name, over) for name, over in candidates[1:] if trains(cfg, over)]
 

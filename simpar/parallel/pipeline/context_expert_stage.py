@@ -1,5 +1,5 @@
 """MoE pipeline stages with context parallelism (--arch gpt --experts E [--ep P] --cp C --pp S [--dp D]
-[--tp T]; --schedule naive, gpipe, 1f1b or interleaved).
+[--tp T [--sp]]; every --schedule, and --recompute).
 
 Three built pieces, joined rather than copied:
   expert_stage.py   a stage's chunk of units as one flat store, the experts of ep rank j sharded over the
@@ -26,7 +26,19 @@ With --tp T, the full mesh pp x dp x ep x cp x tp: each chunk is context_expert_
 its units (attention by a/T heads over the cp group, the vocabulary over tp, the MoE part whole on every
 tp rank, capacity per segment as above); each tp rank sends its own copy of the boundary's b n h; the
 loss is the vocabulary-parallel one, which divides by B s itself (context_tensor_stage.py's rule).
-Refused (config/moe.py): --sp, zb-h1/zb-v, --recompute, mixed precision, --clock sim.
+--sp: each tp rank holds its n/T of the cp rank's rows between units and at the boundaries (b n h / T
+a boundary), expert_tensor_gpt.py's row shards on the cp rank's tokens; the LayerNorms' gradients summed
+over tp once a step (expert_stage._allreduce).
+
+zb-h1, zb-v and --recompute as expert_stage.py runs them, on cp blocks: B keeps the attention core's cp
+traffic (context.py's / context_tensor.py's attend_core_backward: the ring's hops and dK/dV sums, or
+Ulysses' all-to-alls), W only local products. --recompute full re-runs a chunk's forward on its own
+micro-step (_route sets the segment table's rows too: a later micro-step's forward may have run between),
+so the ring's K/V hops (or Ulysses' 4 forward all-to-alls), the segment table's all-gather and each
+block's ep-dispatch and ep-combine are sent again; selective rebuilds each block's softmax part
+(rebuild_softmax: the ring's forward again, hops re-sent; Ulysses locally). costmodel/cp_moe_pipeline.py
+counts all of it. --precision mixed-*: expert_stage.py's (the world votes on a skip, the aux gradient
+scaled). Refused (config/moe.py): --clock sim.
 """
 
 from __future__ import annotations
@@ -61,15 +73,23 @@ class ContextExpertPipelineParallel(ExpertPipelineParallel, ContextPipelineParal
         units = context_moe_units(model, layout, mesh.groups["cp"], mesh.world.runtime)
         return MoEChunkStack(model, mesh.world.runtime, lo, hi, self.mine, self.exchange, units, CpMoEFFN)
 
+    def _boundary_shape(self, rows: int, layer: int) -> tuple[int, int]:
+        """context_stage.py's (rows n, h); --sp: this tp rank's contiguous shard, rows n / T (as
+        context_tensor_stage.py's boundaries)."""
+        rows_n, h = super()._boundary_shape(rows, layer)
+        return (rows_n // self.mesh.tp if self.layout.sp else rows_n, h)
+
     def _loss_grad(self, y, labels, global_batch: int):
         if self.mesh.tp > 1:  # vocab_loss_grad divides by B s already (context_tensor_stage.py's reason)
             return PipelineParallel._loss_grad(self, y, labels, global_batch)
         return super()._loss_grad(y, labels, global_batch)
 
-    def _forward(self, step, flight) -> None:
+    def _route(self, mb: int, stack) -> None:
+        """expert_stage.py's micro-step, and its global rows for the segment table: before each forward
+        and before --recompute full's second one (a later micro-step's forward may have run between)."""
         G, M = self.optimisation.grad_accum, self.M
-        self.exchange.rows = micro_rows(self._global_batch, G * M, self._pass * M + step.mb)
-        super()._forward(step, flight)
+        self.exchange.rows = micro_rows(self._global_batch, G * M, self._pass * M + mb)
+        super()._route(mb, stack)
 
     def routing_summary(self) -> dict:
         """expert_stage.py's keys over every stage's blocks, plus context_expert.py's: routed_by_segment

@@ -44,7 +44,8 @@ gpt_moe_split.py: the four all-to-alls stay in B, the experts' and router's weig
 no bucket hook (one all-reduce after the last W pass), so the W pass runs its closures in order.
 With --tp --sp each tp rank of a stage holds its 1/T of the rows between units and at the boundaries
 (expert_tensor_gpt.py's --sp), the LayerNorms' gradients summed over tp once a step (_allreduce).
-Refused in one line (config/moe.py): mixed precision, --cp.
+--precision mixed-*: the aux loss's gradient scaled with the main loss's, the world voting on a skip.
+With --cp the stages are pipeline/context_expert_stage.py's.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from ...model.gpt_build import gpt_units
 from ...model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
 from ...model.mlp import ParamStore
 from ...model.moe import capacity, micro_rows
+from ...model.precision import build_optimizer
 from ...run.data import distributed_sampler, micro_steps
 from ...runtime import trace
 from ..expert_gpt import EpExchange, UnitContext
@@ -159,6 +161,9 @@ class ExpertPipelineParallel(PipelineParallel):
         for st in self.stacks.values():
             for i, ffn in st.ffns.items():
                 ffn.record = lambda H, kept, i=i: self._record(i, H, kept)
+                ffn.loss_scale = lambda: getattr(self.optimizer, "scale", 1.0)  # --precision mixed-*
+        if self.model.mixed:  # a stage's ep ranks hold different experts: the world votes on a skip
+            self.optimizer = build_optimizer(self.model, self.optimisation, mesh.world, self.rt)
 
     def _record(self, i: int, H, kept) -> None:
         micro = self.routing[self._micro]

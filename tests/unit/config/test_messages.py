@@ -27,9 +27,6 @@ USAGE = (
 ROUTER = "options of a mixture of experts' router; add --experts E"
 UNSUPPORTED = "--experts runs serial and --dp/--ep layouts of --arch mlp and gpt; not with "
 GPT_MOE = "--arch gpt --experts runs with --dp/--ep, --cp, --tp and --pp, together too; not yet with "
-GPT_MOE_PP = (
-    "--arch gpt --experts --pp runs every --schedule and --recompute in full precision; not yet with "
-)
 
 # (RunConfig fields, world size, the message)
 CASES = [
@@ -251,36 +248,35 @@ CASES = [
     (dict(experts=3, ep=2), 2, "--experts 3 must be divisible by --ep 2"),
     (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
     (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
+    (  # parallel/expert_zero.py shards over dp and edp only
+        dict(arch="gpt", dataset="copy", experts=2, zero=1, tp=2),
+        2,
+        GPT_MOE + "--zero with --tp, --pp or --clock sim",
+    ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
     (
-        dict(arch="gpt", dataset="copy", experts=2, tp=2, sp=True, precision="mixed-bf16"),
-        2,
-        "--arch gpt --experts --tp runs in full precision; not yet with --precision mixed-bf16",
-    ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, pp=2, precision="mixed-bf16"),
-        2,
-        GPT_MOE_PP + "--precision mixed-bf16",
-    ),
-    (  # the full mesh runs (pipeline/context_expert_stage.py); its tp rule still holds
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, pp=2, vocab=16, sp=True),
-        8,
-        "--arch gpt --experts --tp runs in full precision; not yet with --sp with --cp",
-    ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, pp=2, schedule="zb-v", recompute="selective"),
-        4,
-        "--arch gpt --experts --cp --pp runs --schedule naive, gpipe, 1f1b and interleaved in full "
-        "precision; not yet with --schedule zb-v, --recompute selective",
-    ),
-    (
         dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2, sp=True, clock="sim"),
         4,
-        "--arch gpt --experts --tp runs in full precision; not yet with --clock sim with --sp and --pp",
+        GPT_MOE + "--clock sim with --sp and --pp or --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, sp=True, clock="sim"),
+        4,
+        GPT_MOE + "--clock sim with --sp and --pp or --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-v", clock="sim"),
+        2,
+        GPT_MOE + "--clock sim with zb-h1, zb-v or --recompute",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, dp=2, zero=1, clock="sim"),
+        2,
+        GPT_MOE + "--zero with --tp, --pp or --clock sim",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),

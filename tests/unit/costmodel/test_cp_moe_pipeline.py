@@ -134,3 +134,92 @@ def test_full_mesh_adds_each_chunks_tensor_traffic_and_shards():
         want["model/expert-grad-allreduce"] = ring(E * EXPERT, C, c) * 8
         assert {k: v["sent"] for k, v in rank["by_op"].items()} == want, w
         assert pred["memory"]["ranks"][w]["params"] == (dense[st] + E * EXPERT) * 8
+
+
+@pytest.mark.parametrize(
+    "recompute,algo,kv,msgs",
+    [  # per block and micro-batch, in units of b (s/C) h elements, and messages (C = 2)
+        ("none", "ring", 6, 3),
+        ("full", "ring", 8, 4),  # the ring's forward hops again: 2 (C-1) b n h in C-1 messages
+        ("selective", "ring", 8, 4),  # the ring's lse is rebuilt by its forward, hops included
+        ("full", "ulysses", 12 / 2, 12),  # 4 forward all-to-alls again: 8 + 4 pieces of b n h / C
+        ("selective", "ulysses", 8 / 2, 8),  # P from the kept q, k: no message
+    ],
+)
+def test_recompute_resends_kv_and_forward_all_to_alls_and_keeps_less(recompute, algo, kv, msgs):
+    """pp2 x dp2 x ep2 x cp2 (8 ranks), zb-h1, the hand-counted segments above in each of 2 micro-steps:
+    --recompute full sends each block's ep-dispatch and ep-combine twice (the forward again, the same
+    routes), the backward's two once; the K/V as in the parametrization. The zero-bubble split moves no
+    byte: zb-h1's ledger is gpipe's."""
+    layout = dict(pp=2, dp=2, ep=2, cp=2, microbatches=2, schedule="zb-h1", cp_algo=algo, recompute=recompute)
+    cfg = RunConfig(**SHAPE, batch=4, capacity_factor=1.0, **layout)
+    routing = {"routed_by_segment": [[T, T], [T, T]]}
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS, routing=routing)
+    gpipe = layout | dict(schedule="gpipe", recompute="none")
+    plain = RunConfig(**SHAPE, batch=4, capacity_factor=1.0, **gpipe)
+    plain = predict_from_config(plain, 8, steps=1, hw=LOCAL_DEFAULTS, routing=routing)
+    rows = {(0, 0): (2, 3), (1, 0): (3, 2), (0, 1): (3, 2), (1, 1): (2, 3)}
+    again = 2 if recompute == "full" else 1
+    n = S // 2  # one sequence a dp rank a micro-step, s/C tokens of it
+    op = "cp-kv" if algo == "ring" else "cp-alltoall"
+    for r, (rank, base) in enumerate(zip(pred["comm"]["ranks"], plain["comm"]["ranks"])):
+        d, c = r // 2 % 2, r % 2
+        out, back = rows[d, c]
+        by_op = {k: v["sent"] for k, v in rank["by_op"].items()}
+        assert by_op["activation/ep-dispatch"] == 2 * again * out * H * 8
+        assert by_op["activation/ep-combine"] == 2 * again * back * H * 8
+        assert by_op["activation/ep-combine-grad"] == 2 * out * H * 8
+        assert by_op["activation/ep-dispatch-grad"] == 2 * back * H * 8
+        assert by_op[f"activation/{op}"] == 2 * kv * n * H * 8
+        assert rank["by_op"][f"activation/{op}"]["messages"] == 2 * msgs
+        same = {k: v for k, v in by_op.items() if "/ep-" not in k and "/cp-" not in k}
+        assert same == {k: v["sent"] for k, v in base["by_op"].items() if "/ep-" not in k and "/cp-" not in k}
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
+def test_recompute_activation_peak_closed_form(recompute):
+    """pp2 x cp2 (D = P = 1), ring, gpipe, balanced, 2 micro-batches of 2 sequences: R = 2 s/C = 8 rows
+    on a cp rank. Stage 1 (block 2, head) holds per micro-batch, float64,
+        held = (R h + 2 R h + 4 R h + 2R  + R h + R K h + 9 h R K + R E) 8 + a R 8 + (2 R h + R) 8
+    (LayerNorms' xh and attention's input, q k v o, two 1/sigma, the MoE input, kept outputs, received
+    rows, router; the ring's a n lse; the head). gpipe runs both forwards, then the backwards: none keeps
+    2 held; full keeps the chunk's input R h (8 B) and rebuilds one micro-batch's held at a time:
+    R h 8 + held; selective drops each block's lse and rebuilds it: 2 held - a R 8."""
+    layout = dict(pp=2, cp=2, microbatches=2, schedule="gpipe", cp_algo="ring", recompute=recompute)
+    cfg = RunConfig(**SHAPE, batch=4, capacity_factor=2.0, **layout)
+    pred = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)
+    R = 2 * S // 2
+    held = (8 * R * H + 2 * R + R * K * H + 9 * H * R * K + R * E) * 8 + A * R * 8 + (2 * R * H + R) * 8
+    want = {"none": 2 * held, "full": R * H * 8 + held, "selective": 2 * held - A * R * 8}[recompute]
+    assert [m["activations_peak"] for m in pred["memory"]["ranks"][2:]] == [want, want]
+
+
+def test_full_mesh_sp_with_zero_bubble_and_full_recompute():
+    """pp2 x cp2 x tp2 --sp, zb-h1, --recompute full, ring, 2 micro-batches of 2 sequences: R = 8 rows of
+    N = R h elements on a cp rank, T = 2 (a ring all-gather or reduce-scatter of N sends N/2). Per
+    micro-batch each block sends 6 sp-gathers (f-bar and the MoE input forward, twice under full; g-bar's
+    and dL/dm's backward) and 3 sp-scatters (g-bar twice, f-bar's backward); stage 0 the embedding's
+    scatter twice and its gather, stage 1 the head's gather twice and its scatter, the loss's R maxima
+    and 2R sums; the K/V of a/T heads 8 (C-1) b n h/T (the ring's forward again); a boundary R h / T.
+    Per step the LayerNorms' row-shard gradients over tp: 4h a block, 2h the head."""
+    T, C, V18 = 2, 2, 18
+    layout = dict(pp=2, cp=C, tp=T, sp=True, microbatches=2, schedule="zb-h1", cp_algo="ring")
+    cfg = RunConfig(**(SHAPE | dict(vocab=V18)), batch=4, capacity_factor=2.0, recompute="full", **layout)
+    pred = predict_from_config(cfg, 8, steps=1, hw=LOCAL_DEFAULTS)
+    R, b, n = 2 * S // C, 2, S // C
+    N = R * H
+    block = 4 * H * H // T + 3 * H // T + 5 * H + H * E
+    dense = [V18 * H // T + S * H + block, block + 2 * H + H * V18 // T]
+    for w, rank in enumerate(pred["comm"]["ranks"]):
+        st, c = divmod(w // T, C)
+        per_mb = {"sp-gather": 6 * N // 2, "sp-scatter": 3 * N // 2, "cp-kv": 8 * (C - 1) * b * n * H // T}
+        if st == 0:
+            per_mb |= {"vocab-embed-scatter": 2 * N // 2, "vocab-embed-gather": N // 2, "pp-send-act": N // T}
+        else:
+            per_mb |= {"vocab-head-gather": 2 * N // 2, "vocab-head-scatter": N // 2, "pp-send-grad": N // T}
+            per_mb |= {"vocab-ce-max": R, "vocab-ce-sums": 2 * R}
+        want = {f"activation/{op}": 2 * elems * 8 for op, elems in per_mb.items()}
+        want["model/grad-allreduce"] = ring(dense[st], C, c) * 8
+        want["model/expert-grad-allreduce"] = ring(E * EXPERT, C, c) * 8
+        want["model/sp-grad-allreduce"] = (4 * H if st == 0 else 6 * H) * 8
+        assert {k: v["sent"] for k, v in rank["by_op"].items()} == want, w

@@ -79,3 +79,37 @@ def test_the_ring_carries_a_tp_rank_s_heads_only():
     alone = predict_from_config(RunConfig(**SHAPE, cp=2, batch=4), 2, steps=1, hw=LOCAL_DEFAULTS)
     kv = [p["comm"]["ranks"][0]["by_op"]["activation/cp-kv"]["sent"] for p in (with_tp, alone)]
     assert 2 * kv[0] == kv[1] > 0
+
+
+@pytest.mark.parametrize("C,T,D,P,G,B,algo", CASES)
+def test_sp_balanced_bytes_and_activations(C, T, D, P, G, B, algo):
+    """--sp (context_expert_tensor.py on row shards): per block and micro-step 4 ring all-gathers of R h
+    (attention's f-bar, the MoE input; backward g-bar's and dL/dm's) and 2 reduce-scatters (g-bar, f-bar's
+    backward), each sending (T-1)/T R h, in place of tp-g and tp-f; the vocabulary's embed and head as one
+    reduce-scatter and one all-gather each; K/V and all-to-alls as without --sp. Per step the LayerNorms'
+    row-shard gradients (4h a block, 2h the head) all-reduced over tp. Activations: the LayerNorms' xh and
+    1/sigma on R/T rows, the rest as without."""
+    cfg = RunConfig(**SHAPE, cp=C, tp=T, dp=D, ep=P, grad_accum=G, batch=B, cp_algo=algo, sp=True)
+    validate(cfg, C * T * D)  # built: no longer refused
+    pred = predict_from_config(cfg, C * T * D, steps=1, hw=LOCAL_DEFAULTS)
+    b, n = B // G // D, S // C
+    R = b * n
+    part = (T - 1) * R * H // T  # what one ring all-gather or reduce-scatter of R h sends
+    for w, rank in enumerate(pred["comm"]["ranks"]):
+        k = w % T
+        by_op = {op: v["sent"] for op, v in rank["by_op"].items()}
+        assert by_op["activation/sp-gather"] == G * 4 * L * part * 8
+        assert by_op["activation/sp-scatter"] == G * 2 * L * part * 8
+        for op in ("vocab-embed-scatter", "vocab-embed-gather", "vocab-head-gather", "vocab-head-scatter"):
+            assert by_op[f"activation/{op}"] == G * part * 8
+        assert not any("allreduce" in op for op in by_op if op.startswith("activation/"))
+        if algo == "ring":
+            assert by_op["activation/cp-kv"] == G * L * 6 * (C - 1) * b * n * H // T * 8
+        a2a = G * L * 4 * (P - 1) * R * K * H * 8 / P
+        assert sum(v for op, v in by_op.items() if "/ep-" in op) == pytest.approx(a2a)
+        assert by_op["model/sp-grad-allreduce"] == (L * ring_rank(4 * H, T, k) + ring_rank(2 * H, T, k)) * 8
+        mem = pred["memory"]["ranks"][w]
+        scores = A * R // T * 8 if algo == "ring" else A * S * R // T * 8
+        ln = R * H // T + R // T  # a LayerNorm's xh and 1/sigma on this rank's R/T rows
+        block = (R * H + 2 * ln + 4 * R * H // T + R * H + R * K * H + 9 * H * R * K + R * E) * 8 + scores
+        assert mem["activations_peak"] == round(8 * R + (R * H + ln) * 8 + L * block)

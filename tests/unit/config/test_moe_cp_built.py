@@ -1,0 +1,28 @@
+"""The MoE x cp combinations built last (config/moe.py no longer refuses them): --experts --cp --pp with
+the zero-bubble schedules and --recompute, with and without --tp (pipeline/context_expert_stage.py), and
+--experts --cp --tp --sp, with and without --pp (context_expert_tensor.py on row shards),
+in full and mixed precision."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.config import RunConfig, validate
+
+MOE = dict(arch="gpt", dataset="copy", experts=2, vocab=16, seq_len=8)
+
+
+@pytest.mark.parametrize(
+    "fields,world",
+    [
+        (dict(cp=2, pp=2, schedule="zb-h1", recompute="full"), 4),
+        (dict(cp=2, pp=2, schedule="zb-v", recompute="selective"), 4),
+        (dict(cp=2, pp=2, tp=2, schedule="zb-v", recompute="full"), 8),
+        (dict(cp=2, tp=2, sp=True), 4),
+        (dict(cp=2, tp=2, pp=2, sp=True, schedule="zb-h1", recompute="selective"), 8),
+        (dict(cp=2, pp=2, schedule="zb-v", precision="mixed-bf16", dtype="float32"), 4),
+        (dict(cp=2, tp=2, sp=True, precision="mixed-fp16", dtype="float32"), 4),
+    ],
+)
+def test_built_combinations_validate(fields, world):
+    validate(RunConfig(**MOE, **fields), world)

@@ -1,0 +1,70 @@
+"""costmodel/gpt_moe_zero.py's closed forms (ZeRO with experts), checked against what ZeRO promises,
+written here without the module's helpers (Rajbhandari et al. 2020, sec. 7.2; DeepSpeed-MoE):
+stages 1 and 2 move exactly the bytes of the two all-reduces they replace when every size divides,
+stage 3 moves 1.5 times that with one micro-step; the model states shrink by the group sizes, the dense
+ones D ways and the experts' D/P ways; the activations and all-to-alls are the layout's without ZeRO."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.config import RunConfig
+from simpar.costmodel import predict_from_config
+from simpar.costmodel.hardware import LOCAL_DEFAULTS
+
+L, H, A, S, V, B, E, K = 2, 16, 2, 8, 16, 8, 4, 2
+SHAPE = dict(arch="gpt", blocks=L, hidden=H, heads=A, seq_len=S, vocab=V, dataset="copy", batch=B)
+SHAPE |= dict(dtype="float64", experts=E, top_k=K, capacity_factor=2.0, optimizer="adam", steps=1)
+EMBED, BLOCK, HEAD = (V + S) * H, 4 * H * H + 8 * H + H * E, 2 * H + H * V  # dense parts: all divide by 4
+M = EMBED + L * BLOCK + HEAD
+EXPERT = 8 * H * H + 5 * H
+
+
+def predict(D: int, P: int, zero: int, C: int = 1, **extra) -> dict:
+    cfg = RunConfig(**SHAPE, dp=D, ep=P, cp=C, zero=zero, **extra)
+    return predict_from_config(cfg, D * C, 1, LOCAL_DEFAULTS)
+
+
+@pytest.mark.parametrize("D,P,C", [(2, 2, 1), (4, 2, 1), (4, 1, 1), (4, 4, 1), (2, 2, 2)])
+def test_stages_1_and_2_send_the_all_reduces_bytes_and_stage_3_half_as_much_again(D, P, C):
+    """With --cp C the groups are dp x cp (D C ranks) and edp x cp ((D/P) C ranks)."""
+    plain = predict(D, P, 0, C)
+    Me, Q, D = L * E // P * EXPERT, D // P * C, D * C
+    ring = lambda n, p: 2 * (p - 1) * n // p  # noqa: E731  (every size here divides by p)
+    for zero in (1, 2, 3):
+        pred = predict(D // C, P, zero, C)
+        for r, base in zip(pred["comm"]["ranks"], plain["comm"]["ranks"]):
+            ops = {k: v["sent"] for k, v in r["by_op"].items()}
+            assert "model/grad-allreduce" not in ops and "model/expert-grad-allreduce" not in ops
+            factor = 1.5 if zero == 3 else 1  # stage 3 gathers twice: 3(p-1)/p instead of 2(p-1)/p
+            assert r["sent"]["model"] == factor * (ring(M, D) + ring(Me, Q)) * 8
+            assert ops.get("model/expert-grad-reduce-scatter", 0) == (Q - 1) * Me // Q * 8
+            assert r["sent"]["activation"] == base["sent"]["activation"]  # all-to-alls, K/V: unchanged
+        assert f"zero{zero}" in pred["layout"] and f"zero{zero}" not in plain["layout"]
+
+
+@pytest.mark.parametrize("zero,accum", [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2)])
+def test_model_states_shrink_by_their_groups(zero, accum):
+    D, P = 4, 2
+    Me = L * E // P * EXPERT
+    shard = M // D + Me // (D // P)  # every size here divides: this rank's chunks
+    unit = BLOCK + E // P * EXPERT  # the largest unit whole: a block with its experts
+    pred = predict(D, P, zero, grad_accum=accum)
+    params = M + Me if zero < 3 else shard + unit
+    grads = {1: M + Me, 2: shard + (M + Me if accum > 1 else unit), 3: shard + unit}[zero]
+    plain = predict(D, P, 0, grad_accum=accum)
+    for mem, base in zip(pred["memory"]["ranks"], plain["memory"]["ranks"]):
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == (8 * params, 8 * grads, 16 * shard)
+        assert mem["activations_peak"] == base["activations_peak"]
+
+
+def test_mixed_bf16_keeps_float32_masters_of_the_chunks_only():
+    """--precision mixed-bf16: 2-byte parameters and gradients, 12 B a parameter of optimizer state
+    (float32 master and Adam's two moments) -- of this rank's chunks only."""
+    D, P = 4, 2
+    shard = M // D + L * E // P * EXPERT // (D // P)
+    shape = {k: v for k, v in SHAPE.items() if k != "dtype"}
+    cfg = RunConfig(**shape, dp=D, ep=P, zero=1, precision="mixed-bf16")
+    pred = predict_from_config(cfg, D, 1, LOCAL_DEFAULTS)
+    for mem in pred["memory"]["ranks"]:
+        assert (mem["params"], mem["optimizer"]) == (2 * (M + L * E // P * EXPERT), 12 * shard)
