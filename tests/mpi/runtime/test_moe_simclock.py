@@ -83,11 +83,13 @@ def test_uneven_routing_agrees(tmp_path, name):
 
 
 # MoE blocks on pipeline stages (gpt_moe_pipeline_time.py): interleaved pp2 x dp2 x ep2 on nodes of two
-# with top-1 drops (the ranks of a stage apart), pp2 x tp2 with gpipe and accumulation on `local`, and
+# with top-1 drops (the ranks of a stage apart) in bfloat16, pp2 x tp2 with gpipe and accumulation on
+# `local` in float16 (the closed form has every step update: none skipped), and
 # pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses.
 PIPELINES = {
-    "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"],
-    "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local"],
+    "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
+    + ["--precision", "mixed-bf16"],
+    "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
 }
 
@@ -101,4 +103,6 @@ def test_moe_pipeline_stages_agree(tmp_path, schedule):
     args += [*extra, *hw, "--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
     res = run(4, args)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert_agrees(json.loads(path.read_text()), schedule)
+    m = json.loads(path.read_text())
+    assert m.get("precision", {}).get("skipped_steps", 0) == 0, schedule
+    assert_agrees(m, schedule)
