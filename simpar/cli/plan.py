@@ -210,10 +210,11 @@ def plan_main(argv: list[str]) -> int:
         return show_schedule(a)
     if a.cp != 1 and a.arch != "gpt":
         raise SimparError("plan --cp splits a token sequence over ranks: use it with --arch gpt")
-    if a.arch == "gpt" and (a.experts or a.ep != 1):  # train runs them (costmodel/gpt_moe.py); plan does not
-        raise SimparError(
-            "plan --arch gpt does not plan --experts/--ep yet: `train --arch gpt --experts E` predicts a run"
-        )
+    if a.arch == "gpt" and (a.experts or a.ep != 1):  # ep inside dp, a balanced router (plan_gpt_moe.py)
+        from ..report.plan_gpt import shape_from_args
+        from ..report.plan_gpt_moe import plan_gpt_moe_main
+
+        return plan_gpt_moe_main(a, shape_from_args(a))
     if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt.py), one layout
         from ..report.plan_gpt import plan_gpt_main
 

@@ -73,15 +73,25 @@ def expert_rules(cfg) -> None:
         + ", ".join(unsupported),
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
-        # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once)
+        # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
+        # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp and/or --tp (--sp without --cp),
+        # gpt_moe_pipeline_time.py with --pp (and --cp, --tp), on the ring's all-reduces; not the rest
+        sim = cfg.clock == "sim"
         later = [
             name
             for name, on in (
-                ("--clock sim", cfg.clock == "sim"),
+                (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
                 # expert_zero.py shards over dp (x cp) and edp (x cp) only; its time is a rough estimate
                 (
                     "--zero with --tp, --pp or --clock sim",
                     cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
+                ),
+                # a stage's row-shard boundaries and LayerNorm sums, cp's row shards, the zero-bubble
+                # halves and a recomputed MoE forward are in no closed form of the simulated clock yet
+                ("--clock sim with --sp and --pp or --cp", sim and cfg.sp and max(cfg.pp, cfg.cp) > 1),
+                (
+                    "--clock sim with zb-h1, zb-v or --recompute",
+                    sim and cfg.pp > 1 and (cfg.schedule in ("zb-h1", "zb-v") or cfg.recompute != "none"),
                 ),
             )
             if on

@@ -25,7 +25,8 @@ ranks of the dpcp group (rank r), the rank's L E/P experts over the D/P x C rank
 
 Memory: (M + L E/P (8h^2 + 5h)) x bytes for params, grads and optimizer state; activations as
 gpt_moe.py's with n = b_d s/C tokens, the attention's kept scores those of cp.py (ring: the a s/C
-log-sum-exp per sequence in the wide type; Ulysses: a s x s/C per sequence). Time: rough, as gpt_moe.py:
+log-sum-exp per sequence in the wide type; Ulysses: a s x s/C per sequence). Time (--collectives ring):
+as --clock sim charges it, gpt_moe_time.py with each cp group's hops (cp_hop_time.py); otherwise rough,
 the MoE FLOPs over D C ranks at the profile's rate plus every op's bytes at the dp link's alpha, beta.
 """
 
@@ -146,6 +147,12 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
     compute_s = moe(max(chunk(cfg.batch, D, d) for d in range(D))) / C / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and cfg.collectives == "ring":  # as --clock sim charges it (gpt_moe_time.py)
+        from .gpt_moe_time import moe_step_seconds
+
+        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -153,7 +160,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
         ranks,
         memory,
         dense + experts * P,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),

@@ -49,7 +49,14 @@ from .cp_moe import kept_by_rank
 from .cp_pipeline import cp_recompute_kv
 from .gpt import flops_per_step, rank_record, run_result
 from .gpt_moe import Routing, capacity
-from .gpt_moe_pipeline import TOKEN_BYTES, block_kept_elems, stage_bounds, tp_chunk_ops, unit_params
+from .gpt_moe_pipeline import (
+    TOKEN_BYTES,
+    block_kept_elems,
+    sim_priced,
+    stage_bounds,
+    tp_chunk_ops,
+    unit_params,
+)
 from .moe import OPS, alltoall_pieces
 from .order import chunk_stage, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -210,6 +217,12 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     compute_s = work / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
+        from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
+
+        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -217,7 +230,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
         ranks,
         memory,
         total,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe_flops(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, seqs[0] * s),

@@ -162,6 +162,12 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
     compute_s = moe_flops(rows) / (C * T) / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and cfg.collectives == "ring" and not cfg.sp:  # as --clock sim charges it
+        from .gpt_moe_time import moe_step_seconds
+
+        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -169,7 +175,7 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
         ranks,
         memory,
         total,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe_flops(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),

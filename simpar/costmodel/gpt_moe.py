@@ -27,8 +27,10 @@ end of the fullest micro-step's forward, per rank (elements, model dtype; tokens
   (4-byte float32 under --precision mixed-bf16: Switch's selective precision), the kept outputs that
   came back sum_e kept[d][e] h, and 9h (input, W1's output, GELU's) per row each of the rank's
   experts received from its group.
-Time: a rough estimate only (--clock sim is refused for this layout): the dense model's matmul FLOPs
-with the MLP's counted K times plus the router's, and each collective at the dp link's alpha, beta.
+Time (--collectives ring): the step as --clock sim charges it, every rank followed through every
+all-to-all and all-reduce round (gpt_moe_time.py); exact from the run's routing, balanced without.
+Other --collectives: a rough estimate: the dense model's matmul FLOPs with the MLP's counted K times
+plus the router's, and each collective at the dp link's alpha, beta.
 """
 
 from __future__ import annotations
@@ -164,8 +166,12 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
     compute_s = moe_flops(rows) / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
-    step_s = compute_s + per_step_comm
-    timing = (step_s, compute_s, per_step_comm)
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and cfg.collectives == "ring":  # as --clock sim charges it (gpt_moe_time.py)
+        from .gpt_moe_time import moe_step_seconds
+
+        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,

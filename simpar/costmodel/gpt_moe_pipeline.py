@@ -30,9 +30,11 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                zb-v hold a micro-batch's bytes from its forward to its W pass
   precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
                vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
-  time         a rough estimate (--clock sim is refused): the busiest stage's FLOPs (--recompute:
-               plus the forward again, or selective's q k^T) stretched by the bubble (M + S - 1) / M
-               (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the dp link's alpha, beta.
+  time         where sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
+               through the schedule); otherwise a rough estimate: the busiest stage's FLOPs
+               (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
+               (M + S - 1) / M (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the
+               dp link's alpha, beta.
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
     h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
     block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, (E // P) * (8 * h * h + 5 * h))
     return [(V * h // T + s * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V // T, 0)]
+
+
+def sim_priced(cfg) -> bool:
+    """Whether gpt_moe_pipeline_time.py prices this layout's step (with or without --cp: cp_moe_pipeline.py
+    calls it too) as --clock sim charges it: ring all-reduces, no recomputation, no zero-bubble split, no
+    --sp (config/moe.py refuses --clock sim for the rest)."""
+    return (
+        cfg.collectives == "ring"
+        and cfg.recompute == "none"
+        and cfg.schedule in ("naive", "gpipe", "1f1b", "interleaved")
+        and not cfg.sp
+    )
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:
@@ -242,6 +256,12 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     compute_s = work / (S * T) / rate * (M + S - 1) / M if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
+        from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
+
+        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -249,7 +269,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         ranks,
         memory,
         total,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe_flops(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, seqs[0] * s),

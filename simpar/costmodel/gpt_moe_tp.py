@@ -20,7 +20,9 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
       4 bytes each under --precision mixed-*); the head 2 n h + n; --sp: the LayerNorms' xh and
       1/sigma on n/T rows (the rest as without). Under mixed-*: 2-byte activations and messages, but
       the loss's vocab-ce-max and vocab-ce-sums in float32 (gpt_tp.py)
-  time: a rough estimate (--clock sim is refused): matmul FLOPs / T plus each op at its link.
+  time (--collectives ring): as --clock sim charges it (gpt_moe_time.py: the tp collectives blocking,
+      --sp's gathers and LayerNorm sums too, every rank through every all-to-all round); otherwise
+      rough: matmul FLOPs / T plus each op at its link.
 """
 
 from __future__ import annotations
@@ -129,6 +131,12 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
     compute_s = moe_flops(rows) / T / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
+    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
+    if hw is not None and cfg.collectives == "ring" and cfg.cp == 1:  # as --clock sim charges it
+        from .gpt_moe_time import moe_step_seconds
+
+        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return run_result(
         cfg,
         hw,
@@ -136,7 +144,7 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
         ranks,
         memory,
         total,
-        (compute_s + per_step_comm, compute_s, per_step_comm),
+        timing,
         flops_per_step=moe_flops(cfg.batch),
         routing="measured" if routing is not None else "balanced",
         capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from ..runtime.context import PLAIN
+from . import moe_charges as mc
 from .gpt import INIT_STD, BlockUnit, Kept, _cut
 from .gpt_moe_split import expert_backward_input, router_backward_input, split_backward_moe
 from .mlp import pending_weight_passes
@@ -98,7 +99,8 @@ class MoEFFN:
         """x: this rank's n tokens (n x h); N: the micro-step's global tokens (capacity, f_e); B: the
         step's global tokens (the aux loss weight). Returns y, the aux loss share, ctx, bytes held."""
         E, K, P, ex, h = self.E, self.K, self.x.P, self.x, self.h
-        p, top, gates = route(x, Wr, K)
+        clock = self.rt.clock
+        p, top, gates = route(x, Wr, K, clock)
         cap = N * K if self.unlimited else capacity(self.C, K, N, E)
         H, kept, keep, base = self.plan(top, cap)
         aux, dp_aux = aux_loss(p, H.sum(axis=0) / (N * K), self.alpha, B)
@@ -108,6 +110,9 @@ class MoEFFN:
             self.record(H, kept)
         assigned = [np.nonzero((top == e) & keep) for e in range(E)]
         send = [np.concatenate([x[assigned[e][0]] for e in self.owned_by(q)]) for q in range(P)]
+        sent = sum(len(rows) for rows, _ in assigned)  # this rank's kept assignments (moe_charges.py)
+        if clock is not None:
+            mc.charge_routing(clock, sent, h, x.itemsize, mc.PACK_ELEMS)
         from_q = [[int(kept[base + q, e]) for e in self.owned_by(ex.j)] for q in range(P)]
         dispatch_rows = kept[base : base + P].reshape(P, P, self.per).sum(axis=2).tolist()
         combine_rows = [list(col) for col in zip(*dispatch_rows)]
@@ -128,6 +133,8 @@ class MoEFFN:
                 y[rows] += gates[rows, slots][:, None] * out.astype(f, copy=False)
                 hs[e] = out
         y = y.astype(x.dtype, copy=False)
+        if clock is not None:
+            mc.charge_routing(clock, sent, h, x.itemsize, mc.COMBINE_ELEMS)
         ctx = (x, p, top, gates, dp_aux, assigned, hs, ectx, from_q, to_q, dispatch_rows, combine_rows)
         held = x.nbytes + p.nbytes + sum(o.nbytes for o in hs.values())
         held += sum(c.nbytes for c in ectx.values() if c is not None)
@@ -148,6 +155,9 @@ class MoEFFN:
                 dgates[rows, slots] = (dyr * hs[e].astype(f, copy=False)).sum(axis=1)
                 pieces.append((gates[rows, slots][:, None] * dyr).astype(x.dtype, copy=False))
             send.append(np.concatenate(pieces))
+        clock, sent = self.rt.clock, sum(len(rows) for rows, _ in assigned)
+        if clock is not None:
+            mc.charge_routing(clock, sent, self.h, dy.itemsize, mc.GATE_GRAD_ELEMS)
         got = ex.alltoall(send, dispatch_rows, "ep-combine-grad")
         got = [split_rows(g, c) for g, c in zip(got, from_q)]
         outs = [[] for _ in range(P)]
@@ -164,9 +174,11 @@ class MoEFFN:
         for q in range(P):
             for e, piece in zip(self.owned_by(q), split_rows(back[q], to_q[q])):
                 dx[assigned[e][0]] += piece
+        if clock is not None:
+            mc.charge_routing(clock, sent, self.h, dx.itemsize, mc.SCATTER_ELEMS)
         if weight_passes is None:
-            dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr)
-        else:
+            dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock)
+        else:  # zero-bubble halves: no simulated clock (config/moe.py refuses --clock sim with them)
             dx_router = router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes)
         return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
@@ -178,6 +190,8 @@ class MoEFFN:
         k = self.rt.kernels
         z, u = k.linear_act_forward(xe, W1, c1, "gelu")
         out, _ = k.linear_act_forward(u, W2, c2, "none")
+        if self.rt.clock is not None:
+            mc.charge_expert(self.rt.clock, xe.shape[0], self.h, xe.itemsize, False)
         return out, Kept(x=xe, z=z, u=u)
 
     def _expert_backward(self, e, c, dout):
@@ -190,6 +204,8 @@ class MoEFFN:
         dx, gW1, gc1 = k.linear_act_backward(du, c.x, W1, c.z, c.u, "gelu", True)
         for acc, new in ((dW1, gW1), (dc1, gc1), (dW2, gW2), (dc2, gc2)):
             acc += new
+        if self.rt.clock is not None:
+            mc.charge_expert(self.rt.clock, dout.shape[0], self.h, dout.itemsize, True)
         return dx
 
 
@@ -251,6 +267,8 @@ class MoEBlockUnit(BlockUnit):
         y, actx = self.attend(h1, attn, x.shape[0] // self.s)  # context parallelism swaps its own in
         x2 = x + y
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
+        if self.rt.clock is not None:  # the attention half; the experts and routing charge their own
+            mc.charge_attention(self.rt.clock, x.shape[0], self.h, self.a, self._keys(), x.itemsize, 0, False)
         m, aux, fctx, held = ffn.forward(h2, Wr, N, B)
         kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
         return x2 + m, aux, (kept, fctx), kept.nbytes + held
@@ -269,6 +287,9 @@ class MoEBlockUnit(BlockUnit):
         dx, gg1, gb1 = layernorm_backward(dh1, (kept.xh1, kept.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new
+        if self.rt.clock is not None:
+            rows, keys = dy.shape[0], self._keys()
+            mc.charge_attention(self.rt.clock, rows, self.h, self.a, keys, dy.itemsize, self.dense, True)
         return dx2 + dx
 
     def forward(self, flat, x):

@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives
+from ..model import moe_charges as mc
 from ..model.gpt import EmbeddingUnit, Kept
 from ..model.gpt_build import gpt_units
 from ..model.gpt_moe import MoEBlockUnit, MoEFFN, expert_size
@@ -126,11 +127,20 @@ class ExpertTensorStack(GptTensorStack):
         y, actx = self.attend(blk, h1, (Wq, bq, Wk, bk, Wv, bv, Wo, None), h1.shape[0] // blk.s)
         x2 = x + (self.g(y) + bo)  # every tp rank: the same x2 (--sp: its rows of it)
         h2, (xh2, r2) = layernorm_forward(x2, g2, b2)
+        if self.rt.clock is not None:  # this rank's share of the attention half (model/moe_charges.py)
+            args = (blk.h, blk.unit.a, self._keys(blk), x.itemsize, 0, False, blk.t, x.shape[0])
+            mc.charge_attention(self.rt.clock, h1.shape[0], *args)  # --sp: h1 every row, x the shard
         h2 = self.f(h2)  # --sp: every row again (sp-gather), so every tp rank routes the same tokens
         m, aux, fctx, held = self.ffns[blk.index].forward(h2, Wr, self.N, self.B)
         self.aux += aux
         kept = Kept(xh1=xh1, r1=r1, attn=actx, xh2=xh2, r2=r2)
         return x2 + self.mine(m), (kept, fctx), kept.nbytes + held
+
+    @staticmethod
+    def _keys(blk) -> int:
+        """The keys a query's scores span in the attention half's charge: the sequence, or 0 under
+        --cp (context_tensor.py sets score_keys: the hops charge the scores)."""
+        return getattr(blk, "score_keys", blk.s)
 
     def mine(self, rows):
         """--sp: this tp rank's contiguous shard of `rows` (every rank holds them all: no message)."""
@@ -155,6 +165,10 @@ class ExpertTensorStack(GptTensorStack):
         dx, gg1, gb1 = layernorm_backward(self.f_back(dh1), (kept.xh1, kept.r1), g1)
         for acc, new in ((dg1, gg1), (db1, gb1), (dg2, gg2), (db2, gb2)):
             acc += new
+        if self.rt.clock is not None:
+            clock, rows, keys = self.rt.clock, dm.shape[0], self._keys(blk)  # --sp: dy is the row shard
+            args = (blk.h, blk.unit.a, keys, dy.itemsize, blk.size, True, blk.t, dy.shape[0])
+            mc.charge_attention(clock, rows, *args)
         return dx2 + dx
 
     def forward(self, x, meter, watch):

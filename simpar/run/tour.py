@@ -328,9 +328,10 @@ def print_time_table(results, base: RunConfig, cores: int = 0) -> None:
     )
     print(f"(speedup: serial step / this layout's step; pred: the cost model on the same hardware; {note})")
     if mfu:
+        moe = ", its MLP's 48 B s L h^2 counted K times and the router's 6 B s L h E" if base.experts else ""
         print(
             "(MFU: model FLOPs per step, 72 B s L h^2 (1 + s/12h + V/12Lh) (Narayanan et al. 2021 sec. 5.1 "
-            "with the causal half of the scores, as Megatron-LM counts them), "
+            f"with the causal half of the scores, as Megatron-LM counts them){moe}, "
             f"over step x ranks x {base.hardware}'s dense peak (Chowdhery et al. 2022 app. B); a model this "
             "small is all latency and launches, a real one is not: `plan --arch gpt --model gpt3-175b`)"
         )
@@ -345,6 +346,10 @@ def model_flops_utilisation(cfg: RunConfig, ranks: int, step_s: float) -> float:
     from ..costmodel.spec import precision_of
 
     flops = model_flops_per_step(cfg.batch, cfg.seq_len, cfg.blocks, cfg.hidden, cfg.vocab)
+    if cfg.experts:  # a token's K experts (the MLP K times) and the router: costmodel/gpt_moe.py's count
+        tokens = cfg.batch * cfg.seq_len
+        flops += (cfg.top_k - 1) * 48 * tokens * cfg.blocks * cfg.hidden**2
+        flops += 6 * tokens * cfg.blocks * cfg.hidden * cfg.experts
     return flops / (step_s * ranks * hardware.load(cfg.hardware).peak_rate(precision_of(cfg)))
 
 

@@ -259,9 +259,29 @@ CASES = [
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
     (
-        dict(arch="gpt", dataset="copy", experts=2, precision="mixed-bf16", clock="sim"),
+        dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2, sp=True, clock="sim"),
+        4,
+        GPT_MOE + "--clock sim with --sp and --pp or --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, sp=True, clock="sim"),
+        4,
+        GPT_MOE + "--clock sim with --sp and --pp or --cp",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-v", clock="sim"),
+        2,
+        GPT_MOE + "--clock sim with zb-h1, zb-v or --recompute",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, dp=2, zero=1, clock="sim"),
+        2,
+        GPT_MOE + "--zero with --tp, --pp or --clock sim",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
         1,
-        GPT_MOE + "--clock sim",
+        GPT_MOE + "--clock sim with --collectives tree",
     ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (

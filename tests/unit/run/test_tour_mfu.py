@@ -19,3 +19,17 @@ def test_mfu_is_causal_model_flops_over_step_ranks_and_the_dense_peak():
     assert model_flops_utilisation(cfg, 4, 1e-4) == pytest.approx(flops / (1e-4 * 4 * peak), rel=1e-12)
     mixed = RunConfig(**{**cfg.__dict__, "precision": "mixed-bf16"})
     assert model_flops_utilisation(mixed, 4, 1e-4) == pytest.approx(flops / (1e-4 * 4 * 989.4e12), rel=1e-12)
+
+
+def test_mfu_of_experts_counts_the_k_experts_and_the_router():
+    """--experts 4 --top-k 2: each token runs two expert MLPs (48 B s L h^2 more) and the router
+    (6 B s L h E)."""
+    shape = dict(arch="gpt", blocks=2, hidden=16, heads=4, seq_len=8, vocab=16, batch=8, hardware="dgx-h100")
+    B, s, L, h, V, E = 8, 8, 2, 16, 16, 4
+    flops = (
+        72 * B * s * L * h**2 * (1 + s / (12 * h) + V / (12 * L * h))  # the causal count, as above
+        + 48 * B * s * L * h**2
+        + 6 * B * s * L * h * E
+    )
+    moe = RunConfig(**shape, experts=E, top_k=2)
+    assert model_flops_utilisation(moe, 4, 1e-4) == pytest.approx(flops / (1e-4 * 4 * 67e12), rel=1e-12)

@@ -1,0 +1,108 @@
+"""The MoE transformer (--arch gpt --experts E: dp x ep, with --cp, --tp, both, or --pp [--tp]) on
+the simulated clock: predict == simulate.
+
+model/moe_charges.py charges each block's attention half, router, experts (on the rows they received)
+and routing passes; the all-to-alls block on the ep group's stream, the gradient all-reduces on dp's
+and edp's. costmodel/gpt_moe_time.py writes the same step from the run's routing histograms, every
+rank followed through every all-to-all round (and with --cp every ring hop, cp_hop_time.py), so the
+two agree to rounding (measured ~1e-15); under --tp each rank's attention share and tp's blocking
+collectives are added. One tour launch runs every MoE layout 4 ranks offer under sim (serial, dp4,
+dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --sp, cp2, cp4, dp2 x
+cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
+ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
+all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; three
+pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simpar.run.launch import run
+from tests.mpi.runtime.test_gpt_simclock import SHAPE, assert_agrees, hardware_option
+
+MOE_LAYOUTS = {
+    "serial",
+    "dp4",
+    "dp4xep2",
+    "dp4xep4",
+    "tp4",
+    "dp2xtp2",
+    "dp2xep2xtp2",
+    "cp2",
+    "cp4",
+    "dp2xcp2",
+}
+MOE_LAYOUTS |= {"dp2xcp2xep2", "cp2xtp2", "cp4-ulysses", "tp4-sp", "dp2xtp2-sp"}
+
+
+def test_every_moe_tour_layout_agrees(tmp_path):
+    out = tmp_path / "tour"
+    args = ["tour", *SHAPE, "--experts", "4", "--clock", "sim", "--out", str(out)]
+    res = run(4, [*args, "--hardware", hardware_option(tmp_path, "two-per-node")], timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = {p.stem for p in out.glob("*.json")} - {"trace"}
+    assert MOE_LAYOUTS <= names, names
+    for name in sorted(names):
+        assert_agrees(json.loads((out / f"{name}.json").read_text()), name)
+
+
+UNEVEN = {  # top-1 with capacity 1 drops tokens, --grad-accum 2 routes each micro-step apart
+    "bruck": [
+        "--dp",
+        "4",
+        "--ep",
+        "4",
+        "--alltoall",
+        "bruck",
+        "--hardware",
+        "local",
+        "--precision",
+        "mixed-bf16",
+    ],
+    "ulysses": ["--dp", "2", "--cp", "2", "--ep", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNEVEN))
+def test_uneven_routing_agrees(tmp_path, name):
+    """The ranks' experts receive different rows, so their clocks drift apart and each all-to-all round
+    (and each cp hop) waits on the slower peer: the closed form follows every rank."""
+    path = tmp_path / "m.json"
+    args = ["train", *SHAPE, "--experts", "4", *UNEVEN[name], "--grad-accum", "2", "--top-k", "1"]
+    args += ["--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
+    res = run(4, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads(path.read_text())
+    assert sum(sum(step) for step in m["moe"]["dropped"]) > 0
+    computes = [r["compute_s"] for r in m["time"]["sim"]["per_rank"]]
+    assert max(computes) > min(computes), computes  # imbalanced experts: the waits matter
+    assert_agrees(m, name)
+
+
+# MoE blocks on pipeline stages (gpt_moe_pipeline_time.py): interleaved pp2 x dp2 x ep2 on nodes of two
+# with top-1 drops (the ranks of a stage apart) in bfloat16, pp2 x tp2 with gpipe and accumulation on
+# `local` in float16 (the closed form has every step update: none skipped), and
+# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses.
+PIPELINES = {
+    "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
+    + ["--precision", "mixed-bf16"],
+    "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"],
+    "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(PIPELINES))
+def test_moe_pipeline_stages_agree(tmp_path, schedule):
+    path = tmp_path / "m.json"
+    extra = PIPELINES[schedule]
+    hw = [] if "--hardware" in extra else ["--hardware", hardware_option(tmp_path, "two-per-node")]
+    args = ["train", *SHAPE, "--experts", "4", "--pp", "2", "--schedule", schedule, "--microbatches", "4"]
+    args += [*extra, *hw, "--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
+    res = run(4, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads(path.read_text())
+    assert m.get("precision", {}).get("skipped_steps", 0) == 0, schedule
+    assert_agrees(m, schedule)
