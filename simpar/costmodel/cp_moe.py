@@ -32,10 +32,12 @@ the MoE FLOPs over D C ranks at the profile's rate plus every op's bytes at the 
 
 from __future__ import annotations
 
+from functools import partial
+
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import flops_per_step, rank_record, run_result
-from .gpt_moe import Routing, capacity, param_counts
+from .gpt import rank_record, run_result
+from .gpt_moe import Routing, capacity, model_states, moe_step_flops, param_counts
 from .moe import OPS, alltoall_pieces, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -132,18 +134,8 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
         ranks.append(rank_record(r, coords, model=model, activation=activation))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, c, k, D, bpe) for k, blocks in micro)
-        memory.append(
-            {
-                "params": n * prec.param,
-                "grads": n * prec.grad,
-                "optimizer": n * opt_bpp,
-                "activations_peak": round(peak),
-            }
-        )
-    V, K, E = cfg.vocab, cfg.top_k, cfg.experts
-    moe = lambda rows: (  # noqa: E731  the dense model's FLOPs, K experts per token, and the routers
-        flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * rows * s * L * h * h + 6 * rows * s * L * h * E
-    )
+        memory.append(model_states(n, prec, opt_bpp, peak))
+    moe = partial(moe_step_flops, cfg)
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
     compute_s = moe(max(chunk(cfg.batch, D, d) for d in range(D))) / C / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)

@@ -42,13 +42,14 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
 from .cp_pipeline import cp_recompute_kv
-from .gpt import flops_per_step, rank_record, run_result
-from .gpt_moe import Routing, capacity
+from .gpt import rank_record, run_result
+from .gpt_moe import Routing, capacity, model_states, moe_step_flops
 from .gpt_moe_pipeline import (
     TOKEN_BYTES,
     block_kept_elems,
@@ -196,19 +197,8 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
             if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
                 extra = lambda m, k, p=p, b=b: held(p + m, b[m], k) - size(m, k)  # noqa: E731
             peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
-        memory.append(
-            {
-                "params": n_params * prec.param,
-                "grads": n_params * prec.grad,
-                "optimizer": n_params * opt_bpp,
-                "activations_peak": round(peak),
-            }
-        )
-    L, V, Kt = cfg.blocks, cfg.vocab, cfg.top_k
-
-    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
-        tokens = rows * s
-        return flops_per_step(rows, s, L, h, V) + (Kt - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+        memory.append(model_states(n_params, prec, opt_bpp, peak))
+    L, moe_flops = cfg.blocks, partial(moe_step_flops, cfg)
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0

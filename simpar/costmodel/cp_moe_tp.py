@@ -33,11 +33,13 @@ messages and bytes at the tp link.
 
 from __future__ import annotations
 
+from functools import partial
+
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import micro_kept
-from .gpt import flops_per_step, rank_record, run_result
-from .gpt_moe import Routing, capacity
+from .gpt import rank_record, run_result
+from .gpt_moe import Routing, capacity, model_states, moe_step_flops
 from .gpt_moe_tp import dense_shard
 from .gpt_tp import micro_step_ops
 from .moe import OPS, alltoall_pieces
@@ -98,13 +100,12 @@ def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict
 
 def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like the metrics."""
-    L, h, s, V, E, K, C, T, P = (
+    L, h, s, V, E, C, T, P = (
         cfg.blocks,
         cfg.hidden,
         cfg.seq_len,
         cfg.vocab,
         cfg.experts,
-        cfg.top_k,
         cfg.cp,
         cfg.tp,
         cfg.ep,
@@ -144,18 +145,9 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
         ranks.append(rank_record(w, {"pp": 0, "dp": d, "cp": c, "tp": k}, model=model, activation=act))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, c, kk, D, bpe) for kk, blocks in micro)
-        memory.append(
-            {
-                "params": n * prec.param,
-                "grads": n * prec.grad,
-                "optimizer": n * opt_bpp,
-                "activations_peak": round(peak),
-            }
-        )
+        memory.append(model_states(n, prec, opt_bpp, peak))
 
-    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
-        tokens = rows * s
-        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+    moe_flops = partial(moe_step_flops, cfg)
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0

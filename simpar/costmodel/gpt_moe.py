@@ -36,6 +36,7 @@ plus the router's, and each collective at the dp link's alpha, beta.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .gpt import flops_per_step, run_result
@@ -96,6 +97,26 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     return 8 * n + elems * bpe + len(kept_blocks) * n * E * router_bpe
 
 
+def moe_step_flops(cfg, rows: int) -> int:
+    """The step's FLOPs for `rows` sequences: the dense model's (gpt.flops_per_step, one MLP a block),
+    K - 1 more expert MLPs per token (48 h^2 each: 8 h^2 multiply-adds, forward and backward) and the
+    router's h E per token and block (2 forward, 4 backward)."""
+    L, s, h, V, K, E = cfg.blocks, cfg.seq_len, cfg.hidden, cfg.vocab, cfg.top_k, cfg.experts
+    tokens = rows * s
+    return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+
+
+def model_states(n: int, prec, optimizer_bpp: float, peak: float) -> dict:
+    """One rank's memory record: n parameters' values, gradients and optimizer state, and its peak of
+    activations (bytes)."""
+    return {
+        "params": n * prec.param,
+        "grads": n * prec.grad,
+        "optimizer": n * optimizer_bpp,
+        "activations_peak": round(peak),
+    }
+
+
 def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
     D, P, h = (cfg.dp if cfg.dp is not None else world_size), cfg.ep, cfg.hidden
@@ -148,20 +169,9 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
         )
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
-        memory.append(
-            {
-                "params": n * prec.param,
-                "grads": n * prec.grad,
-                "optimizer": n * opt_bpp,
-                "activations_peak": round(peak),
-            }
-        )
-    L, s, V, K, E = cfg.blocks, cfg.seq_len, cfg.vocab, cfg.top_k, cfg.experts
-
-    def moe_flops(rows: int) -> int:  # the dense model's, K experts per token, and the routers
-        tokens = rows * s
-        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
-
+        memory.append(model_states(n, prec, opt_bpp, peak))
+    s = cfg.seq_len
+    moe_flops = partial(moe_step_flops, cfg)
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
     compute_s = moe_flops(rows) / rate if rate else 0.0

@@ -40,10 +40,11 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import flops_per_step, rank_record, run_result
-from .gpt_moe import Routing, capacity
+from .gpt import rank_record, run_result
+from .gpt_moe import Routing, capacity, model_states, moe_step_flops
 from .moe import OPS, alltoall_pieces, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -235,19 +236,8 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
             if cfg.recompute != "none":  # what the backward rebuilds, held until the backward's end
                 extra = lambda m, c, p=p, b=b: held(p + m, b[m], c) - size(m, c)  # noqa: E731
             peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
-        memory.append(
-            {
-                "params": n_params * prec.param,
-                "grads": n_params * prec.grad,
-                "optimizer": n_params * opt_bpp,
-                "activations_peak": round(peak),
-            }
-        )
-    L, V, K = cfg.blocks, cfg.vocab, cfg.top_k
-
-    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
-        tokens = rows * s
-        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+        memory.append(model_states(n_params, prec, opt_bpp, peak))
+    L, moe_flops = cfg.blocks, partial(moe_step_flops, cfg)
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0

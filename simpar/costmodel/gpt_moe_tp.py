@@ -28,10 +28,11 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
-from .gpt import flops_per_step, rank_record, run_result
-from .gpt_moe import Routing, capacity, kept_per_micro_step
+from .gpt import rank_record, run_result
+from .gpt_moe import Routing, capacity, kept_per_micro_step, model_states, moe_step_flops
 from .gpt_tp import micro_step_ops
 from .moe import OPS, alltoall_pieces
 from .spec import PRECISIONS, precision_of, split
@@ -61,7 +62,7 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
 
 def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
-    L, h, s, V, E, K, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.top_k, cfg.tp
+    L, h, s, V, E, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.tp
     D, P = (cfg.dp if cfg.dp is not None else world_size // T), cfg.ep
     prec = PRECISIONS[precision_of(cfg)]
     bpe = prec.act
@@ -113,18 +114,9 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
         ranks.append(rank_record(r, {"pp": 0, "dp": d, "tp": j}, model=model, activation=act))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
-        memory.append(
-            {
-                "params": n * prec.param,
-                "grads": n * prec.grad,
-                "optimizer": n * opt_bpp,
-                "activations_peak": peak,
-            }
-        )
+        memory.append(model_states(n, prec, opt_bpp, peak))
 
-    def moe_flops(rows: int) -> float:  # the dense model's, K experts per token, and the routers
-        tokens = rows * s
-        return flops_per_step(rows, s, L, h, V) + (K - 1) * 48 * tokens * L * h * h + 6 * tokens * L * h * E
+    moe_flops = partial(moe_step_flops, cfg)
 
     rows = max(chunk(cfg.batch, D, d) for d in range(D))
     rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
