@@ -23,8 +23,9 @@ U = max_i (n_i + m_i) one unit whole, W = sum_i (n_i + m_i) everything it would 
   params     stage 1/2: W;  stage 3: S + U            (parameter bytes)
   grads      stage 1: W;  stage 2: S + U, or S + W with --grad-accum > 1;  stage 3: S + U
   optimizer  K_opt S (K_opt: spec.PRECISIONS' optimizer bytes per parameter, masters included)
-Time: gpt_moe.py's rough estimate, its all-reduces' alpha-beta time swapped for these collectives' on
-the dp link (--clock sim is refused for MoE layouts).
+Time: with a hardware profile, gpt_moe_zero_time.py's step as the simulated clock charges it (every
+rank through every all-to-all round and ZeRO ring); without one, gpt_moe.py's rough estimate, its
+all-reduces' alpha-beta time swapped for these collectives' on the dp link.
 """
 
 from __future__ import annotations
@@ -81,6 +82,22 @@ def _seconds(costs, link) -> float:
     return sum(c.rounds * link.alpha + c.round_elems * link.beta for c in costs)
 
 
+def _sim_step(cfg, D: int, C: int, hw, routing, steps: int, bpe: int) -> dict:
+    """gpt_moe_zero_time.py's step on the run's routing (or balanced): {step_s, compute_s, comm_s}."""
+    from .gpt_moe_zero_time import moe_zero_step_seconds
+
+    if C > 1:
+        from .cp_moe import micro_kept
+
+        micro = micro_kept(cfg, D, C, routing, steps)
+    else:
+        from .gpt_moe import kept_per_micro_step
+
+        micro = kept_per_micro_step(cfg, D, routing, steps)
+    timed = moe_zero_step_seconds(cfg, D, hw, micro, unit_sizes(cfg), bpe)
+    return {k: timed[k] for k in ("step_s", "compute_s", "comm_s")}
+
+
 def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """gpt_moe.py's (with --cp: cp_moe.py's) prediction of the layout without --zero, its gradient
     all-reduces replaced by ZeRO's reduce-scatters and all-gathers and its model states by this rank's
@@ -121,7 +138,14 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)
-    if delta and "step_s" in out.get("time", {}):
+    if hw is not None and "step_s" in out.get("time", {}):  # as --clock sim charges it
+        step = _sim_step(cfg, D, C, hw, routing, steps, prec.act)
+        out["time"] = dict(
+            out["time"],
+            **step,
+            samples_per_s=cfg.batch / step["step_s"] if step["step_s"] > 0 else float("inf"),
+        )
+    elif delta and "step_s" in out.get("time", {}):
         step_s = out["time"]["step_s"] + delta
         out["time"] = dict(
             out["time"],
