@@ -2,7 +2,9 @@
 written here without the module's helpers (Rajbhandari et al. 2020, sec. 7.2; DeepSpeed-MoE):
 stages 1 and 2 move exactly the bytes of the two all-reduces they replace when every size divides,
 stage 3 moves 1.5 times that with one micro-step; the model states shrink by the group sizes, the dense
-ones D ways and the experts' D/P ways; the activations and all-to-alls are the layout's without ZeRO."""
+ones D ways and the experts' D/P ways; the activations and all-to-alls are the layout's without ZeRO.
+The step time (gpt_moe_zero_time.py, as the simulated clock charges it): one rank costs the plain step,
+and stage 3 costs stage 1 plus one all-gather of every unit, written here, when the ranks stay together."""
 
 from __future__ import annotations
 
