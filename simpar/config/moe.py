@@ -81,11 +81,8 @@ def expert_rules(cfg) -> None:
             name
             for name, on in (
                 (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
-                # expert_zero.py shards over dp (x cp) and edp (x cp) only; its time is a rough estimate
-                (
-                    "--zero with --tp, --pp or --clock sim",
-                    cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
-                ),
+                # expert_zero.py shards over dp (x cp) and edp (x cp) only (sim: gpt_moe_zero_time.py)
+                ("--zero with --tp or --pp", cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1)),
                 # a stage's row-shard boundaries and LayerNorm sums, cp's row shards, the zero-bubble
                 # halves and a recomputed MoE forward are in no closed form of the simulated clock yet
                 ("--clock sim with --sp and --pp or --cp", sim and cfg.sp and max(cfg.pp, cfg.cp) > 1),

@@ -23,14 +23,14 @@ U = max_i (n_i + m_i) one unit whole, W = sum_i (n_i + m_i) everything it would 
   params     stage 1/2: W;  stage 3: S + U            (parameter bytes)
   grads      stage 1: W;  stage 2: S + U, or S + W with --grad-accum > 1;  stage 3: S + U
   optimizer  K_opt S (K_opt: spec.PRECISIONS' optimizer bytes per parameter, masters included)
-Time: gpt_moe.py's rough estimate, its all-reduces' alpha-beta time swapped for these collectives' on
-the dp link (--clock sim is refused for MoE layouts).
+Time (with a hardware profile): gpt_moe_zero_time.py's step as the simulated clock charges it, every
+rank through every all-to-all round and ZeRO ring.
 """
 
 from __future__ import annotations
 
 from ..config import layout_name
-from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .collectives import Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt_moe import predict_gpt_moe_run
 from .spec import PRECISIONS, precision_of
 from .zero_mesh import without_zero
@@ -77,8 +77,20 @@ def zero_memory(cfg, D: int, r: int, prec) -> dict[str, int]:
     return {"params": params * prec.param, "grads": grads * prec.grad, "optimizer": S * opt_bpp}
 
 
-def _seconds(costs, link) -> float:
-    return sum(c.rounds * link.alpha + c.round_elems * link.beta for c in costs)
+def _sim_step(cfg, D: int, C: int, hw, routing, steps: int, bpe: int) -> dict:
+    """gpt_moe_zero_time.py's step on the run's routing (or balanced): {step_s, compute_s, comm_s}."""
+    from .gpt_moe_zero_time import moe_zero_step_seconds
+
+    if C > 1:
+        from .cp_moe import micro_kept
+
+        micro = micro_kept(cfg, D, C, routing, steps)
+    else:
+        from .gpt_moe import kept_per_micro_step
+
+        micro = kept_per_micro_step(cfg, D, routing, steps)
+    timed = moe_zero_step_seconds(cfg, D, hw, micro, unit_sizes(cfg), bpe)
+    return {k: timed[k] for k in ("step_s", "compute_s", "comm_s")}
 
 
 def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
@@ -94,12 +106,6 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     D = cfg.dp if cfg.dp is not None else world_size // C
     prec = PRECISIONS[precision_of(cfg)]
     steps = out["steps"]  # with the run's routing: the steps it routed
-    link, delta = None, 0.0
-    if hw is not None and D * C > 1:
-        from .hardware import group_link
-
-        link = group_link(hw, "dp", D, C, 1)
-    M, Me = sum(n for n, _ in unit_sizes(cfg)), sum(m for _, m in unit_sizes(cfg))
     for r, (rank, mem) in enumerate(zip(out["comm"]["ranks"], out["memory"]["ranks"])):
         by_op, costs = rank["by_op"], zero_costs(cfg, D, r, prec)
         for op in ("model/grad-allreduce", "model/expert-grad-allreduce"):
@@ -110,10 +116,6 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
         rank["sent"]["model"] = sum(v["sent"] for v in model)
         rank["messages"]["model"] = sum(v["messages"] for v in model)
         mem.update(zero_memory(cfg, D, r, prec))
-        if link is not None:
-            (p, g), (q, h) = groups(cfg, D, r)
-            allreduce = (ALLREDUCE[cfg.collectives](M, p, g), ALLREDUCE[cfg.collectives](Me, q, h))
-            delta = max(delta, _seconds(costs.values(), link) - _seconds(allreduce, link))
     comm, cats = out["comm"], ("data", "model", "activation")
     per = max(steps, 1)
     comm["per_step"] = {k: sum(r["sent"][k] for r in comm["ranks"]) / per for k in cats}
@@ -121,12 +123,11 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)
-    if delta and "step_s" in out.get("time", {}):
-        step_s = out["time"]["step_s"] + delta
+    if hw is not None and "step_s" in out.get("time", {}):  # as --clock sim charges it
+        step = _sim_step(cfg, D, C, hw, routing, steps, prec.act)
         out["time"] = dict(
             out["time"],
-            step_s=step_s,
-            comm_s=out["time"].get("comm_s", 0.0) + delta,
-            samples_per_s=cfg.batch / step_s if step_s > 0 else float("inf"),
+            **step,
+            samples_per_s=cfg.batch / step["step_s"] if step["step_s"] > 0 else float("inf"),
         )
     return out

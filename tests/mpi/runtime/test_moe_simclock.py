@@ -11,7 +11,11 @@ dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --
 cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
 ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
 all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; three
-pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py).
+pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py);
+ZeRO with experts (gpt_moe_zero_time.py: each unit's blocking rings over dp (x cp) and edp (x cp) where
+expert_zero.py runs them, every rank round by round): dp4 x ep2 --zero 1 in bfloat16 on nodes of two
+(dp and edp cross nodes), dp2 x cp2 x ep2 --zero 3 with --grad-accum 2, top-1 drops and h = 10 (chunks
+one element apart) on a GPU node.
 """
 
 from __future__ import annotations
@@ -106,3 +110,36 @@ def test_moe_pipeline_stages_agree(tmp_path, schedule):
     m = json.loads(path.read_text())
     assert m.get("precision", {}).get("skipped_steps", 0) == 0, schedule
     assert_agrees(m, schedule)
+
+
+ZERO = {  # parallel/expert_zero.py and context_expert_zero.py under sim
+    "zero1": ["--dp", "4", "--ep", "2", "--zero", "1", "--precision", "mixed-bf16"],
+    "zero3": ["--dp", "2", "--cp", "2", "--ep", "2", "--zero", "3", "--grad-accum", "2", "--top-k", "1"]
+    + ["--capacity-factor", "1.0", "--hidden", "10", "--heads", "2", "--hardware", "dgx-h100"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO))
+def test_moe_zero_agrees(tmp_path, name):
+    path = tmp_path / "m.json"
+    extra = ZERO[name]
+    hw = [] if "--hardware" in extra else ["--hardware", hardware_option(tmp_path, "two-per-node")]
+    args = [
+        "train",
+        *SHAPE,
+        "--experts",
+        "4",
+        *extra,
+        *hw,
+        "--clock",
+        "sim",
+        "--quiet",
+        "--metrics-out",
+        str(path),
+    ]
+    res = run(4, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads(path.read_text())
+    by_op = m["comm"]["ranks"][0]["by_op"]
+    assert "model/expert-grad-reduce-scatter" in by_op and "model/grad-allreduce" not in by_op, by_op
+    assert_agrees(m, name)

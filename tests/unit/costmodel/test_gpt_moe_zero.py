@@ -2,7 +2,9 @@
 written here without the module's helpers (Rajbhandari et al. 2020, sec. 7.2; DeepSpeed-MoE):
 stages 1 and 2 move exactly the bytes of the two all-reduces they replace when every size divides,
 stage 3 moves 1.5 times that with one micro-step; the model states shrink by the group sizes, the dense
-ones D ways and the experts' D/P ways; the activations and all-to-alls are the layout's without ZeRO."""
+ones D ways and the experts' D/P ways; the activations and all-to-alls are the layout's without ZeRO.
+The step time (gpt_moe_zero_time.py, as the simulated clock charges it): one rank costs the plain step,
+and stage 3 costs stage 1 plus one all-gather of every unit, written here, when the ranks stay together."""
 
 from __future__ import annotations
 
@@ -68,3 +70,25 @@ def test_mixed_bf16_keeps_float32_masters_of_the_chunks_only():
     pred = predict_from_config(cfg, D, 1, LOCAL_DEFAULTS)
     for mem in pred["memory"]["ranks"]:
         assert (mem["params"], mem["optimizer"]) == (2 * (M + L * E // P * EXPERT), 12 * shard)
+
+
+def test_one_rank_moves_nothing_so_every_stage_costs_the_plain_step():
+    """On one rank every group has one member: ZeRO's rings are skipped and its optimizer sweeps the
+    whole model, so gpt_moe_zero_time.py's unit-by-unit step is gpt_moe_time.py's step exactly."""
+    plain = predict(1, 1, 0)["time"]["step_s"]
+    for zero in (1, 2, 3):
+        assert predict(1, 1, zero)["time"]["step_s"] == pytest.approx(plain, rel=1e-12)
+
+
+def test_stage_3_adds_one_gather_of_every_unit_to_stage_1_when_the_ranks_stay_together():
+    """dp4 x ep2, one micro-step, balanced routing, every size dividing: every rank's clock is the same
+    throughout, so a blocking ring costs (p - 1) rounds of alpha + chunk / bandwidth on each. Stage 1
+    reduce-scatters and gathers every unit once, stage 3 reduce-scatters once and gathers twice, the
+    optimizer sweeps the same chunks: stage 3 - stage 1 = one all-gather of every part (the dense over
+    dp 4, the experts over edp 2; one node: the intra-node link)."""
+    hw = LOCAL_DEFAULTS
+    gather = lambda n, p: (p - 1) * (hw.intra_alpha + n // p * 8 / hw.intra_bw)  # noqa: E731
+    parts = [(EMBED, 0), *[(BLOCK, E // 2 * EXPERT)] * L, (HEAD, 0)]
+    extra = sum(gather(n, 4) + (gather(m, 2) if m else 0.0) for n, m in parts)
+    one, three = (predict(4, 2, zero)["time"]["step_s"] for zero in (1, 3))
+    assert three - one == pytest.approx(extra, rel=1e-9)
