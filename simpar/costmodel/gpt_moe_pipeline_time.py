@@ -12,7 +12,10 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
                        head and the loss too), then posts its output to chunk c+1's rank: b s h bpe
                        bytes (with --tp every tp rank sends its own copy) leave when its pp link is
                        free, arrive alpha after their last byte (a chunk on the same stage: at once)
-  backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1
+  backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1;
+                       with --recompute, after the receive, full runs the chunk's forward again (no
+                       loss: its all-to-alls and tp collectives again), selective rebuilds each
+                       block's softmax (q k^T, 2 b s^2 h / T FLOPs)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced: the chunk's dense parameters over the
 stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
@@ -71,6 +74,8 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                         for w, t in enumerate(arrive.pop((kind, c, mb), [0.0] * Ws)):
                             now[st][w] = max(now[st][w], t)  # the blocking receive
                         ms = step_of(st, g * M + mb)
+                        if kind == "B":
+                            recompute(cfg, works[st], now[st], compute[st], ms, *bounds[c])
                         run = works[st].forward if kind == "F" else works[st].backward
                         run(now[st], compute[st], ms, *bounds[c])
                         dest = c + 1 if kind == "F" else c - 1
@@ -90,6 +95,22 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
         steps.append(max(max(now[st]) + optimizer[st] for st in range(S)))
         computes.append(max(max(compute[st]) + optimizer[st] for st in range(S)))
     return median_step(steps, computes)
+
+
+def recompute(cfg, work, now: list, compute: list, ms: dict, lo: int, hi: int) -> None:
+    """--recompute before a backward (pipeline/recompute.py, after its blocking receive): full runs the
+    chunk's forward again without the loss -- its all-to-alls and tp collectives too, on the same routes;
+    selective rebuilds each block's softmax from its kept q, k: b (a/T) matmuls s x (h/a) x s per block
+    on a rank of b sequences (gpt_recompute.restore_selective)."""
+    if cfg.recompute == "full":
+        work.forward(now, compute, ms, lo, hi, loss=False)
+    elif cfg.recompute == "selective":
+        s, h, a, T = cfg.seq_len, cfg.hidden, cfg.heads, work.lay.T
+        blocks = sum(1 for u in range(lo, hi) if 0 < u <= cfg.blocks)
+        for w, b in enumerate(ms["b"]):
+            seconds = blocks * b * (a // T) * 2.0 * s * (h // a) * s / work.rate
+            now[w] += seconds
+            compute[w] += seconds
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

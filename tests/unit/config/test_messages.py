@@ -271,7 +271,12 @@ CASES = [
     (
         dict(arch="gpt", dataset="copy", experts=2, pp=2, schedule="zb-v", clock="sim"),
         2,
-        GPT_MOE + "--clock sim with zb-h1, zb-v or --recompute",
+        GPT_MOE + "--clock sim with zb-h1 or zb-v",
+    ),
+    (
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, recompute="full", clock="sim"),
+        4,
+        GPT_MOE + "--clock sim with --recompute and --cp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, dp=2, zero=1, clock="sim"),
