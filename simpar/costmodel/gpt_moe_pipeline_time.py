@@ -1,5 +1,5 @@
 """The step time of MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S [--dp D] [--tp T];
---schedule naive, gpipe, 1f1b, interleaved) in closed form, as the simulated clock charges it:
+--schedule naive, gpipe, 1f1b, interleaved, zb-h1, zb-v) in closed form, as the simulated clock charges it:
 steptime.py's max-plus recurrence over the schedule's order, with every rank of a stage on its own
 clock, because its chunk's all-to-alls make the ranks of one stage wait for each other and routing
 makes them unequal (gpt_moe_time.MoEWork prices a chunk's units on a stage's ranks).
@@ -16,6 +16,8 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
                        with --recompute, after the receive, full runs the chunk's forward again (no
                        loss: its all-to-alls and tp collectives again), selective rebuilds each
                        block's softmax (q k^T, 2 b s^2 h / T FLOPs)
+  zb-h1, zb-v          (no --tp, no --cp) the backward is its B half, both all-to-alls in it; the W
+                       half is its own step, compute only (moe_split_time.py)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced: the chunk's dense parameters over the
 stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
@@ -27,6 +29,7 @@ from __future__ import annotations
 from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .moe_rounds import members_link
+from .moe_split_time import backward_input, weight
 from .order import chunk_stage, stage_chunks, stage_order
 from .spec import split
 
@@ -40,6 +43,7 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
     C = getattr(cfg, "cp", 1)
     Ws = D * C * T  # a stage's ranks: world rank ((st D + d) C + c) T + k
     n_chunks, GM = len(bounds), G * M
+    halves = cfg.schedule in ("zb-h1", "zb-v")
     works = [MoEWork(cfg, D, hw, bpe, S * Ws, offset=st * Ws) for st in range(S)]
     pp = members_link(hw, [st * Ws for st in range(S)])  # the pp group of (d, k) = (0, 0)
     mine = [stage_chunks(cfg.schedule, S, V, st) for st in range(S)]
@@ -68,6 +72,11 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                 for st in range(S):
                     while pos[st] < len(order[st]):
                         kind, mb, c = order[st][pos[st]]
+                        if kind == "W":  # zero-bubble: the weight half, no message (moe_split_time.py)
+                            weight(works[st], now[st], compute[st], step_of(st, g * M + mb), *bounds[c])
+                            pos[st] += 1
+                            progress = True
+                            continue
                         waits = (kind == "F" and c > 0) or (kind == "B" and c < n_chunks - 1)
                         if waits and (kind, c, mb) not in arrive:
                             break  # its input has not been sent yet: let the other stages move
@@ -76,8 +85,12 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                         ms = step_of(st, g * M + mb)
                         if kind == "B":
                             recompute(cfg, works[st], now[st], compute[st], ms, *bounds[c])
-                        run = works[st].forward if kind == "F" else works[st].backward
-                        run(now[st], compute[st], ms, *bounds[c])
+                        if kind == "F":
+                            works[st].forward(now[st], compute[st], ms, *bounds[c])
+                        elif halves:  # zero-bubble: B, the dL/dx half (moe_split_time.py)
+                            backward_input(works[st], now[st], compute[st], ms, *bounds[c])
+                        else:
+                            works[st].backward(now[st], compute[st], ms, *bounds[c])
                         dest = c + 1 if kind == "F" else c - 1
                         if 0 <= dest < n_chunks and chunk_stage(cfg.schedule, S, dest) == st:
                             arrive[(kind, dest, mb)] = list(now[st])  # the V's turn: handed over in memory

@@ -10,8 +10,9 @@ collectives are added. One tour launch runs every MoE layout 4 ranks offer under
 dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --sp, cp2, cp4, dp2 x
 cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
 ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
-all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; three
-pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py).
+all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; five
+pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py;
+zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective).
 """
 
 from __future__ import annotations
@@ -87,13 +88,17 @@ def test_uneven_routing_agrees(tmp_path, name):
 # softmax rebuilt), pp2 x tp2 with gpipe and accumulation on `local` in float16 (the closed form has
 # every step update: none skipped) and --recompute full (each chunk's forward, its all-to-alls and tp
 # collectives, again before its backward), and
-# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses.
+# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses;
+# the zero-bubble halves (moe_split_time.py) on pp2 x dp2 x ep2: zb-h1 with top-1 drops on nodes of two,
+# zb-v (two chunks a stage) with --recompute full before each B.
 PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
     "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
     + ["--recompute", "full"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+    "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],
+    "zb-v": ["--dp", "2", "--ep", "2", "--recompute", "full", "--hardware", "dgx-h100"],
 }
 
 
