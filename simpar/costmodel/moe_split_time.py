@@ -1,6 +1,9 @@
-"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; no --tp, no --cp) as
-the simulated clock charges them (model/moe_charges.py's charge_attention_half and charge_expert_half,
-model/gpt_moe_split.py): what gpt_moe_pipeline_time.py runs for a chunk's B and W steps.
+"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; with --tp T, not --cp
+or --sp) as the simulated clock charges them (model/moe_charges.py's charge_attention_half and
+charge_expert_half, model/gpt_moe_split.py, parallel/expert_tensor_split.py): what
+gpt_moe_pipeline_time.py runs for a chunk's B and W steps. Under --tp the attention's matmuls and
+passes are this rank's share (h/T wide, a/T heads), the MoE part whole on every tp rank, and B ends each
+unit with its blocking tp collective (the head's f, each block's attention f).
 
 Qi et al. 2023 ("Zero Bubble Pipeline Parallelism", sec. 2): B is the gradient with respect to the
 input, W the weights' gradients. Per MoE block on a rank of n token rows, A kept assignments sent and
@@ -37,17 +40,19 @@ def _charge(now, compute, w, seconds):
 
 
 def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
-    """B of units hi-1..lo on every rank of the stage: the all-to-alls between its pieces."""
-    cfg, W, L = work.cfg, work.lay.W, work.cfg.blocks
+    """B of units hi-1..lo on every rank of the stage: the all-to-alls between its pieces, tp's blocking
+    collectives (the head's f, each block's attention f) after its compute."""
+    cfg, W, L, T = work.cfg, work.lay.W, work.cfg.blocks, work.lay.T
     h, E, a, keys, r = cfg.hidden, cfg.experts, cfg.heads, work.keys, work.rate
-    m = work.bpe * work.stream
+    hl, al, m = h // T, a // T, work.bpe * work.stream
     for u in reversed(range(lo, hi)):
         if u == 0:  # the embedding: no B
             continue
         if u == L + 1:  # the head: dlogits Wout^T, LN_f's backward
             for w in range(W):
                 n = ms["n"][w]
-                _charge(now, compute, w, 2 * n * h * cfg.vocab / r + HEAD_BWD_ELEMS * n * h * m)
+                _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + HEAD_BWD_ELEMS * n * h * m)
+                now[w] += ms["tp"][w][1][-1]  # the head's f (vocab_parallel.py)
             continue
         A, received = work.routed(ms, u - 1)
         kept = ms["kept"][u - 1]
@@ -55,38 +60,35 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
             _charge(now, compute, w, GATE_GRAD_ELEMS * A[w] * h * m)
         work.all_to_all(now, kept, False)  # ep-combine-grad
         for w in range(W):
-            _charge(
-                now,
-                compute,
-                w,
-                sum(16 * x * h * h / r + EXPERT_BWD_ELEMS * x * h * m for x in received[w] if x),
-            )
+            experts = sum(16 * x * h * h / r + EXPERT_BWD_ELEMS * x * h * m for x in received[w] if x)
+            _charge(now, compute, w, experts)
         work.all_to_all(now, kept, True)  # ep-dispatch-grad
         for w in range(W):
             n = ms["n"][w]
-            elems = (
-                ATTN_BWD_WHOLE * h * n
-                + (ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * h + ATTN_BWD_SCORES * a * keys) * n
+            per_row = (
+                ATTN_BWD_WHOLE * h + ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
             )
-            attention = 2 * n * (4 * h * h + 4 * h * keys) / r + elems * m
+            attention = 2 * n * (4 * h * hl + 4 * hl * keys) / r + per_row * n * m
             _charge(now, compute, w, SCATTER_ELEMS * A[w] * h * m + 2 * n * E * h / r + attention)
+            now[w] += ms["tp_block"][w]  # attention's f
 
 
 def weight(work, now, compute, ms, lo: int, hi: int) -> None:
     """W of units hi-1..lo on every rank: compute only, no message."""
-    cfg, W, L = work.cfg, work.lay.W, work.cfg.blocks
+    cfg, W, L, T = work.cfg, work.lay.W, work.cfg.blocks, work.lay.T
     h, E, r, m = cfg.hidden, cfg.experts, work.rate, work.bpe * work.stream
     for u in reversed(range(lo, hi)):
         for w in range(W):
             n = ms["n"][w]
-            if u == 0:  # the embedding's whole backward
+            if u == 0:  # the embedding's whole backward (and its tp collective, none without --sp)
                 _charge(now, compute, w, ms["units"][w][1][0])
+                now[w] += ms["tp"][w][1][0]
             elif u == L + 1:
-                _charge(now, compute, w, 2 * n * h * cfg.vocab / r + ACCUMULATE * work.edge[1] * m)
+                _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + ACCUMULATE * work.edge[1] * m)
             else:
                 _, received = work.routed(ms, u - 1)
                 experts = sum(
                     16 * x * h * h / r + ACCUMULATE * (8 * h * h + 5 * h) * m for x in received[w] if x
                 )
-                dense = 2 * n * h * E / r + 8 * n * h * h / r + ACCUMULATE * work.dense_block * m
+                dense = 2 * n * h * E / r + 8 * n * h * (h // T) / r + ACCUMULATE * work.dense_block * m
                 _charge(now, compute, w, experts + dense)

@@ -16,7 +16,7 @@ halves compute what MoEFFN.backward and MoEBlockUnit.backward_moe compute (float
 The block queues ONE closure (its experts' and router's W passes inside it), as gpt_split.py's units do.
 --clock sim: each half charges its share (moe_charges.charge_attention_half, charge_expert_half, the
 router's two matmuls), B when it runs, W inside the closure; the routing passes stay in
-MoEFFN.backward (B). Not under --tp (config/moe.py refuses --clock sim with zb and --tp on MoE stages).
+MoEFFN.backward (B). Under --tp the attention half is parallel/expert_tensor_split.py's.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ again. Memory-bound elements, in the activations' type:
   routing    per kept assignment: forward 2h gathering the rows sent (read, write) and 3h adding
              gate x output back (read two, write); backward 4h for the gates' gradients and the gated
              dy (dy read twice, the output once, the piece written) and 3h adding dx back.
-The zero-bubble halves (gpt_moe_split.py, --schedule zb-h1/zb-v without --tp) cut the backward's
-charges as gpt.charge_half cuts the dense block's: B the dx matmuls (q k v o, each expert's two, the
-router's dlogits Wr^T, the scores' four) and every memory pass; W the dW matmuls (q k v o, each
-expert's two, the router's x^T dlogits) and the accumulations (3 per parameter).
+The zero-bubble halves (gpt_moe_split.py, parallel/expert_tensor_split.py; --schedule zb-h1/zb-v) cut
+the backward's charges as gpt.charge_half cuts the dense block's: B the dx matmuls (q k v o, each
+expert's two, the router's dlogits Wr^T, the scores' four) and every memory pass; W the dW matmuls
+(q k v o, each expert's two, the router's x^T dlogits) and the accumulations (3 per parameter).
 """
 
 from __future__ import annotations
@@ -77,22 +77,24 @@ def charge_routing(clock, assignments: int, h: int, bpe: int, elems: int) -> Non
     clock.stream(elems * assignments * h * bpe)
 
 
-def charge_attention_half(clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, weights: bool):
-    """charge_attention's backward cut in two (no --tp): B the four dx matmuls, the scores' four and the
-    memory passes; W the four dW matmuls and accumulating the block's `size` dense parameters."""
-    for _ in range(4):
-        clock.matmul(rows, h, h)
+def charge_attention_half(
+    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, weights: bool, t: int = 1
+) -> None:
+    """charge_attention's backward cut in two (under --tp t this rank's share, h/t wide, a/t heads): B
+    the four dx matmuls, the scores' four and the memory passes; W the four dW matmuls and accumulating
+    the block's `size` dense parameters (this rank's shard)."""
+    hl, al = h // t, a // t
+    for _ in range(3):
+        clock.matmul(rows, h, hl)
+    clock.matmul(rows, hl, h)
     if weights:
         clock.stream(ACCUMULATE * size * bpe)
         return
     for _ in range(2):
-        clock.matmul(rows, h, keys)
-        clock.matmul(rows, keys, h)
-    elems = (
-        ATTN_BWD_WHOLE * h * rows
-        + (ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * h + ATTN_BWD_SCORES * a * keys) * rows
-    )
-    clock.stream(elems * bpe)
+        clock.matmul(rows, hl, keys)
+        clock.matmul(rows, keys, hl)
+    per_row = ATTN_BWD_WHOLE * h + ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
+    clock.stream(per_row * rows * bpe)
 
 
 def charge_expert_half(clock, rows: int, h: int, bpe: int, weights: bool) -> None:

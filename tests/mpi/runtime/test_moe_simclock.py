@@ -89,8 +89,8 @@ def test_uneven_routing_agrees(tmp_path, name):
 # every step update: none skipped) and --recompute full (each chunk's forward, its all-to-alls and tp
 # collectives, again before its backward), and
 # pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses;
-# the zero-bubble halves (moe_split_time.py) on pp2 x dp2 x ep2: zb-h1 with top-1 drops on nodes of two,
-# zb-v (two chunks a stage) with --recompute full before each B.
+# the zero-bubble halves (moe_split_time.py): zb-h1 on pp2 x dp2 x ep2 with top-1 drops on nodes of two,
+# zb-v (two chunks a stage) on pp2 x tp2 (expert_tensor_split.py) with --recompute full before each B.
 PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
@@ -98,7 +98,7 @@ PIPELINES = {
     + ["--recompute", "full"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
     "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],
-    "zb-v": ["--dp", "2", "--ep", "2", "--recompute", "full", "--hardware", "dgx-h100"],
+    "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100"],
 }
 
 

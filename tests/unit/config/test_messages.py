@@ -269,9 +269,9 @@ CASES = [
         GPT_MOE + "--clock sim with --sp and --pp or --cp",
     ),
     (
-        dict(arch="gpt", dataset="copy", experts=2, pp=2, tp=2, schedule="zb-v", clock="sim"),
+        dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, schedule="zb-v", clock="sim"),
         4,
-        GPT_MOE + "--clock sim with zb-h1 or zb-v and --tp or --cp",
+        GPT_MOE + "--clock sim with zb-h1 or zb-v and --cp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, recompute="full", clock="sim"),
