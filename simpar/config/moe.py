@@ -86,11 +86,11 @@ def expert_rules(cfg) -> None:
                     "--zero with --tp, --pp or --clock sim",
                     cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1 or cfg.clock == "sim"),
                 ),
-                # a stage's row-shard boundaries and LayerNorm sums, cp's row shards, the zero-bubble
+                # cp's row shards (with --sp), the zero-bubble
                 # halves with --cp and a cp stage's recomputed ring are in no closed form of the
                 # simulated clock yet (dp x ep [x tp] stages' zb halves are: moe_split_time.py, and
                 # their --recompute: gpt_moe_pipeline_time.recompute)
-                ("--clock sim with --sp and --pp or --cp", sim and cfg.sp and max(cfg.pp, cfg.cp) > 1),
+                ("--clock sim with --sp and --cp", sim and cfg.sp and cfg.cp > 1),
                 (
                     "--clock sim with zb-h1 or zb-v and --cp",
                     sim and cfg.pp > 1 and cfg.schedule in ("zb-h1", "zb-v") and cfg.cp > 1,

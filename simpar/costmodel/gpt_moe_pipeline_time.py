@@ -10,7 +10,8 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
   forward of chunk c   starts when the rank is free and its input from chunk c-1's rank (same d, k)
                        has arrived (a blocking receive), runs the chunk's units (the last chunk: the
                        head and the loss too), then posts its output to chunk c+1's rank: b s h bpe
-                       bytes (with --tp every tp rank sends its own copy) leave when its pp link is
+                       bytes (with --tp every tp rank sends its own copy, --sp its 1/T of the rows)
+                       leave when its pp link is
                        free, arrive alpha after their last byte (a chunk on the same stage: at once)
   backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1;
                        with --recompute, after the receive, full runs the chunk's forward again (no
@@ -19,7 +20,8 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
   zb-h1, zb-v          (no --tp, no --cp) the backward is its B half, both all-to-alls in it; the W
                        half is its own step, compute only (moe_split_time.py)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
-its chunks' gradients (ascending chunk order) are all-reduced: the chunk's dense parameters over the
+its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
+gradients summed over tp): the chunk's dense parameters over the
 stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
 optimizer over the rank's chunks. The step ends with the slowest rank (the metrics' median over steps).
 """
@@ -44,6 +46,10 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
     Ws = D * C * T  # a stage's ranks: world rank ((st D + d) C + c) T + k
     n_chunks, GM = len(bounds), G * M
     halves = cfg.schedule in ("zb-h1", "zb-v")
+
+    def rows(ms):  # a boundary's rows on each rank: under --sp its tp rank's 1/T of them
+        return [n // T for n in ms["n"]] if cfg.sp else ms["n"]
+
     works = [MoEWork(cfg, D, hw, bpe, S * Ws, offset=st * Ws) for st in range(S)]
     pp = members_link(hw, [st * Ws for st in range(S)])  # the pp group of (d, k) = (0, 0)
     mine = [stage_chunks(cfg.schedule, S, V, st) for st in range(S)]
@@ -95,12 +101,15 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                         if 0 <= dest < n_chunks and chunk_stage(cfg.schedule, S, dest) == st:
                             arrive[(kind, dest, mb)] = list(now[st])  # the V's turn: handed over in memory
                         elif 0 <= dest < n_chunks:
-                            arrive[(kind, dest, mb)] = send(now[st], free[st], left[st], ms["n"], h * bpe, pp)
+                            arrive[(kind, dest, mb)] = send(
+                                now[st], free[st], left[st], rows(ms), h * bpe, pp
+                            )
                         pos[st] += 1
                         progress = True
             for st in range(S):
                 if g == G - 1:  # AllReduceGrads, the schedule's last step: each chunk, dense then experts
                     for c in mine[st]:
+                        sp_sync(works[st], now[st], *bounds[c])
                         works[st].allreduce(now[st], sizes[c][0], grad_bpe, False)
                         if sizes[c][1]:
                             works[st].allreduce(now[st], sizes[c][1], grad_bpe, True)
@@ -124,6 +133,25 @@ def recompute(cfg, work, now: list, compute: list, ms: dict, lo: int, hi: int) -
             seconds = blocks * b * (a // T) * 2.0 * s * (h // a) * s / work.rate
             now[w] += seconds
             compute[w] += seconds
+
+
+def sp_sync(work, now: list, lo: int, hi: int) -> None:
+    """--sp, before the chunk's all-reduces (expert_stage._allreduce): each of its blocks' LayerNorm
+    gradients (4h) and the head's (2h) summed over tp, one blocking all-reduce a unit (MoEWork.sp_sync
+    for one chunk's units; the tp ranks reach it together)."""
+    from .collectives import ALLREDUCE
+
+    cfg = work.cfg
+    if not cfg.sp:
+        return
+    h, ar, T = cfg.hidden, ALLREDUCE[cfg.collectives], work.lay.T
+    for w in range(work.lay.W):
+        k = work.lay.k[w]
+        for u in range(lo, hi):
+            if 0 < u <= cfg.blocks:
+                now[w] += work.tp_secs(ar(4 * h, T, k), work.bpe, True)
+            elif u == cfg.blocks + 1:
+                now[w] += work.tp_secs(ar(2 * h, T, k), work.bpe, True)
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

@@ -1,5 +1,5 @@
-"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; with --tp T, not --cp
-or --sp) as the simulated clock charges them (model/moe_charges.py's charge_attention_half and
+"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; with --tp T [--sp], not
+--cp) as the simulated clock charges them (model/moe_charges.py's charge_attention_half and
 charge_expert_half, model/gpt_moe_split.py, parallel/expert_tensor_split.py): what
 gpt_moe_pipeline_time.py runs for a chunk's B and W steps. Under --tp the attention's matmuls and
 passes are this rank's share (h/T wide, a/T heads), the MoE part whole on every tp rank, and B ends each
@@ -51,7 +51,8 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
         if u == L + 1:  # the head: dlogits Wout^T, LN_f's backward
             for w in range(W):
                 n = ms["n"][w]
-                _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + HEAD_BWD_ELEMS * n * h * m)
+                Rl = n // T if cfg.sp else n  # LN_f's rows: --sp the row shard
+                _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + HEAD_BWD_ELEMS * Rl * h * m)
                 now[w] += ms["tp"][w][1][-1]  # the head's f (vocab_parallel.py)
             continue
         A, received = work.routed(ms, u - 1)
@@ -65,10 +66,10 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
         work.all_to_all(now, kept, True)  # ep-dispatch-grad
         for w in range(W):
             n = ms["n"][w]
-            per_row = (
-                ATTN_BWD_WHOLE * h + ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
-            )
-            attention = 2 * n * (4 * h * hl + 4 * hl * keys) / r + per_row * n * m
+            whole = n // T if cfg.sp else n  # LayerNorms and residuals: --sp the row shard
+            per_row = ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
+            elems = ATTN_BWD_WHOLE * h * whole + per_row * n
+            attention = 2 * n * (4 * h * hl + 4 * hl * keys) / r + elems * m
             _charge(now, compute, w, SCATTER_ELEMS * A[w] * h * m + 2 * n * E * h / r + attention)
             now[w] += ms["tp_block"][w]  # attention's f
 

@@ -78,12 +78,13 @@ def charge_routing(clock, assignments: int, h: int, bpe: int, elems: int) -> Non
 
 
 def charge_attention_half(
-    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, weights: bool, t: int = 1
+    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, weights: bool, t: int = 1, whole=None
 ) -> None:
     """charge_attention's backward cut in two (under --tp t this rank's share, h/t wide, a/t heads): B
     the four dx matmuls, the scores' four and the memory passes; W the four dW matmuls and accumulating
-    the block's `size` dense parameters (this rank's shard)."""
-    hl, al = h // t, a // t
+    the block's `size` dense parameters (this rank's shard); under --sp the whole 24h a row on its
+    `whole` rows (the row shard), as charge_attention."""
+    hl, al, whole = h // t, a // t, rows if whole is None else whole
     for _ in range(3):
         clock.matmul(rows, h, hl)
     clock.matmul(rows, hl, h)
@@ -93,8 +94,8 @@ def charge_attention_half(
     for _ in range(2):
         clock.matmul(rows, hl, keys)
         clock.matmul(rows, keys, hl)
-    per_row = ATTN_BWD_WHOLE * h + ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
-    clock.stream(per_row * rows * bpe)
+    per_row = ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
+    clock.stream((ATTN_BWD_WHOLE * h * whole + per_row * rows) * bpe)
 
 
 def charge_expert_half(clock, rows: int, h: int, bpe: int, weights: bool) -> None:

@@ -85,16 +85,17 @@ def test_uneven_routing_agrees(tmp_path, name):
 
 # MoE blocks on pipeline stages (gpt_moe_pipeline_time.py): interleaved pp2 x dp2 x ep2 on nodes of two
 # with top-1 drops (the ranks of a stage apart) in bfloat16 and --recompute selective (each block's
-# softmax rebuilt), pp2 x tp2 with gpipe and accumulation on `local` in float16 (the closed form has
-# every step update: none skipped) and --recompute full (each chunk's forward, its all-to-alls and tp
-# collectives, again before its backward), and
+# softmax rebuilt), pp2 x tp2 --sp with gpipe and accumulation on `local` in float16 (the closed form
+# has every step update: none skipped; --sp: boundaries of the rank's rows, the LayerNorm sums over tp)
+# and --recompute full (each chunk's forward, its all-to-alls and tp collectives, again before its
+# backward), and
 # pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses;
 # the zero-bubble halves (moe_split_time.py): zb-h1 on pp2 x dp2 x ep2 with top-1 drops on nodes of two,
 # zb-v (two chunks a stage) on pp2 x tp2 (expert_tensor_split.py) with --recompute full before each B.
 PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
-    "gpipe": ["--tp", "2", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
+    "gpipe": ["--tp", "2", "--sp", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
     + ["--recompute", "full"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
     "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],

@@ -259,14 +259,9 @@ CASES = [
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
     (
-        dict(arch="gpt", dataset="copy", experts=2, tp=2, pp=2, sp=True, clock="sim"),
-        4,
-        GPT_MOE + "--clock sim with --sp and --pp or --cp",
-    ),
-    (
         dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, sp=True, clock="sim"),
         4,
-        GPT_MOE + "--clock sim with --sp and --pp or --cp",
+        GPT_MOE + "--clock sim with --sp and --cp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, schedule="zb-v", clock="sim"),
