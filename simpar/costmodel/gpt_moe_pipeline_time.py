@@ -1,5 +1,5 @@
 """The step time of MoE blocks on pipeline stages (--arch gpt --experts E --ep P --pp S [--dp D] [--tp T];
---schedule naive, gpipe, 1f1b, interleaved) in closed form, as the simulated clock charges it:
+--schedule naive, gpipe, 1f1b, interleaved, zb-h1, zb-v) in closed form, as the simulated clock charges it:
 steptime.py's max-plus recurrence over the schedule's order, with every rank of a stage on its own
 clock, because its chunk's all-to-alls make the ranks of one stage wait for each other and routing
 makes them unequal (gpt_moe_time.MoEWork prices a chunk's units on a stage's ranks).
@@ -10,11 +10,18 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
   forward of chunk c   starts when the rank is free and its input from chunk c-1's rank (same d, k)
                        has arrived (a blocking receive), runs the chunk's units (the last chunk: the
                        head and the loss too), then posts its output to chunk c+1's rank: b s h bpe
-                       bytes (with --tp every tp rank sends its own copy) leave when its pp link is
+                       bytes (with --tp every tp rank sends its own copy, --sp its 1/T of the rows)
+                       leave when its pp link is
                        free, arrive alpha after their last byte (a chunk on the same stage: at once)
-  backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1
+  backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1;
+                       with --recompute, after the receive, full runs the chunk's forward again (no
+                       loss: its all-to-alls and tp collectives again), selective rebuilds each
+                       block's softmax (q k^T, 2 b s^2 h / T FLOPs)
+  zb-h1, zb-v          (no --tp, no --cp) the backward is its B half, both all-to-alls in it; the W
+                       half is its own step, compute only (moe_split_time.py)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
-its chunks' gradients (ascending chunk order) are all-reduced: the chunk's dense parameters over the
+its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
+gradients summed over tp): the chunk's dense parameters over the
 stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
 optimizer over the rank's chunks. The step ends with the slowest rank (the metrics' median over steps).
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .moe_rounds import members_link
+from .moe_split_time import backward_input, weight
 from .order import chunk_stage, stage_chunks, stage_order
 from .spec import split
 
@@ -37,6 +45,11 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
     C = getattr(cfg, "cp", 1)
     Ws = D * C * T  # a stage's ranks: world rank ((st D + d) C + c) T + k
     n_chunks, GM = len(bounds), G * M
+    halves = cfg.schedule in ("zb-h1", "zb-v")
+
+    def rows(ms):  # a boundary's rows on each rank: under --sp its tp rank's 1/T of them
+        return [n // T for n in ms["n"]] if cfg.sp else ms["n"]
+
     works = [MoEWork(cfg, D, hw, bpe, S * Ws, offset=st * Ws) for st in range(S)]
     pp = members_link(hw, [st * Ws for st in range(S)])  # the pp group of (d, k) = (0, 0)
     mine = [stage_chunks(cfg.schedule, S, V, st) for st in range(S)]
@@ -65,24 +78,38 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
                 for st in range(S):
                     while pos[st] < len(order[st]):
                         kind, mb, c = order[st][pos[st]]
+                        if kind == "W":  # zero-bubble: the weight half, no message (moe_split_time.py)
+                            weight(works[st], now[st], compute[st], step_of(st, g * M + mb), *bounds[c])
+                            pos[st] += 1
+                            progress = True
+                            continue
                         waits = (kind == "F" and c > 0) or (kind == "B" and c < n_chunks - 1)
                         if waits and (kind, c, mb) not in arrive:
                             break  # its input has not been sent yet: let the other stages move
                         for w, t in enumerate(arrive.pop((kind, c, mb), [0.0] * Ws)):
                             now[st][w] = max(now[st][w], t)  # the blocking receive
                         ms = step_of(st, g * M + mb)
-                        run = works[st].forward if kind == "F" else works[st].backward
-                        run(now[st], compute[st], ms, *bounds[c])
+                        if kind == "B":
+                            recompute(cfg, works[st], now[st], compute[st], ms, *bounds[c])
+                        if kind == "F":
+                            works[st].forward(now[st], compute[st], ms, *bounds[c])
+                        elif halves:  # zero-bubble: B, the dL/dx half (moe_split_time.py)
+                            backward_input(works[st], now[st], compute[st], ms, *bounds[c])
+                        else:
+                            works[st].backward(now[st], compute[st], ms, *bounds[c])
                         dest = c + 1 if kind == "F" else c - 1
                         if 0 <= dest < n_chunks and chunk_stage(cfg.schedule, S, dest) == st:
                             arrive[(kind, dest, mb)] = list(now[st])  # the V's turn: handed over in memory
                         elif 0 <= dest < n_chunks:
-                            arrive[(kind, dest, mb)] = send(now[st], free[st], left[st], ms["n"], h * bpe, pp)
+                            arrive[(kind, dest, mb)] = send(
+                                now[st], free[st], left[st], rows(ms), h * bpe, pp
+                            )
                         pos[st] += 1
                         progress = True
             for st in range(S):
                 if g == G - 1:  # AllReduceGrads, the schedule's last step: each chunk, dense then experts
                     for c in mine[st]:
+                        sp_sync(works[st], now[st], *bounds[c])
                         works[st].allreduce(now[st], sizes[c][0], grad_bpe, False)
                         if sizes[c][1]:
                             works[st].allreduce(now[st], sizes[c][1], grad_bpe, True)
@@ -90,6 +117,41 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
         steps.append(max(max(now[st]) + optimizer[st] for st in range(S)))
         computes.append(max(max(compute[st]) + optimizer[st] for st in range(S)))
     return median_step(steps, computes)
+
+
+def recompute(cfg, work, now: list, compute: list, ms: dict, lo: int, hi: int) -> None:
+    """--recompute before a backward (pipeline/recompute.py, after its blocking receive): full runs the
+    chunk's forward again without the loss -- its all-to-alls and tp collectives too, on the same routes;
+    selective rebuilds each block's softmax from its kept q, k: b (a/T) matmuls s x (h/a) x s per block
+    on a rank of b sequences (gpt_recompute.restore_selective)."""
+    if cfg.recompute == "full":
+        work.forward(now, compute, ms, lo, hi, loss=False)
+    elif cfg.recompute == "selective":
+        s, h, a, T = cfg.seq_len, cfg.hidden, cfg.heads, work.lay.T
+        blocks = sum(1 for u in range(lo, hi) if 0 < u <= cfg.blocks)
+        for w, b in enumerate(ms["b"]):
+            seconds = blocks * b * (a // T) * 2.0 * s * (h // a) * s / work.rate
+            now[w] += seconds
+            compute[w] += seconds
+
+
+def sp_sync(work, now: list, lo: int, hi: int) -> None:
+    """--sp, before the chunk's all-reduces (expert_stage._allreduce): each of its blocks' LayerNorm
+    gradients (4h) and the head's (2h) summed over tp, one blocking all-reduce a unit (MoEWork.sp_sync
+    for one chunk's units; the tp ranks reach it together)."""
+    from .collectives import ALLREDUCE
+
+    cfg = work.cfg
+    if not cfg.sp:
+        return
+    h, ar, T = cfg.hidden, ALLREDUCE[cfg.collectives], work.lay.T
+    for w in range(work.lay.W):
+        k = work.lay.k[w]
+        for u in range(lo, hi):
+            if 0 < u <= cfg.blocks:
+                now[w] += work.tp_secs(ar(4 * h, T, k), work.bpe, True)
+            elif u == cfg.blocks + 1:
+                now[w] += work.tp_secs(ar(2 * h, T, k), work.bpe, True)
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

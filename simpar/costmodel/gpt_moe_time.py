@@ -208,8 +208,9 @@ class MoEWork:
             for w, end in zip(group, ends):
                 now[w] = end
 
-    def forward(self, now, compute, ms, lo: int, hi: int) -> None:
-        """Units lo..hi-1 forward (the head's chunk: the loss too), every rank of the Layout."""
+    def forward(self, now, compute, ms, lo: int, hi: int, loss: bool = True) -> None:
+        """Units lo..hi-1 forward (the head's chunk: the loss too, unless `loss` is False: --recompute
+        full's second forward), every rank of the Layout."""
         from .cp_time import ring_seconds, ulysses_seconds
 
         cfg, W, L, C = self.cfg, self.lay.W, self.cfg.blocks, self.lay.C
@@ -228,9 +229,10 @@ class MoEWork:
                 continue
             if u == L + 1:
                 for w in range(W):
-                    fwd, _, loss = ms["units"][w]
-                    charge(w, fwd[1] + loss)
-                    now[w] += ms["tp"][w][0][-1] + ms["tp"][w][2]  # the head's and loss's (vocab_parallel.py)
+                    fwd, _, loss_s = ms["units"][w]
+                    charge(w, fwd[1] + (loss_s if loss else 0.0))
+                    # the head's all-reduce and the loss's (vocab_parallel.py)
+                    now[w] += ms["tp"][w][0][-1] + (ms["tp"][w][2] if loss else 0.0)
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
             A, received = self.routed(ms, i)

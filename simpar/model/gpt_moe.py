@@ -178,8 +178,8 @@ class MoEFFN:
             mc.charge_routing(clock, sent, self.h, dx.itemsize, mc.SCATTER_ELEMS)
         if weight_passes is None:
             dx_router = router_backward(dgates, dp_aux, p, top, gates, x, Wr, dWr, clock)
-        else:  # zero-bubble halves: no simulated clock (config/moe.py refuses --clock sim with them)
-            dx_router = router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes)
+        else:  # zero-bubble halves (gpt_moe_split.py), each charging its share of the clock
+            dx_router = router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes, clock)
         return (dx.astype(f, copy=False) + dx_router).astype(x.dtype, copy=False)
 
     def _expert_forward(self, e, xe):

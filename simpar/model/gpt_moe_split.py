@@ -14,11 +14,14 @@ does it for the dense block; an MoE block is the same chain with the MLP swapped
 No message moves in W, so a zero-bubble MoE stage sends exactly the fused backward's bytes. Together the
 halves compute what MoEFFN.backward and MoEBlockUnit.backward_moe compute (float64: equal to rounding).
 The block queues ONE closure (its experts' and router's W passes inside it), as gpt_split.py's units do.
---clock sim is not charged here (config/moe.py refuses it with zb-h1 and zb-v on MoE stages).
+--clock sim: each half charges its share (moe_charges.charge_attention_half, charge_expert_half, the
+router's two matmuls), B when it runs, W inside the closure; the routing passes stay in
+MoEFFN.backward (B). Under --tp the attention half is parallel/expert_tensor_split.py's.
 """
 
 from __future__ import annotations
 
+from . import moe_charges as mc
 from .gpt_split import _add_weight_grads, _dot, _layernorm_dx
 from .mlp import ACTIVATIONS, wide
 from .moe import router_dlogits
@@ -33,24 +36,34 @@ def expert_backward_input(ffn, e: int, c, dout, weight_passes: list):
     du = _dot(dout, W2.T, half)
     dz = ACTIVATIONS["gelu"][1](wide(du), wide(c.z), wide(c.u))
     dx = _dot(dz, W1.T, half)
+    clock = ffn.rt.clock
+    if clock is not None:
+        mc.charge_expert_half(clock, dout.shape[0], ffn.h, dout.itemsize, False)
 
     def expert_w():
         dW1, dc1, dW2, dc2 = ffn.views(ffn.experts[e][1])
         fdy = wide(dout)
         pairs = [(dW2, wide(c.u).T @ fdy), (dc2, fdy.sum(0)), (dW1, wide(c.x).T @ dz), (dc1, dz.sum(0))]
         _add_weight_grads(pairs, half)
+        if clock is not None:
+            mc.charge_expert_half(clock, dout.shape[0], ffn.h, dout.itemsize, True)
 
     weight_passes.append(expert_w)
     return dx
 
 
-def router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes: list):
-    """moe.router_backward's dx now (B), its dWr += x^T dlogits queued (W); in p's type as there."""
+def router_backward_input(dgates, dp_aux, p, top, gates, x, Wr, dWr, weight_passes: list, clock=None):
+    """moe.router_backward's dx now (B), its dWr += x^T dlogits queued (W); in p's type as there (its
+    two matmuls charged one a half, as router_backward charges them)."""
     dlogits = router_dlogits(dgates, dp_aux, p, top, gates)
     x, Wr = x.astype(p.dtype, copy=False), Wr.astype(p.dtype, copy=False)
+    if clock is not None:
+        clock.matmul(x.shape[0], Wr.shape[1], x.shape[1])
 
     def router_w():
         _add_weight_grads([(dWr, x.T @ dlogits)], dWr.dtype)
+        if clock is not None:
+            clock.matmul(x.shape[1], x.shape[0], Wr.shape[1])
 
     weight_passes.append(router_w)
     return dlogits @ Wr.T
@@ -71,6 +84,9 @@ def split_backward_moe(unit, dense, gdense, ctx, dy, ffn, pending: list):
     dq, dk, dv = unit.attend_core_backward(do, a)
     dh1 = _dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dv, Wv.T, half)
     dx = dx2 + _layernorm_dx(dh1, kept.xh1, kept.r1, g1, half)
+    clock, rows, bpe = unit.rt.clock, dy.shape[0], dy.itemsize
+    if clock is not None:
+        mc.charge_attention_half(clock, rows, unit.h, unit.a, unit._keys(), bpe, unit.dense, False)
 
     def block_w():
         for weight_pass in inner:
@@ -83,6 +99,8 @@ def split_backward_moe(unit, dense, gdense, ctx, dy, ffn, pending: list):
             pairs += [(dW, wide(a.x).T @ wide(dpart)), (db, wide(dpart).sum(0))]
         pairs += [(dg1, (f1 * wide(kept.xh1)).sum(0)), (db1, f1.sum(0))]
         _add_weight_grads(pairs, half)
+        if clock is not None:
+            mc.charge_attention_half(clock, rows, unit.h, unit.a, unit._keys(), bpe, unit.dense, True)
 
     pending.append(block_w)
     return dx

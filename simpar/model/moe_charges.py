@@ -16,6 +16,10 @@ again. Memory-bound elements, in the activations' type:
   routing    per kept assignment: forward 2h gathering the rows sent (read, write) and 3h adding
              gate x output back (read two, write); backward 4h for the gates' gradients and the gated
              dy (dy read twice, the output once, the piece written) and 3h adding dx back.
+The zero-bubble halves (gpt_moe_split.py, parallel/expert_tensor_split.py; --schedule zb-h1/zb-v) cut
+the backward's charges as gpt.charge_half cuts the dense block's: B the dx matmuls (q k v o, each
+expert's two, the router's dlogits Wr^T, the scores' four) and every memory pass; W the dW matmuls
+(q k v o, each expert's two, the router's x^T dlogits) and the accumulations (3 per parameter).
 """
 
 from __future__ import annotations
@@ -71,3 +75,37 @@ def charge_expert(clock, rows: int, h: int, bpe: int, backward: bool) -> None:
 def charge_routing(clock, assignments: int, h: int, bpe: int, elems: int) -> None:
     """`elems` x h memory-bound elements per kept assignment (PACK_ELEMS, COMBINE_ELEMS, ...)."""
     clock.stream(elems * assignments * h * bpe)
+
+
+def charge_attention_half(
+    clock, rows: int, h: int, a: int, keys: int, bpe: int, size: int, weights: bool, t: int = 1, whole=None
+) -> None:
+    """charge_attention's backward cut in two (under --tp t this rank's share, h/t wide, a/t heads): B
+    the four dx matmuls, the scores' four and the memory passes; W the four dW matmuls and accumulating
+    the block's `size` dense parameters (this rank's shard); under --sp the whole 24h a row on its
+    `whole` rows (the row shard), as charge_attention."""
+    hl, al, whole = h // t, a // t, rows if whole is None else whole
+    for _ in range(3):
+        clock.matmul(rows, h, hl)
+    clock.matmul(rows, hl, h)
+    if weights:
+        clock.stream(ACCUMULATE * size * bpe)
+        return
+    for _ in range(2):
+        clock.matmul(rows, hl, keys)
+        clock.matmul(rows, keys, hl)
+    per_row = ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
+    clock.stream((ATTN_BWD_WHOLE * h * whole + per_row * rows) * bpe)
+
+
+def charge_expert_half(clock, rows: int, h: int, bpe: int, weights: bool) -> None:
+    """charge_expert's backward cut in two: B du = dout W2^T, dx = dz W1^T and the 17h passes a row;
+    W u^T dout, x^T dz and accumulating the expert's 8h^2 + 5h parameters."""
+    if weights:
+        clock.matmul(4 * h, rows, h)
+        clock.matmul(h, rows, 4 * h)
+        clock.stream(ACCUMULATE * (8 * h * h + 5 * h) * bpe)
+    else:
+        clock.matmul(rows, h, 4 * h)
+        clock.matmul(rows, 4 * h, h)
+        clock.stream(EXPERT_BWD_ELEMS * rows * h * bpe)

@@ -9,10 +9,13 @@ the MoE's two backward all-to-alls, (--sp: dL/dx2's all-gather,) then the attent
 products alone: the experts' and the router's gradients (gpt_moe_split.py), dWo_k += o^T dx2,
 dbo += sum dx2, dWq_k += h1^T dq (k, v), the LayerNorms' gamma and beta. The embedding and the head
 split as tensor_gpt_split.py splits them. One closure per unit (pipeline/expert_stage.py runs them).
+--clock sim: the attention half charges its share of B and W
+(moe_charges.charge_attention_half), the MoE part as gpt_moe_split.py charges it.
 """
 
 from __future__ import annotations
 
+from ..model import moe_charges as mc
 from ..model.gpt_split import _add_weight_grads, _dot, _layernorm_dx
 from ..model.mlp import wide
 
@@ -33,6 +36,10 @@ def split_moe_backward(stack, blk, flat, gflat, ctx, dy, pending: list):
     dq, dk, dv = stack.attend_core_backward(blk, do, a)  # this rank's heads
     dh1 = stack.f_back(_dot(dq, Wq.T, half) + _dot(dk, Wk.T, half) + _dot(dv, Wv.T, half))
     dx = dx2 + _layernorm_dx(dh1, kept.xh1, kept.r1, g1, half)
+    clock = stack.rt.clock  # --clock sim: this rank's share of the attention half, cut in two
+    args = (blk.h, blk.unit.a, stack._keys(blk), dy.itemsize, blk.size)
+    if clock is not None:
+        mc.charge_attention_half(clock, dm.shape[0], *args, False, blk.t, dy.shape[0])
 
     def block_w():
         for weight_pass in inner:
@@ -44,6 +51,8 @@ def split_moe_backward(stack, blk, flat, gflat, ctx, dy, pending: list):
             pairs += [(dW, wide(a.x).T @ wide(part)), (db, wide(part).sum(0))]
         pairs += [(dg1, (f1 * wide(kept.xh1)).sum(0)), (db1, f1.sum(0))]
         _add_weight_grads(pairs, half)
+        if clock is not None:
+            mc.charge_attention_half(clock, dm.shape[0], *args, True, blk.t, dy.shape[0])
 
     pending.append(block_w)
     return dx

@@ -98,3 +98,20 @@ def test_a_naive_pipeline_in_closed_form():
     boundary = 2 * (2e-6 + n * h * 8 / 2e8)
     t = predict_from_config(cfg, 2, steps=1, hw=MATMULS)["time"]
     assert t["step_s"] == pytest.approx(M * (3 * fwd / 1e9 + boundary), rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_a_naive_pipeline_recomputes_in_closed_form(recompute):
+    """The same pipeline with --recompute: each micro-batch's backward first runs its chunk's forward
+    again (full: every matmul of the forward, the head's included, no loss), or rebuilds each block's
+    softmax (selective: q k^T, 2 n s h FLOPs a block)."""
+    L, h, a, s, V, E, K, B, M = 2, 16, 4, 8, 16, 4, 2, 8, 2
+    cfg = RunConfig(arch="gpt", dataset="copy", blocks=L, hidden=h, heads=a, seq_len=s, vocab=V, batch=B)
+    cfg.dtype, cfg.pp, cfg.experts, cfg.top_k, cfg.capacity_factor = "float64", 2, E, K, 2.0
+    cfg.schedule, cfg.microbatches, cfg.recompute = "naive", M, recompute
+    n = B * s // M
+    fwd = 2 * n * (L * (4 * h * h + 2 * s * h + h * E + 8 * K * h * h) + h * V)
+    again = fwd if recompute == "full" else L * 2 * n * s * h
+    boundary = 2 * (2e-6 + n * h * 8 / 2e8)
+    t = predict_from_config(cfg, 2, steps=1, hw=MATMULS)["time"]
+    assert t["step_s"] == pytest.approx(M * ((3 * fwd + again) / 1e9 + boundary), rel=1e-12)
