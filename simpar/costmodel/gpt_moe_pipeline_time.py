@@ -18,7 +18,7 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
                        loss: its all-to-alls, tp collectives and cp hops again), selective rebuilds
                        each block's softmax (q k^T, 2 b s^2 h / T FLOPs; --cp: Ulysses' a/(C T) heads,
                        or the ring's forward again, hops and blocks)
-  zb-h1, zb-v          (no --tp, no --cp) the backward is its B half, both all-to-alls in it; the W
+  zb-h1, zb-v          the backward is its B half, both all-to-alls (and --cp's hops) in it; the W
                        half is its own step, compute only (moe_split_time.py)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
