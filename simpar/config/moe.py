@@ -83,19 +83,9 @@ def expert_rules(cfg) -> None:
                 (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
                 # expert_zero.py shards over dp (x cp) and edp (x cp) only (sim: gpt_moe_zero_time.py)
                 ("--zero with --tp or --pp", cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1)),
-                # cp's row shards (with --sp), the zero-bubble
-                # halves with --cp and a cp stage's recomputed ring are in no closed form of the
-                # simulated clock yet (dp x ep [x tp] stages' zb halves are: moe_split_time.py, and
-                # their --recompute: gpt_moe_pipeline_time.recompute)
+                # cp's row shards (with --sp) are in no closed form of the simulated clock yet (the zb
+                # halves are, cp stages too: moe_split_time.py; --recompute: gpt_moe_pipeline_time.recompute)
                 ("--clock sim with --sp and --cp", sim and cfg.sp and cfg.cp > 1),
-                (
-                    "--clock sim with zb-h1 or zb-v and --cp",
-                    sim and cfg.pp > 1 and cfg.schedule in ("zb-h1", "zb-v") and cfg.cp > 1,
-                ),
-                (
-                    "--clock sim with --recompute and --cp",
-                    sim and cfg.pp > 1 and cfg.cp > 1 and cfg.recompute != "none",
-                ),
             )
             if on
         ]

@@ -64,17 +64,10 @@ def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
 
 def sim_priced(cfg) -> bool:
     """Whether gpt_moe_pipeline_time.py prices this layout's step (with or without --cp: cp_moe_pipeline.py
-    calls it too) as --clock sim charges it: ring all-reduces, --recompute without --cp, the zero-bubble
-    split without --cp, --sp without --cp (config/moe.py refuses --clock sim for the rest)."""
-    return (
-        cfg.collectives == "ring"
-        and (cfg.recompute == "none" or getattr(cfg, "cp", 1) == 1)
-        and (
-            cfg.schedule in ("naive", "gpipe", "1f1b", "interleaved")
-            or getattr(cfg, "cp", 1) == 1  # zb-h1, zb-v: moe_split_time.py
-        )
-        and not (cfg.sp and getattr(cfg, "cp", 1) > 1)
-    )
+    calls it too) as --clock sim charges it: ring all-reduces, every schedule (zb-h1, zb-v:
+    moe_split_time.py) and --recompute, with --cp too; --sp without --cp (config/moe.py refuses --clock
+    sim for the rest)."""
+    return cfg.collectives == "ring" and not (cfg.sp and getattr(cfg, "cp", 1) > 1)
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:

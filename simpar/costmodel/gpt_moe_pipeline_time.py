@@ -15,9 +15,10 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
                        free, arrive alpha after their last byte (a chunk on the same stage: at once)
   backward of chunk c  the same with the output gradient from chunk c+1, sent back to chunk c-1;
                        with --recompute, after the receive, full runs the chunk's forward again (no
-                       loss: its all-to-alls and tp collectives again), selective rebuilds each
-                       block's softmax (q k^T, 2 b s^2 h / T FLOPs)
-  zb-h1, zb-v          (no --tp, no --cp) the backward is its B half, both all-to-alls in it; the W
+                       loss: its all-to-alls, tp collectives and cp hops again), selective rebuilds
+                       each block's softmax (q k^T, 2 b s^2 h / T FLOPs; --cp: Ulysses' a/(C T) heads,
+                       or the ring's forward again, hops and blocks)
+  zb-h1, zb-v          the backward is its B half, both all-to-alls (and --cp's hops) in it; the W
                        half is its own step, compute only (moe_split_time.py)
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
@@ -121,18 +122,36 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
 
 def recompute(cfg, work, now: list, compute: list, ms: dict, lo: int, hi: int) -> None:
     """--recompute before a backward (pipeline/recompute.py, after its blocking receive): full runs the
-    chunk's forward again without the loss -- its all-to-alls and tp collectives too, on the same routes;
-    selective rebuilds each block's softmax from its kept q, k: b (a/T) matmuls s x (h/a) x s per block
-    on a rank of b sequences (gpt_recompute.restore_selective)."""
+    chunk's forward again without the loss -- its all-to-alls, tp collectives and cp hops too, on the
+    same routes; selective rebuilds each block's softmax from its kept q, k (gpt_recompute.restore_selective,
+    every block of the chunk in turn): b (a/T) matmuls s x (h/a) x s per block on a rank of b sequences,
+    with --cp Ulysses b (a/(C T)) of them (its heads over all s tokens), with the ring the ring's whole
+    forward again, hops and blocks (context_attention.rebuild_softmax; cp_pipeline_time.py's rule)."""
     if cfg.recompute == "full":
         work.forward(now, compute, ms, lo, hi, loss=False)
     elif cfg.recompute == "selective":
-        s, h, a, T = cfg.seq_len, cfg.hidden, cfg.heads, work.lay.T
+        s, h, a, T, C = cfg.seq_len, cfg.hidden, cfg.heads, work.lay.T, work.lay.C
         blocks = sum(1 for u in range(lo, hi) if 0 < u <= cfg.blocks)
+        if C > 1 and cfg.cp_algo == "ring":
+            for _ in range(blocks):
+                ring_again(work, now, compute, ms["b"])
+            return
         for w, b in enumerate(ms["b"]):
-            seconds = blocks * b * (a // T) * 2.0 * s * (h // a) * s / work.rate
+            seconds = blocks * b * (a // (T * C)) * 2.0 * s * (h // a) * s / work.rate
             now[w] += seconds
             compute[w] += seconds
+
+
+def ring_again(work, now: list, compute: list, b: list) -> None:
+    """One block's ring forward again (rebuild_softmax): every cp group's hops from each rank's own
+    clock (MoEWork.cp_attention), and their blocks' compute for the compute share (as MoEWork.forward)."""
+    from .cp_time import ring_seconds
+
+    cfg, lay = work.cfg, work.lay
+    work.cp_attention(now, b, False)
+    for w in range(lay.W):
+        args = (b[w], cfg.seq_len // lay.C, cfg.hidden // lay.T, cfg.heads // lay.T, lay.C, work.bpe)
+        compute[w] += ring_seconds(*args, work.rate, work.stream, lay.links["cp"])[2]
 
 
 def sp_sync(work, now: list, lo: int, hi: int) -> None:

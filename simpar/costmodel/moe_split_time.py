@@ -1,5 +1,5 @@
-"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; with --tp T [--sp], not
---cp) as the simulated clock charges them (model/moe_charges.py's charge_attention_half and
+"""The zero-bubble halves of MoE blocks on pipeline stages (--schedule zb-h1, zb-v; with --tp T [--sp] or
+--cp C [--tp T]) as the simulated clock charges them (model/moe_charges.py's charge_attention_half and
 charge_expert_half, model/gpt_moe_split.py, parallel/expert_tensor_split.py): what
 gpt_moe_pipeline_time.py runs for a chunk's B and W steps. Under --tp the attention's matmuls and
 passes are this rank's share (h/T wide, a/T heads), the MoE part whole on every tp rank, and B ends each
@@ -16,7 +16,9 @@ stream's seconds per byte):
      the attention's dW 8 n h^2 + 3 m per dense parameter of the block
 the head: B 2 n h V + 10 n h m, W 2 n h V + 3 m per parameter (gpt.HeadUnit.charge_half); the
 embedding: no B, its whole backward in W (model/gpt_split.py). The all-to-alls stay in B: a W step
-sends nothing and waits for nothing.
+sends nothing and waits for nothing. With --cp the attention core's hops stay in B too (context.py's
+attend_core_backward: the ring's K/V hops and dK/dV sums, or Ulysses' all-to-alls; MoEWork.cp_attention,
+after the router's dlogits, before the attention's own dx), its score terms priced hop by hop there.
 """
 
 from __future__ import annotations
@@ -65,12 +67,15 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
             _charge(now, compute, w, experts)
         work.all_to_all(now, kept, True)  # ep-dispatch-grad
         for w in range(W):
+            _charge(now, compute, w, SCATTER_ELEMS * A[w] * h * m + 2 * ms["n"][w] * E * h / r)
+        work.cp_attention(now, ms["b"], True)  # --cp: the core's hops (attend_core_backward), in B
+        for w in range(W):
             n = ms["n"][w]
             whole = n // T if cfg.sp else n  # LayerNorms and residuals: --sp the row shard
             per_row = ATTN_BWD_BIAS * h + ATTN_BWD_SHARD * hl + ATTN_BWD_SCORES * al * keys
             elems = ATTN_BWD_WHOLE * h * whole + per_row * n
             attention = 2 * n * (4 * h * hl + 4 * hl * keys) / r + elems * m
-            _charge(now, compute, w, SCATTER_ELEMS * A[w] * h * m + 2 * n * E * h / r + attention)
+            _charge(now, compute, w, attention)
             now[w] += ms["tp_block"][w]  # attention's f
 
 

@@ -38,7 +38,8 @@ so the ring's K/V hops (or Ulysses' 4 forward all-to-alls), the segment table's 
 block's ep-dispatch and ep-combine are sent again; selective rebuilds each block's softmax part
 (rebuild_softmax: the ring's forward again, hops re-sent; Ulysses locally). costmodel/cp_moe_pipeline.py
 counts all of it. --precision mixed-*: expert_stage.py's (the world votes on a skip, the aux gradient
-scaled). Refused (config/moe.py): --clock sim.
+scaled). --clock sim: costmodel/gpt_moe_pipeline_time.py and moe_split_time.py (config/moe.py refuses --sp
+under it).
 """
 
 from __future__ import annotations

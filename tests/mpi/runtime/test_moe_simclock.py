@@ -10,13 +10,13 @@ collectives are added. One tour launch runs every MoE layout 4 ranks offer under
 dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --sp, cp2, cp4, dp2 x
 cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
 ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
-all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; five
+all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; six
 pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py;
-zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective); ZeRO with experts
-(gpt_moe_zero_time.py: each unit's blocking rings over dp (x cp) and edp (x cp) where expert_zero.py runs
-them, every rank round by round): dp4 x ep2 --zero 1 in bfloat16 on nodes of two (dp and edp cross
-nodes), dp2 x cp2 x ep2 --zero 3 with --grad-accum 2, top-1 drops and h = 10 (chunks one element apart)
-on a GPU node.
+zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective, on cp stages too);
+ZeRO with experts (gpt_moe_zero_time.py: each unit's blocking rings over dp (x cp) and edp (x cp) where
+expert_zero.py runs them, every rank round by round): dp4 x ep2 --zero 1 in bfloat16 on nodes of two (dp
+and edp cross nodes), dp2 x cp2 x ep2 --zero 3 with --grad-accum 2, top-1 drops and h = 10 (chunks one
+element apart) on a GPU node.
 """
 
 from __future__ import annotations
@@ -93,7 +93,10 @@ def test_uneven_routing_agrees(tmp_path, name):
 # has every step update: none skipped; --sp: boundaries of the rank's rows, the LayerNorm sums over tp)
 # and --recompute full (each chunk's forward, its all-to-alls and tp collectives, again before its
 # backward), and
-# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b and Ulysses;
+# pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b, Ulysses and
+# --recompute selective (its a/(C T) heads' q k^T again), and zb-h1 on pp2 x cp2 with the ring and
+# --recompute selective (each block's ring forward again, its hops re-sent, before the chunk's B, which
+# keeps the core's backward hops: gpt_moe_pipeline_time.ring_again, moe_split_time.backward_input);
 # the zero-bubble halves (moe_split_time.py): zb-h1 on pp2 x dp2 x ep2 with top-1 drops on nodes of two,
 # zb-v (two chunks a stage) on pp2 x tp2 (expert_tensor_split.py) with --recompute full before each B.
 PIPELINES = {
@@ -101,7 +104,8 @@ PIPELINES = {
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
     "gpipe": ["--tp", "2", "--sp", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
     + ["--recompute", "full"],
-    "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+    "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--recompute", "selective", "--hardware", "dgx-h100"],
+    "zb-h1-cp": ["--cp", "2", "--cp-algo", "ring", "--recompute", "selective", "--hardware", "dgx-h100"],
     "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],
     "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100"],
 }
@@ -112,13 +116,17 @@ def test_moe_pipeline_stages_agree(tmp_path, schedule):
     path = tmp_path / "m.json"
     extra = PIPELINES[schedule]
     hw = [] if "--hardware" in extra else ["--hardware", hardware_option(tmp_path, "two-per-node")]
-    args = ["train", *SHAPE, "--experts", "4", "--pp", "2", "--schedule", schedule, "--microbatches", "4"]
+    args = ["train", *SHAPE, "--experts", "4", "--pp", "2", "--schedule", schedule.removesuffix("-cp")]
+    args += ["--microbatches", "4"]
     args += [*extra, *hw, "--capacity-factor", "1.0", "--clock", "sim", "--quiet", "--metrics-out", str(path)]
     res = run(4, args)
     assert res.returncode == 0, res.stderr[-3000:]
     m = json.loads(path.read_text())
     assert m.get("precision", {}).get("skipped_steps", 0) == 0, schedule
     assert_agrees(m, schedule)
+    if "--recompute" in extra and "--cp" in extra:  # s = 8: Ulysses' rebuilt q k^T moves the step ~4e-7
+        sim, pred = m["time"]["sim"]["step_s"], m["predicted"]["time"]["step_s"]
+        assert abs(pred / sim - 1) <= 1e-9, (schedule, sim, pred)  # measured ~1e-14
 
 
 ZERO = {  # parallel/expert_zero.py and context_expert_zero.py under sim

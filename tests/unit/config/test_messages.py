@@ -263,16 +263,6 @@ CASES = [
         4,
         GPT_MOE + "--clock sim with --sp and --cp",
     ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, schedule="zb-v", clock="sim"),
-        4,
-        GPT_MOE + "--clock sim with zb-h1 or zb-v and --cp",
-    ),
-    (
-        dict(arch="gpt", dataset="copy", experts=2, pp=2, cp=2, recompute="full", clock="sim"),
-        4,
-        GPT_MOE + "--clock sim with --recompute and --cp",
-    ),
     (  # gpt_moe_zero_time.py prices dp x ep (x cp) under sim; pipeline stages are not sharded
         dict(arch="gpt", dataset="copy", experts=2, dp=2, pp=2, zero=1, clock="sim"),
         4,

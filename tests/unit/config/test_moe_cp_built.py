@@ -22,6 +22,10 @@ MOE = dict(arch="gpt", dataset="copy", experts=2, vocab=16, seq_len=8)
         (dict(cp=2, tp=2, pp=2, sp=True, schedule="zb-h1", recompute="selective"), 8),
         (dict(cp=2, pp=2, schedule="zb-v", precision="mixed-bf16", dtype="float32"), 4),
         (dict(cp=2, tp=2, sp=True, precision="mixed-fp16", dtype="float32"), 4),
+        # --clock sim prices --recompute and the zb halves on cp stages (gpt_moe_pipeline_time.py)
+        (dict(cp=2, pp=2, recompute="selective", clock="sim"), 4),
+        (dict(cp=2, pp=2, schedule="zb-v", clock="sim"), 4),
+        (dict(cp=2, pp=2, tp=2, recompute="full", cp_algo="ulysses", clock="sim"), 8),
     ],
 )
 def test_built_combinations_validate(fields, world):
