@@ -36,8 +36,8 @@ from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
-from .gpt import rank_record, run_result
-from .gpt_moe import Routing, capacity, model_states, moe_step_flops, param_counts
+from .gpt import rank_record
+from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops, param_counts
 from .moe import OPS, alltoall_pieces, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -145,7 +145,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
-    return run_result(
+    return moe_run_result(
         cfg,
         hw,
         steps,
@@ -153,7 +153,6 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
         memory,
         dense + experts * P,
         timing,
-        flops_per_step=moe(cfg.batch),
-        routing="measured" if routing is not None else "balanced",
-        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+        routing,
+        split(cfg.batch, cfg.grad_accum)[0] * s,
     )

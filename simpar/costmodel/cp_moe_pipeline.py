@@ -49,8 +49,8 @@ from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
 from .cp_pipeline import cp_recompute_kv
-from .gpt import rank_record, run_result
-from .gpt_moe import Routing, capacity, model_states, moe_step_flops
+from .gpt import rank_record
+from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops
 from .gpt_moe_pipeline import (
     TOKEN_BYTES,
     block_kept_elems,
@@ -214,7 +214,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
 
         timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
-    return run_result(
+    return moe_run_result(
         cfg,
         hw,
         steps,
@@ -222,9 +222,8 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
         memory,
         total,
         timing,
-        flops_per_step=moe_flops(cfg.batch),
-        routing="measured" if routing is not None else "balanced",
-        capacity=capacity(cfg, seqs[0] * s),
+        routing,
+        seqs[0] * s,
         bubble=(S - 1) / (M + S - 1),
         stage_units=bounds,
     )

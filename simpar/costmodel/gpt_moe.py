@@ -117,6 +117,24 @@ def model_states(n: int, prec, optimizer_bpp: float, peak: float) -> dict:
     }
 
 
+def moe_run_result(cfg, hw, steps, ranks, memory, total, timing, routing, tokens: int, **extra) -> dict:
+    """gpt.run_result for an MoE layout: model FLOPs by moe_step_flops, the routing "measured" (the
+    run's histograms given) or "balanced", and the capacity of a micro-step of `tokens` tokens."""
+    return run_result(
+        cfg,
+        hw,
+        steps,
+        ranks,
+        memory,
+        total,
+        timing,
+        flops_per_step=moe_step_flops(cfg, cfg.batch),
+        routing="measured" if routing is not None else "balanced",
+        capacity=capacity(cfg, tokens),
+        **extra,
+    )
+
+
 def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
     """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
     D, P, h = (cfg.dp if cfg.dp is not None else world_size), cfg.ep, cfg.hidden
@@ -182,7 +200,7 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
-    return run_result(
+    return moe_run_result(
         cfg,
         hw,
         steps,
@@ -190,7 +208,6 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
         memory,
         dense + experts * P,
         timing,
-        flops_per_step=moe_flops(cfg.batch),
-        routing="measured" if routing is not None else "balanced",
-        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+        routing,
+        split(cfg.batch, cfg.grad_accum)[0] * s,
     )

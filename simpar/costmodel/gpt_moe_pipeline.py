@@ -43,8 +43,8 @@ import math
 from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .gpt import rank_record, run_result
-from .gpt_moe import Routing, capacity, model_states, moe_step_flops
+from .gpt import rank_record
+from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops
 from .moe import OPS, alltoall_pieces, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -248,7 +248,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
 
         timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
-    return run_result(
+    return moe_run_result(
         cfg,
         hw,
         steps,
@@ -256,9 +256,8 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         memory,
         total,
         timing,
-        flops_per_step=moe_flops(cfg.batch),
-        routing="measured" if routing is not None else "balanced",
-        capacity=capacity(cfg, seqs[0] * s),
+        routing,
+        seqs[0] * s,
         bubble=(S - 1) / (M + S - 1),
         stage_units=bounds,
     )

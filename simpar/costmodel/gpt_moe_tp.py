@@ -31,8 +31,8 @@ import math
 from functools import partial
 
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
-from .gpt import rank_record, run_result
-from .gpt_moe import Routing, capacity, kept_per_micro_step, model_states, moe_step_flops
+from .gpt import rank_record
+from .gpt_moe import Routing, kept_per_micro_step, model_states, moe_run_result, moe_step_flops
 from .gpt_tp import micro_step_ops
 from .moe import OPS, alltoall_pieces
 from .spec import PRECISIONS, precision_of, split
@@ -129,15 +129,6 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
         timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
-    return run_result(
-        cfg,
-        hw,
-        steps,
-        ranks,
-        memory,
-        total,
-        timing,
-        flops_per_step=moe_flops(cfg.batch),
-        routing="measured" if routing is not None else "balanced",
-        capacity=capacity(cfg, split(cfg.batch, cfg.grad_accum)[0] * s),
+    return moe_run_result(
+        cfg, hw, steps, ranks, memory, total, timing, routing, split(cfg.batch, cfg.grad_accum)[0] * s
     )
