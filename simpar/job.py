@@ -13,8 +13,12 @@ dies) runs no code of its own, and MPICH's mpiexec then SIGKILLs the others too,
 which rank died. Each rank of a multi-rank job therefore starts a tiny watcher process that holds the
 read end of a pipe; the rank writes "ok" to it whenever it leaves on purpose (a normal end, an error
 line, an abort it chose). End of file without "ok" means the rank died without a word: the guardian
-claims the report and prints `simpar: error: rank K died ...`. The rank that died first claims
-first: the others are killed only after mpiexec has noticed that death.
+claims the report and prints `simpar: error: rank K died ...`. The rank that died first must be the
+one named, though mpiexec kills the others right after it, and on a busy machine (more ranks than
+cores) a later victim's guardian can run before the first one's. Two things keep the order: a rank
+waits until its guardian is listening before it goes on (so no guardian is still starting up when
+its rank dies), and each guardian that sees a silent death notes the time in `simpar-RUNID/died-K`,
+waits a moment (DEATH_WINDOW_S) for the others' notes, and only the earliest claims the report.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import time
 
 _run_id: str | None = None
 _guardian_fd: int | None = None
+DEATH_WINDOW_S = 0.3  # how long a guardian waits for earlier deaths' notes (mpiexec's kills take ms)
+GUARDIAN_START_S = 10.0  # the most a rank waits for its guardian to listen (it takes ~20 ms)
 _last_checkpoint: str | None = None
 
 
@@ -43,7 +49,9 @@ def _sweep_markers(before: float) -> None:
         folder = os.path.join(base, name)
         try:
             if name.startswith("simpar-2") and os.path.getmtime(folder) < before:
-                os.unlink(os.path.join(folder, "reported"))
+                for note in os.listdir(folder):  # "reported" and the guardians' "died-K"
+                    if note == "reported" or note.startswith("died-"):
+                        os.unlink(os.path.join(folder, note))
                 os.rmdir(folder)
         except OSError:
             pass
@@ -112,12 +120,14 @@ def start_guardian(rank: int, size: int = 1) -> None:
     if _guardian_fd is not None:
         return
     read_fd, write_fd = os.pipe()
+    ready_fd, listening_fd = os.pipe()  # the guardian closes its end once it is listening
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = f"import sys; sys.path.insert(0, {root!r}); from simpar.job import guard; guard()"
+    argv = [str(rank), str(size), run_id(), str(read_fd), str(listening_fd)]
     try:
         subprocess.Popen(
-            [sys.executable, "-S", "-c", code, str(rank), str(size), run_id(), str(read_fd)],
-            pass_fds=(read_fd,),
+            [sys.executable, "-S", "-c", code, *argv],
+            pass_fds=(read_fd, listening_fd),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # stderr is kept: the rank's own, where its line belongs
             start_new_session=True,  # a Ctrl-C or mpiexec's cleanup of the rank's group spares it
@@ -127,8 +137,21 @@ def start_guardian(rank: int, size: int = 1) -> None:
         return
     finally:
         os.close(read_fd)
+        os.close(listening_fd)
     _guardian_fd = write_fd
     atexit.register(release_guardian)
+    _wait_until_listening(ready_fd)
+
+
+def _wait_until_listening(ready_fd: int) -> None:
+    """Block until the guardian has closed its end of the ready pipe (end of file), at most
+    GUARDIAN_START_S: a rank killed while its guardian still starts would be noticed late."""
+    import select
+
+    try:
+        select.select([ready_fd], [], [], GUARDIAN_START_S)
+    finally:
+        os.close(ready_fd)
 
 
 def release_guardian() -> None:
@@ -165,7 +188,8 @@ def guard() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rank, size, run, fd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    rank, size, run, fd, listening_fd = sys.argv[1], int(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:6])
+    os.close(listening_fd)  # the rank may go on: its death will be heard from here
     said = b""
     while True:
         try:
@@ -175,7 +199,7 @@ def guard() -> None:
         if not chunk:
             break
         said += chunk
-    if b"ok" in said or not claim_report(run):
+    if b"ok" in said or not _first_to_die(run, rank) or not claim_report(run):
         return
     others = "; mpiexec ended the other ranks" if size > 1 else ""
     print(
@@ -184,3 +208,28 @@ def guard() -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+def _first_to_die(run: str, rank: str) -> bool:
+    """Note this rank's death with the time this guardian heard of it, wait DEATH_WINDOW_S for the
+    notes of others that died about now, and say whether this one was heard first (then lowest rank)."""
+    folder = _marker_dir(run)
+    mine = (time.monotonic(), int(rank))  # CLOCK_MONOTONIC: one clock for every process of a node
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _write_note(os.path.join(folder, f"died-{rank}"), f"{mine[0]!r}")
+        time.sleep(DEATH_WINDOW_S)
+        notes = []
+        for name in os.listdir(folder):
+            if name.startswith("died-") and not name.endswith(".tmp"):
+                with open(os.path.join(folder, name)) as note:
+                    notes.append((float(note.read()), int(name[len("died-") :])))
+    except (OSError, ValueError):  # no shared folder or a torn note: claim_report alone decides
+        return True
+    return min(notes, default=mine) >= mine
+
+
+def _write_note(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as note:
+        note.write(text)
+    os.replace(path + ".tmp", path)
