@@ -9,8 +9,12 @@ for a BALANCED router: every rank's n tokens spread evenly, n K / E assignments 
 dropped (the real router's histograms make a run's exact prediction; an imbalanced one moves more
 bytes through the hottest expert's rank and waits for it). Layouts: what `train --clock sim` runs --
 dp x ep, with --cp (cp_moe.py), --tp (gpt_moe_tp.py) or --pp (gpt_moe_pipeline.py) -- checked by the
-same rules, so the plan refuses what a simulated run would. This file checks the question and words
-the answer.
+same rules, so the plan refuses what a simulated run would. With --zero 1-3 (dp x ep, with --cp too:
+what expert_zero.py and context_expert_zero.py run) the memory and the gradient traffic are
+gpt_moe_zero.py's: the dense states sharded over the D (x C) ranks of dp (x cp), each rank's experts'
+over the D/P (x C) ranks of edp (x cp), reduce-scatters and all-gathers instead of the all-reduces;
+--zero with --tp or --pp is refused as train refuses it. This file checks the question and words the
+answer.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ def plan_gpt_moe(cfg, hw) -> dict:
         ]
         dense, mine = max(stages, key=sum)
     ranks = p["comm"]["ranks"]
+    # the gradient traffic, op by op (ring all-reduces, or ZeRO's reduce-scatters and all-gathers): the
+    # most any rank sends in one step (steps=1)
+    model_ops = {op for r in ranks for op in r["by_op"] if op.startswith("model/")}
+    grads = {op[6:]: max(r["by_op"].get(op, {"sent": 0})["sent"] for r in ranks) for op in sorted(model_ops)}
     a2a = max(sum(v["sent"] for k, v in r["by_op"].items() if k.startswith("activation/ep-")) for r in ranks)
     prec = "mixed" if cfg.precision != "fp32" else {"float64": "fp64"}.get(cfg.dtype, "fp32")
     step = p["time"]["step_s"]
@@ -107,6 +115,12 @@ def plan_gpt_moe(cfg, hw) -> dict:
         "params_total": dense + cfg.blocks * cfg.experts * (8 * cfg.hidden**2 + 5 * cfg.hidden),
         "params_per_rank": {"non_expert": dense, "experts": mine},
         "alltoall_per_rank_per_step": a2a,
+        "model_per_rank_per_step": p["comm"]["per_rank_per_step_max"]["model"],
+        "model_by_op_per_rank_per_step": grads,
+        # ZeRO's groups (gpt_moe_zero.groups): the dense states over dp x cp, the experts' over edp x cp
+        "zero_groups": (
+            {"non_expert": cfg.dp * cfg.cp, "experts": cfg.dp // cfg.ep * cfg.cp} if cfg.zero else {}
+        ),
         "world": world,
         "model_flops_per_step": useful,
         "mfu": useful / (step * world * hw.peak_rate(prec)) if step > 0 else 0.0,
@@ -121,23 +135,45 @@ def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
     total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations_peak"]
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
     t, per = p["time"], p["params_per_rank"]
+    replicated = f"replicated{', its tp shards' if cfg.tp > 1 else ''}"
+    if cfg.zero:  # which of the model states ZeRO-N shards (Rajbhandari et al. 2020, sec. 5)
+        states = {1: "optimizer state", 2: "optimizer state and grads", 3: "optimizer state, grads, params"}
+        g = p["zero_groups"]
+        cp = " x cp" if cfg.cp > 1 else ""
+        replicated = f"ZeRO-{cfg.zero}: {states[cfg.zero]} sharded over the {g['non_expert']} dp{cp} ranks"
+        experts = f", the experts' over their {g['experts']} edp{cp} ranks"
+    else:
+        experts = ""
     lines = [
         f"model: L={L} h={h} a={cfg.heads} s={cfg.seq_len} V={cfg.vocab}, every block's MLP swapped for "
         f"{E} experts (top-{K}, capacity factor {cfg.capacity_factor:g})  [{shape.source}]",
         f"parameters: {_count(p['params_total'])} in all; a token passes through {K} of {E} experts",
-        f"layout: dp {D} x ep {P} (ep inside dp){axes} = {p['world']} ranks on {hw.name}; batch {cfg.batch} "
-        "sequences" + (f", {cfg.grad_accum} micro-steps" if cfg.grad_accum > 1 else ""),
+        f"layout: dp {D} x ep {P} (ep inside dp){axes} = {p['world']} ranks on {hw.name}"
+        + (f", ZeRO-{cfg.zero}" if cfg.zero else "")
+        + f"; batch {cfg.batch} sequences"
+        + (f", {cfg.grad_accum} micro-steps" if cfg.grad_accum > 1 else ""),
         f"memory per rank: {fmt_si(total)}{limit} = params {fmt_si(mem['params'])} + grads "
         f"{fmt_si(mem['grads'])} + optimizer {fmt_si(mem['optimizer'])} + activations "
         f"{fmt_si(mem['activations_peak'])}; per rank {_count(per['non_expert'])} non-expert parameters "
-        f"(replicated{', its tp shards' if cfg.tp > 1 else ''}) + {_count(per['experts'])} of its {E // P} "
-        "experts per block" + (" (the fullest stage)" if cfg.pp > 1 else ""),
+        f"({replicated}) + {_count(per['experts'])} of its {E // P} experts per block{experts}"
+        + (" (the fullest stage)" if cfg.pp > 1 else ""),
         f"FLOPs per step: {p['flops_per_step']:.3e} = the dense model's with the MLP's counted {K} times "
         f"(top-{K}) + the router's 6 B s L h E",
         f"all-to-all per rank per step: {fmt_si(p['alltoall_per_rank_per_step'])} (4 per block: dispatch, "
         f"combine and their gradients, (P-1)/P x n K h bytes each for a balanced router)",
+        f"gradients per rank per step: {fmt_si(p['model_per_rank_per_step'])} ("
+        + ", ".join(f"{op} {fmt_si(b)}" for op, b in p["model_by_op_per_rank_per_step"].items())
+        + (
+            "; ZeRO-3 gathers the params twice and reduce-scatters the grads once per micro-step"
+            if cfg.zero == 3
+            else "; as an all-reduce's bytes, in two halves"
+            if cfg.zero
+            else ""
+        )
+        + ")",
         f"step time: {fmt_time(t['step_s'])} (compute {fmt_time(t['compute_s'])}, all-to-alls, "
-        f"gradient all-reduces and waiting {fmt_time(t['comm_s'])}; balanced router, none dropped, as "
+        f"gradient {'collectives' if cfg.zero else 'all-reduces'} "
+        f"and waiting {fmt_time(t['comm_s'])}; balanced router, none dropped, as "
         "--clock sim would charge it)",
         f"MFU: {p['mfu']:.1%} of the dense peak (active FLOPs, the scores' causal half, / (step time x "
         "ranks x peak))",
