@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import flops_per_step, run_result
-from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
 
@@ -150,6 +150,7 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
 
         link = group_link(hw, "dp", D, 1, 1)
     ranks, memory, comm_s = [], [], 0.0
+    alltoalls = EpAlltoalls(cfg.experts, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for d in range(D):
         ops: dict[str, Cost] = {}
 
@@ -160,10 +161,8 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
         if P > 1:
             for _, blocks in micro:
                 for kept in blocks:
-                    pieces = alltoall_pieces(Routing(cfg.experts, P), kept, d)
-                    for op in OPS:
-                        c = ALLTOALL[cfg.alltoall]([[r * h for r in line] for line in pieces[op]], P, d % P)
-                        add(op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
+                    for op, c in alltoalls(kept, d).items():
+                        add(op, c, bpe)
         add("grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
         add("expert-grad-allreduce", ALLREDUCE[cfg.collectives](experts, D // P, d // P), prec.grad, steps)
         cat = lambda op: "model" if "grad-allreduce" in op else "activation"  # noqa: E731

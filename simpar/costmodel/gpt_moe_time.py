@@ -84,6 +84,7 @@ class MoEWork:
             hw, precision_of(cfg), min(world, hw.devices_per_node)
         )
         self.exchange, self.gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
+        self.group_rows: dict = {}  # (id(kept), group, transpose) -> (kept, rows): see all_to_all
         self.dense_block = (
             4 * h * h // T + 3 * h // T + 5 * h + h * E
         )  # its tp shard (gpt_moe_tp.dense_shard)
@@ -179,11 +180,17 @@ class MoEWork:
 
     def all_to_all(self, now, kept, transpose: bool):  # every ep group, each rank from its own clock
         lay, per, h = self.lay, self.cfg.experts // self.lay.P, self.cfg.hidden
-        for group in lay.ep:
-            rows = [
-                [sum(kept[lay.c[w]][lay.d[w]][t * per : (t + 1) * per]) for t in range(lay.P)] for w in group
-            ]
-            rows = [list(col) for col in zip(*rows)] if transpose else rows
+        for g, group in enumerate(lay.ep):
+            # a group's rows once per kept matrix (a balanced router gives every block the same one); the
+            # memo holds the matrix, so its id names no other while the memo lives
+            if (id(kept), g, transpose) not in self.group_rows:
+                rows = [
+                    [sum(kept[lay.c[w]][lay.d[w]][t * per : (t + 1) * per]) for t in range(lay.P)]
+                    for w in group
+                ]
+                rows = [list(col) for col in zip(*rows)] if transpose else rows
+                self.group_rows[id(kept), g, transpose] = (kept, rows)
+            rows = self.group_rows[id(kept), g, transpose][1]
             for w, end in zip(
                 group, self.exchange([now[w] for w in group], rows, h * self.bpe, lay.links["ep"])
             ):

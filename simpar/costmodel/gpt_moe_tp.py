@@ -27,14 +27,13 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import rank_record
-from .gpt_moe import Routing, kept_per_micro_step, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import kept_per_micro_step, model_states, moe_run_result, moe_step_flops
 from .gpt_tp import micro_step_ops
-from .moe import OPS, alltoall_pieces
+from .moe import EpAlltoalls
 from .spec import PRECISIONS, precision_of, split
 
 
@@ -76,6 +75,7 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
 
         link = group_link(hw, "tp", D, T, 1)
     ranks, memory, comm_s = [], [], 0.0
+    alltoalls = EpAlltoalls(E, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(world_size):
         d, j = divmod(r, T)
         act: dict[str, Cost] = {}
@@ -95,10 +95,8 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
                 for c in costs:  # the loss's two messages are float32 for half logits (gpt_tp.py)
                     add(act, op, c, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe)
             for kept in blocks if P > 1 else ():
-                pieces = alltoall_pieces(Routing(E, P), kept, d)
-                for op in OPS:
-                    c = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
-                    add(act, op, Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems)), bpe)
+                for op, c in alltoalls(kept, d).items():
+                    add(act, op, c, bpe)
         add(model, "grad-allreduce", ALLREDUCE[cfg.collectives](dense, D, d), prec.grad, steps)
         for n in [4 * h] * L + [2 * h] if cfg.sp else ():  # LayerNorms' row-shard gradients, per unit
             add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n, T, j), prec.grad, steps)

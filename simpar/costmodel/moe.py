@@ -41,6 +41,7 @@ to 10%).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from .chunktime import op_time, ring_op
 from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, to_bytes
@@ -111,6 +112,39 @@ def alltoall_pieces(spec: Spec, kept: list[list[float]], d: int) -> dict:
     ]
     back = [[out[b][a] for b in range(P)] for a in range(P)]
     return {"ep-dispatch": out, "ep-combine-grad": out, "ep-combine": back, "ep-dispatch-grad": back}
+
+
+class EpAlltoalls:
+    """One rank's four ep all-to-alls of a block, op -> Cost in elements (Cost(round(sent), messages, 0,
+    rounds, ceil(round_elems)) of ALLTOALL[alltoall] on alltoall_pieces x width), remembered per (kept
+    matrix, rank) and the group's pieces per (kept matrix, group): every rank of a group reads the same
+    P x P pieces, and a balanced router hands every block and micro-step the same matrix, so a 512-rank
+    plan asks for the same few costs tens of thousands of times. The numbers are exactly what the
+    direct call gives: the same arithmetic, done once. The memo keeps each matrix it keys by id, so no
+    other matrix can take that id while the memo lives (one memo per prediction)."""
+
+    def __init__(self, experts: int, ep: int, width: int, alltoall: str):
+        self.routing = SimpleNamespace(experts=experts, ep=ep)  # what alltoall_pieces reads
+        self.width, self.alltoall = width, alltoall
+        self.pieces: dict = {}
+        self.costs: dict = {}
+
+    def __call__(self, kept: list, d: int) -> dict[str, Cost]:
+        key = (id(kept), d)
+        if key not in self.costs:
+            P = self.routing.ep
+            group = (id(kept), d - d % P)
+            if group not in self.pieces:
+                pieces = alltoall_pieces(self.routing, kept, d)
+                scaled = {op: [[x * self.width for x in line] for line in pieces[op]] for op in OPS}
+                self.pieces[group] = (kept, scaled)
+            scaled = self.pieces[group][1]
+            costs = {}
+            for op in OPS:
+                c = ALLTOALL[self.alltoall](scaled[op], P, d % P)
+                costs[op] = Cost(round(c.sent), c.messages, 0, c.rounds, math.ceil(c.round_elems))
+            self.costs[key] = (kept, costs)
+        return self.costs[key][1]
 
 
 def activation_bytes(spec: Spec, kept_per_layer: list[list[list[float]]], d: int, k: int = 0) -> float:

@@ -23,17 +23,16 @@ from .collectives import chunk
 
 
 def pairwise_ends(starts: list, rows: list, row_bytes: int, link) -> list:
-    """When each of P ranks ends a pairwise all-to-all started at starts[q]; rows[a][b]: rows a sends b."""
-    P, t = len(starts), list(starts)
+    """When each of P ranks ends a pairwise all-to-all started at starts[q]; rows[a][b]: rows a sends b.
+    Round r: q's send ends at left[q] = t[q] + rows[q][q+r] bytes / bw, and what q - r sent it arrives at
+    left[q - r] + alpha (numpy over the ranks: the same float64 operations in the same order as a loop)."""
+    P, t = len(starts), np.array(starts, dtype=float)
+    secs = np.array(rows, dtype=float).reshape(P, P) * row_bytes / link.bw
+    q = np.arange(P)
     for r in range(1, P):
-        t = [
-            max(
-                t[q] + rows[q][(q + r) % P] * row_bytes / link.bw,
-                t[(q - r) % P] + rows[(q - r) % P][q] * row_bytes / link.bw + link.alpha,
-            )
-            for q in range(P)
-        ]
-    return t
+        left = t + secs[q, (q + r) % P]
+        t = np.maximum(left, np.roll(left, r) + link.alpha)
+    return t.tolist()
 
 
 def bruck_ends(starts: list, rows: list, row_bytes: int, link) -> list:
