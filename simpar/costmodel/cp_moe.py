@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .gpt import rank_record
-from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops, param_counts
-from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops, param_counts
+from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
 
@@ -104,6 +104,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
 
         link = group_link(hw, "dp", D * C, 1, 1)
     ranks, memory, comm_s = [], [], 0.0
+    alltoalls = EpAlltoalls(cfg.experts, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(D * C):
         d, c = divmod(r, C)
         activation: dict[str, Cost] = {}
@@ -117,10 +118,8 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
             kv = cp_kv_bytes(b, s // C, h, C, cfg.cp_algo, bpe)
             add(activation, cp_op, Cost(sent=kv * L, messages=cp_messages(C, cfg.cp_algo) * L))
             for kept in blocks if P > 1 else []:
-                pieces = alltoall_pieces(Routing(cfg.experts, P), kept[c], d)
-                for op in OPS:
-                    a2a = ALLTOALL[cfg.alltoall]([[q * h for q in line] for line in pieces[op]], P, d % P)
-                    add(activation, op, to_bytes(Cost(round(a2a.sent), a2a.messages), bpe))
+                for op, a2a in alltoalls(kept[c], d).items():
+                    add(activation, op, to_bytes(Cost(a2a.sent, a2a.messages), bpe))
         model: dict[str, Cost] = {}
         add(model, "grad-allreduce", to_bytes(ALLREDUCE[cfg.collectives](dense, D * C, r), prec.grad, steps))
         edp = (D // P) * C

@@ -42,15 +42,14 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
 from .cp_pipeline import cp_recompute_kv
 from .gpt import rank_record
-from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
 from .gpt_moe_pipeline import (
     TOKEN_BYTES,
     block_kept_elems,
@@ -59,7 +58,7 @@ from .gpt_moe_pipeline import (
     tp_chunk_ops,
     unit_params,
 )
-from .moe import OPS, alltoall_pieces
+from .moe import EpAlltoalls
 from .order import chunk_stage, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
 
@@ -116,6 +115,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     def blocks(k: int) -> list[int]:
         return [u for u in range(*bounds[k]) if 0 < u <= cfg.blocks]
 
+    alltoalls = EpAlltoalls(E, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(world_size):
         (st, d), c, t = divmod(r // (C * T), D), r // T % C, r % T
         mine = stage_chunks(cfg.schedule, S, Vs, st)
@@ -145,10 +145,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                         act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe, times
                     )  # float32 loss
                 for u in blocks(k) if P > 1 else ():
-                    pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1][c], d)
-                    for op in OPS:
-                        a2a = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
-                        cost = Cost(round(a2a.sent), a2a.messages, 0, a2a.rounds, math.ceil(a2a.round_elems))
+                    for op, cost in alltoalls(kept_blocks[u - 1][c], d).items():
                         again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
                         add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import micro_kept
 from .gpt import rank_record
-from .gpt_moe import Routing, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import model_states, moe_run_result, moe_step_flops
 from .gpt_moe_tp import dense_shard
 from .gpt_tp import micro_step_ops
-from .moe import OPS, alltoall_pieces
+from .moe import EpAlltoalls
 from .spec import PRECISIONS, precision_of, split
 
 
@@ -66,8 +66,9 @@ def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int
     return total
 
 
-def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict:
-    """{op: Cost in bytes} of rank (d, c, k)'s activations over `micro` (cp_moe.micro_kept's list)."""
+def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int, alltoalls: EpAlltoalls) -> dict:
+    """{op: Cost in bytes} of rank (d, c, k)'s activations over `micro` (cp_moe.micro_kept's list; the
+    ep all-to-alls from the prediction's memo, moe.EpAlltoalls)."""
     L, h, s, C, T, P = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.cp, cfg.tp, cfg.ep
     ops: dict[str, Cost] = {}
 
@@ -91,10 +92,8 @@ def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int) -> dict
             for cost in costs:  # the loss's two messages are float32 for half logits (gpt_tp.py)
                 add(op, to_bytes(cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe))
         for kept in blocks if P > 1 else ():
-            pieces = alltoall_pieces(Routing(cfg.experts, P), kept[c], d)
-            for op in OPS:
-                a2a = ALLTOALL[cfg.alltoall]([[q * h for q in line] for line in pieces[op]], P, d % P)
-                add(op, to_bytes(Cost(round(a2a.sent), a2a.messages), bpe))
+            for op, a2a in alltoalls(kept[c], d).items():
+                add(op, to_bytes(Cost(a2a.sent, a2a.messages), bpe))
     return ops
 
 
@@ -123,10 +122,11 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
 
         link = group_link(hw, "tp", D * C, T, 1)
     ranks, memory, comm_s = [], [], 0.0
+    alltoalls = EpAlltoalls(cfg.experts, P, cfg.hidden, cfg.alltoall)  # each (matrix, rank) once
     for w in range(D * C * T):
         g, k = divmod(w, T)  # g: this rank's place in its dpcp group, d C + c
         d, c = divmod(g, C)
-        act = rank_ops(cfg, micro, D, d, c, k, bpe)
+        act = rank_ops(cfg, micro, D, d, c, k, bpe, alltoalls)
         model: dict[str, Cost] = {}
         for op, n, size, rank in (
             ("grad-allreduce", dense, D * C, g),

@@ -44,13 +44,6 @@ from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
 
-class Routing:
-    """What moe.alltoall_pieces reads: experts and ep."""
-
-    def __init__(self, experts: int, ep: int):
-        self.experts, self.ep = experts, ep
-
-
 def param_counts(cfg) -> tuple[int, int]:
     """(non-expert parameters M, parameters of one rank's L E/P experts)."""
     L, h, s, V, E = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts

@@ -39,13 +39,12 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
-from .collectives import ALLREDUCE, ALLTOALL, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import rank_record
-from .gpt_moe import Routing, capacity, model_states, moe_run_result, moe_step_flops
-from .moe import OPS, alltoall_pieces, kept_in_row_order
+from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
+from .moe import EpAlltoalls, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
 from .stages import balanced_counts
@@ -154,6 +153,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
         link = group_link(hw, "dp", D, 1, 1)
     ranks, memory, comm_s = [], [], 0.0
     C = len(bounds)
+    alltoalls = EpAlltoalls(E, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(world_size):
         (st, d), k = divmod(r // T, D), r % T  # world rank (st D + d) T + k
         mine = stage_chunks(cfg.schedule, S, Vs, st)
@@ -180,10 +180,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                         act, op, cost, 4 if op.startswith("vocab-ce") and bpe == 2 else bpe, times
                     )  # float32 loss
                 for u in blocks(c) if P > 1 else ():
-                    pieces = alltoall_pieces(Routing(E, P), kept_blocks[u - 1], d)
-                    for op in OPS:
-                        c_ = ALLTOALL[cfg.alltoall]([[x * h for x in line] for line in pieces[op]], P, d % P)
-                        cost = Cost(round(c_.sent), c_.messages, 0, c_.rounds, math.ceil(c_.round_elems))
+                    for op, cost in alltoalls(kept_blocks[u - 1], d).items():
                         again = cfg.recompute == "full" and op in ("ep-dispatch", "ep-combine")
                         add(act, op, cost, bpe, 2 if again else 1)
         n_params = 0
