@@ -108,3 +108,72 @@ def test_the_printed_plan_says_balanced(capsys):
     assert plan_main([*SMALL, "--experts", "4", "--ep", "2", "--dp", "2", "--hardware", "dgx-h100"]) == 0
     out = capsys.readouterr().out
     assert "balanced router" in out and "all-to-all per rank per step" in out and "MFU" in out
+
+
+@pytest.mark.parametrize("C", [1, 2])
+def test_zero_shards_the_states_as_the_zero_paper_counts_them(C):
+    """--zero 0-3 (with --cp C too), mixed precision Adam: 2 + 2 + 12 bytes per parameter (Rajbhandari
+    et al. 2020, sec. 3.1), the dense parameters M sharded over the D C ranks of dp x cp, the rank's
+    experts X over the D/P C ranks of edp x cp (every unit divides evenly here, so the shard is M/(D C) +
+    X/(D/P C)); a sharded stage keeps one unit whole besides (U: the largest block, gathered or reduced
+    one at a time). Memory per rank falls stage by stage; activations and all-to-alls do not change."""
+    L, h, s, V, E, P, D = 2, 16, 8, 16, 4, 2, 4
+    units = (
+        [(V + s) * h] + [4 * h * h + 8 * h + h * E] * L + [2 * h + h * V]
+    )  # dense: embedding, blocks, head
+    M, X = sum(units), L * E // P * (8 * h * h + 5 * h)  # X: this rank's E/P experts of every block
+    U = max(units) + E // P * (8 * h * h + 5 * h)  # a block whole: its dense part and its experts
+    Nd, Ne = D * C, D // P * C
+    assert all(n % Nd == 0 for n in units) and (X // L) % Ne == 0  # chunks without rounding
+    S = M // Nd + X // Ne  # this rank's shard
+    want = {  # (params, grads, optimizer) in bytes, stage by stage
+        0: (2 * (M + X), 2 * (M + X), 12 * (M + X)),
+        1: (2 * (M + X), 2 * (M + X), 12 * S),
+        2: (2 * (M + X), 2 * (S + U), 12 * S),
+        3: (2 * (S + U), 2 * (S + U), 12 * S),
+    }
+    # gradient traffic per rank: ring all-reduce 2 (N-1)/N n; ZeRO 1-2 its reduce-scatter and all-gather
+    # halves, the same bytes; ZeRO-3 one reduce-scatter and two all-gathers: 3 (N-1)/N n (2-byte halves)
+    ring = 2 * ((Nd - 1) * M // Nd + (Ne - 1) * X // Ne)
+    traffic = {0: 2 * ring, 1: 2 * ring, 2: 2 * ring, 3: 3 * ring}
+    totals, first = [], None
+    for zero in range(4):
+        args = ["--experts", str(E), "--ep", str(P), "--dp", str(D), "--cp", str(C), "--zero", str(zero)]
+        cfg = ask(*args, "--batch", "8", "--precision", "mixed", "--optimizer", "adam")
+        p = plan_gpt_moe(cfg, hardware.load("dgx-h100"))
+        mem = p["memory"]["max"]
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == want[zero]
+        assert p["model_per_rank_per_step"] == traffic[zero]
+        ops = set(p["model_by_op_per_rank_per_step"])
+        assert ops == (
+            {"grad-allreduce", "expert-grad-allreduce"}
+            if zero == 0
+            else {
+                "grad-reduce-scatter",
+                "param-all-gather",
+                "expert-grad-reduce-scatter",
+                "expert-param-all-gather",
+            }
+        )
+        assert p["zero_groups"] == ({"non_expert": Nd, "experts": Ne} if zero else {})
+        first = first or p
+        assert mem["activations_peak"] == first["memory"]["max"]["activations_peak"]
+        assert p["alltoall_per_rank_per_step"] == first["alltoall_per_rank_per_step"]
+        totals.append(sum(want[zero]) + mem["activations_peak"])
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4  # each stage saves more
+
+
+def test_zero_where_the_run_refuses_it_plan_refuses_it():
+    """expert_zero.py shards over dp (x cp) only: --zero with --pp (or --tp) is refused in train's line."""
+    with pytest.raises(SimparError, match="--zero with --tp or --pp"):
+        ask("--experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--zero", "1")
+
+
+def test_the_printed_zero_plan_names_its_shards(capsys):
+    args = ["--experts", "4", "--ep", "2", "--dp", "4", "--zero", "3", "--hardware", "dgx-h100"]
+    assert plan_main([*SMALL, *args]) == 0
+    out = capsys.readouterr().out
+    assert "ranks on dgx-h100, ZeRO-3;" in out
+    assert "(ZeRO-3: optimizer state, grads, params sharded over the 4 dp ranks)" in out
+    assert "the experts' over their 2 edp ranks" in out and "replicated" not in out
+    assert "param-all-gather" in out and "expert-grad-reduce-scatter" in out
