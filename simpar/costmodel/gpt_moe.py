@@ -81,11 +81,15 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     n = chunk(split(cfg.batch, cfg.grad_accum)[k], D, d) * s
     per, j = E // P, d % P
     elems = 2 * n * h + n
+    routed = {}  # id(kept) -> (d's kept assignments, its experts' 9h per received row): once per matrix
     for kept in kept_blocks:
-        elems += n * (7 * h + a * s + 2) + n * h + sum(kept[d]) * h
-        elems += sum(
-            9 * h * sum(kept[q][e] for q in range(d - j, d - j + P)) for e in range(j * per, (j + 1) * per)
-        )
+        if id(kept) not in routed:
+            group, mine = range(d - j, d - j + P), range(j * per, (j + 1) * per)
+            experts = sum(9 * h * sum(kept[q][e] for q in group) for e in mine)
+            routed[id(kept)] = (sum(kept[d]), experts)
+        assigned, experts = routed[id(kept)]
+        elems += n * (7 * h + a * s + 2) + n * h + assigned * h
+        elems += experts
     router_bpe = 4 if precision_of(cfg) == "mixed" else bpe
     return 8 * n + elems * bpe + len(kept_blocks) * n * E * router_bpe
 

@@ -84,7 +84,8 @@ class MoEWork:
             hw, precision_of(cfg), min(world, hw.devices_per_node)
         )
         self.exchange, self.gamma = ALLTOALL_ENDS[cfg.alltoall], collective_gamma(hw)
-        self.group_rows: dict = {}  # (id(kept), group, transpose) -> (kept, rows): see all_to_all
+        # (kept's matrices' ids, group, transpose) -> (kept, rows): all_to_all; ("routed", ids): routed
+        self.group_rows: dict = {}
         self.dense_block = (
             4 * h * h // T + 3 * h // T + 5 * h + h * E
         )  # its tp shard (gpt_moe_tp.dense_shard)
@@ -115,7 +116,11 @@ class MoEWork:
         }
 
     def routed(self, ms: dict, i: int) -> tuple[list, list]:
-        """Block i's (kept assignments of each rank, rows each of its experts received from its group)."""
+        """Block i's (kept assignments of each rank, rows each of its experts received from its group),
+        once per kept matrices (self.group_rows' rule: a balanced router gives every block the same)."""
+        key = ("routed", tuple(map(id, ms["kept"][i])))
+        if i not in ms["routed"] and key in self.group_rows:
+            ms["routed"][i] = self.group_rows[key][1]
         if i not in ms["routed"]:
             lay, kept, P = self.lay, ms["kept"][i], self.lay.P
             per = self.cfg.experts // P
@@ -127,6 +132,7 @@ class MoEWork:
 
             A = [sum(kept[lay.c[w]][lay.d[w]]) for w in range(lay.W)]
             ms["routed"][i] = (A, [received(w) for w in range(lay.W)])
+            self.group_rows[key] = (kept, ms["routed"][i])
         return ms["routed"][i]
 
     def tp_block(self, R: int, k: int) -> float:
@@ -181,16 +187,17 @@ class MoEWork:
     def all_to_all(self, now, kept, transpose: bool):  # every ep group, each rank from its own clock
         lay, per, h = self.lay, self.cfg.experts // self.lay.P, self.cfg.hidden
         for g, group in enumerate(lay.ep):
-            # a group's rows once per kept matrix (a balanced router gives every block the same one); the
-            # memo holds the matrix, so its id names no other while the memo lives
-            if (id(kept), g, transpose) not in self.group_rows:
+            # a group's rows once per kept matrices (a balanced router gives every block the same); the
+            # memo holds them, so their ids name no others while it lives
+            key = (tuple(map(id, kept)), g, transpose)
+            if key not in self.group_rows:
                 rows = [
                     [sum(kept[lay.c[w]][lay.d[w]][t * per : (t + 1) * per]) for t in range(lay.P)]
                     for w in group
                 ]
                 rows = [list(col) for col in zip(*rows)] if transpose else rows
-                self.group_rows[id(kept), g, transpose] = (kept, rows)
-            rows = self.group_rows[id(kept), g, transpose][1]
+                self.group_rows[key] = (kept, rows)
+            rows = self.group_rows[key][1]
             for w, end in zip(
                 group, self.exchange([now[w] for w in group], rows, h * self.bpe, lay.links["ep"])
             ):

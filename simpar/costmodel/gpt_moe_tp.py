@@ -51,10 +51,14 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
     # --sp: LayerNorms' xh and 1/sigma on n/T rows; attention's input and the MoE part on every row
     ln, r = (n * h // T, n // T) if cfg.sp else (n * h, n)
     elems = n * h + ln + r  # the head: LN_f's output (gathered under --sp), xh, 1/sigma
+    routed = {}  # id(kept) -> (d's kept assignments, rows its experts received): once per matrix
     for kept in kept_blocks:
-        received = sum(kept[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
+        if id(kept) not in routed:
+            group, mine = range(d - j, d - j + P), range(j * per, (j + 1) * per)
+            routed[id(kept)] = (sum(kept[d]), sum(kept[q][e] for q in group for e in mine))
+        assigned, received = routed[id(kept)]
         elems += n * h + 2 * ln + 4 * n * h // T + a * s * n // T + 2 * r
-        elems += n * h + sum(kept[d]) * h + 9 * h * received
+        elems += n * h + assigned * h + 9 * h * received
     router_bpe = 4 if bpe == 2 else bpe  # the router's probabilities: float32 under --precision mixed-*
     return 8 * n + round(elems * bpe) + len(kept_blocks) * n * E * router_bpe
 

@@ -31,7 +31,7 @@ def pairwise_ends(starts: list, rows: list, row_bytes: int, link) -> list:
     q = np.arange(P)
     for r in range(1, P):
         left = t + secs[q, (q + r) % P]
-        t = np.maximum(left, np.roll(left, r) + link.alpha)
+        t = np.maximum(left, left[(q - r) % P] + link.alpha)
     return t.tolist()
 
 
