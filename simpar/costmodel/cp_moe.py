@@ -79,10 +79,14 @@ def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int
     scores = b * a * (s // C) * wide_bytes(bpe) if cfg.cp_algo == "ring" else b * a * s * (s // C) * bpe
     router_bpe = 4 if precision_of(cfg) == "mixed" else bpe
     total = 8 * n + (2 * n * h + n) * bpe
+    routed = {}  # id(kept[c]) -> (d's kept assignments, rows its experts received): once per matrix
     for kept in blocks:
         mine = kept[c]
-        received = sum(mine[q][e] for q in range(d - j, d - j + P) for e in range(j * per, (j + 1) * per))
-        total += (n * (7 * h + 2) + n * h + sum(mine[d]) * h + 9 * h * received) * bpe + scores
+        if id(mine) not in routed:
+            group, ours = range(d - j, d - j + P), range(j * per, (j + 1) * per)
+            routed[id(mine)] = (sum(mine[d]), sum(mine[q][e] for q in group for e in ours))
+        assigned, received = routed[id(mine)]
+        total += (n * (7 * h + 2) + n * h + assigned * h + 9 * h * received) * bpe + scores
         total += n * E * router_bpe
     return total
 
