@@ -119,8 +119,11 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=T, sp=cfg.sp, blocks=L, collectives=cfg.collectives
     )
 
+    # --collectives: ring and auto are NCCL's ring (auto: or NVLink SHARP), the rest alpha-beta (gpt_time.py)
+    ring, nvls = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto"
+
     def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
-        return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, False) if cost.messages else 0.0
+        return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, nvls) if cost.messages else 0.0
 
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms, before_dp = [], [], [], []
@@ -129,8 +132,8 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         d = g // C
         sync = [0.0] * len(sizes)  # --sp: each unit's LayerNorm gradients summed over tp (gpt_time.py)
         if cfg.sp:
-            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, True)] * L
-            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, True))
+            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, ring)] * L
+            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, ring))
         clock = compute = comm = 0.0
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
@@ -155,7 +158,7 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         end = backward_start
         for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
             cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, g)
-            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, gamma, True, False)
+            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, gamma, ring, nvls)
             start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
             end = max(end, start) + grad_s
             comm += grad_s

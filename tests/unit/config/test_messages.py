@@ -152,9 +152,27 @@ CASES = [
         "--seq-len 4 must be a multiple of cp*tp = 8",
     ),
     (
-        dict(arch="gpt", dataset="text", cp=2, collectives="tree"),
+        dict(arch="gpt", dataset="copy", cp=2, experts=2, collectives="tree"),
         2,
-        "--cp all-reduces gradients over dp x cp with the ring; --collectives tree not yet",
+        "--experts with --cp all-reduces over dp x cp with the ring; --collectives tree not yet",
+    ),
+    (  # cp_time.py prices each rank's share; tp's blocking tree lets the clock's ranks drift apart
+        dict(arch="gpt", dataset="text", cp=2, tp=2, collectives="tree", clock="sim"),
+        4,
+        "--clock sim with --cp, --tp does not price tp's blocking --collectives tree all-reduces "
+        "exactly yet; use ring, rabenseifner, mpi or auto",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, tp=2, pp=2, collectives="rabenseifner", clock="sim"),
+        8,
+        "--clock sim with --cp, --tp and --pp does not price tp's blocking --collectives rabenseifner "
+        "all-reduces exactly yet; use ring or auto",
+    ),
+    (
+        dict(arch="gpt", dataset="text", cp=2, dp=2, collectives="ps", clock="sim"),
+        4,
+        "--clock sim with --cp does not price --collectives ps over dp*cp = 4 > 2 ranks exactly yet (its "
+        "buckets queue at the server); use ring, rabenseifner, tree, mpi or auto",
     ),
     (dict(arch="gpt", dataset="text", cp=3), 2, "world size 2 is not divisible by cp*tp*pp = 3*1*1 = 3"),
     # layout: what the world size, the batch and the widths must allow
