@@ -26,11 +26,11 @@ def test_every_allreduce_algorithm_validates_with_cp(algo, fields, world):
     validate(RunConfig(**GPT, **fields, collectives=algo), world)
 
 
-@pytest.mark.parametrize("algo", ["rabenseifner", "tree", "mpi", "auto"])
-def test_the_simulated_clock_takes_cp_and_dp_x_cp_with_each_priced_algorithm(algo):
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_the_simulated_clock_takes_cp_and_dp_x_cp_with_each_algorithm(algo):
     validate(RunConfig(**GPT, cp=2, clock="sim", collectives=algo), 2)
     validate(RunConfig(**GPT, cp=2, dp=2, clock="sim", collectives=algo), 4)
-    validate(RunConfig(**GPT, cp=2, clock="sim", collectives="ps"), 2)  # two ranks: nothing queues
+    validate(RunConfig(**GPT, cp=2, pp=2, clock="sim", collectives="ps"), 4)  # a stage's 2 ranks
 
 
 def test_zero_with_cp_keeps_its_own_ring_refusal():
