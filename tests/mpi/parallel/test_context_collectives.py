@@ -59,6 +59,8 @@ def cases() -> list:
     rab, tree = ["--collectives", "rabenseifner", *SIM], ["--collectives", "tree", *SIM]
     out.append(["cp2xtp2-rabenseifner", 4, [*ARGS, "--cp", "2", "--tp", "2", *rab]])
     out.append(["cp2xpp2-tree", 4, [*ARGS, "--cp", "2", "--pp", "2", *tree]])
+    # --dp alone times its ps buckets the same way (gpt_time.py with ps_time.py)
+    out.append(["dp4-ps", 4, [*ARGS, "--dp", "4", "--collectives", "ps", "--bucket-mb", "0.01", *SIM]])
     return out
 
 
@@ -96,7 +98,7 @@ def test_every_allreduce_algorithm_trains_the_serial_model_with_exact_bytes(runs
 
 
 def test_layouts_sharing_the_path_train_the_serial_model(runs):
-    for name in ("cp2xtp2-rabenseifner", "cp2xpp2-tree"):
+    for name in ("cp2xtp2-rabenseifner", "cp2xpp2-tree", "dp4-ps"):
         assert_same_model(runs[name], runs["serial"], rtol=1e-12)
         assert runs[name]["prediction_mismatches"] == [], name
 
