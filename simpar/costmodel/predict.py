@@ -248,7 +248,8 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
         return predict_zero_tp_run(cfg, world_size, steps, hw, plain)
-    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and cfg.arch == "gpt":  # ZeRO-1 in tp/pp shards (zero_mesh.py)
+    dense_gpt = cfg.arch == "gpt" and not getattr(cfg, "experts", 0)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and dense_gpt:  # ZeRO-1 in tp/pp shards (zero_mesh.py)
         from .zero_mesh import predict_zero_mesh_run, without_zero
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
