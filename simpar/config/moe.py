@@ -84,7 +84,6 @@ def expert_rules(cfg) -> None:
                 # expert_zero.py shards over dp (x cp) and edp (x cp), expert_zero_tp.py with --tp
                 ("--zero with --pp", cfg.zero > 0 and cfg.pp > 1),
                 ("--zero with --tp and --cp", cfg.zero > 0 and cfg.tp > 1 and cfg.cp > 1),
-                ("--clock sim with --zero and --tp", sim and cfg.zero > 0 and cfg.tp > 1),
                 # cp's row shards (with --sp) are in no closed form of the simulated clock yet (the zb
                 # halves are, cp stages too: moe_split_time.py; --recompute: gpt_moe_pipeline_time.recompute)
                 ("--clock sim with --sp and --cp", sim and cfg.sp and cfg.cp > 1),
