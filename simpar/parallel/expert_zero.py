@@ -34,6 +34,7 @@ M + M_e, stage 3 S_d + S_e + max_i (n_i + m_i) (one unit gathered); grads stage 
 S_d + S_e + max_i (n_i + m_i) (stage 2 with K > 1: + M + M_e); optimizer K_opt (S_d + S_e).
 Checkpoints: chunks gathered over dp and edp to the first ep group, then expert_gpt.py's gather to
 rank 0; a --zero checkpoint resumes on any layout with experts and the other way round.
+With --tp: expert_zero_tp.py (these stages on tp shares, through the hold and parts_from_full hooks).
 """
 
 from __future__ import annotations
