@@ -104,7 +104,9 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     all-reduces replaced by ZeRO's reduce-scatters and all-gathers and its model states by this rank's
     (module docstring)."""
     C, T = getattr(cfg, "cp", 1), cfg.tp
-    if C > 1:
+    if C > 1 and T > 1:  # expert_zero_tp.ContextExpertZeroTensor: context_expert_tensor.py's, sharded
+        from .cp_moe_tp import predict_cp_moe_tp_run as predict_plain
+    elif C > 1:
         from .cp_moe import predict_cp_moe_run as predict_plain
     elif T > 1:  # parallel/expert_zero_tp.py: expert_tensor_gpt.py's layout, sharded
         from .gpt_moe_tp import predict_gpt_moe_tp_run as predict_plain

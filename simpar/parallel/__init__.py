@@ -38,10 +38,10 @@ def build_strategy(cfg, mesh):
         from .zero_tp import ZeroGptTensorLayerwise
 
         return ZeroGptTensorLayerwise(sections, mesh)
-    if cfg.zero and cfg.tp > 1 and cfg.experts:
-        from .expert_zero_tp import ExpertZeroTensor  # ZeRO of tp shares over dp, the experts' over edp
+    if cfg.zero and cfg.tp > 1 and cfg.experts:  # tp shares' states over dp (x cp), experts' over edp (x cp)
+        from .expert_zero_tp import ContextExpertZeroTensor, ExpertZeroTensor
 
-        return ExpertZeroTensor(sections, mesh)
+        return (ContextExpertZeroTensor if cfg.cp > 1 else ExpertZeroTensor)(sections, mesh)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
         from . import zero_mesh
 

@@ -22,7 +22,10 @@ stages 1/2 sum_i RS(n_i, D, d) + AG(n_i, D, d) + RS(m_i, D/P, q) + AG(m_i, D/P, 
 of each (K = --grad-accum), d the dp index and q = d div P the edp index. Closed forms:
 costmodel/gpt_moe_zero_tp.py. Checkpoints: chunks gathered over dp and edp (expert_zero.py), then
 expert_tensor_gpt.py's tp gather of the dense shares and ep gather of the experts to world rank 0.
-Not built: with --pp or --cp (config/moe.py refuses them).
+--cp C (ContextExpertZeroTensor): context_expert_tensor.py's layout -- a tp group on its cp rank's tokens
+-- whose every cp rank holds the same parameters and a share of the gradient, so the dense tp shares
+shard over the D C ranks of `dpcp` and the experts over the (D/P) C of `edpcp` (context_expert_zero.py's
+groups, at each tp index); read D C and (D/P) C above. Not built: with --pp (config/moe.py refuses it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import numpy as np
 from ..model.gpt_moe import expert_size
 from ..model.precision import build_optimizer
 from .base import Strategy
+from .context_expert import ContextExpertParallel, CpEpExchange
+from .context_expert_tensor import ContextExpertTensorStack
 from .expert_gpt import EpExchange
 from .expert_tensor_gpt import ExpertTensorParallel, ExpertTensorStack, ShardedMoEBlock
 from .expert_zero import DENSE, EXPERT, ExpertZero
@@ -46,10 +51,10 @@ class ExpertZeroTensor(ExpertZero):
         model = self.model
         self.stage, self.dtype = self.layout.zero, model.compute_dtype()
         self.dp, self.ep, self.edp = mesh.dp_comm, mesh.groups["ep"], mesh.groups["edp"]
-        self.comms = (self.dp, self.edp)  # both hold ranks of this rank's tp index only
+        self.comms = self._sharding_groups(mesh)  # both hold ranks of this rank's tp index only
         per = model.experts // self.ep.size
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
-        self.stack = st = ExpertTensorStack(model, self.layout, mesh, self.mine, EpExchange(self))
+        self.stack = st = self.make_stack(mesh)
         self.units = st.units
         parts, at = [], st.n_dense  # the store: every unit's dense tp share, then every block's experts
         for u, (p, _) in zip(st.units, st.flats):
@@ -66,6 +71,9 @@ class ExpertZeroTensor(ExpertZero):
         # tp shards differ and ranks update different chunks: the world votes on a skipped step
         self.optimizer = build_optimizer(model, self.optimisation, mesh.world, self.rt)
         self.routing = []
+
+    def make_stack(self, mesh) -> ExpertTensorStack:
+        return ExpertTensorStack(self.model, self.layout, mesh, self.mine, EpExchange(self))
 
     def _scatter(self, i: int, bufs) -> list:
         """--sp: the LayerNorms' row-shard gradients summed over tp first (zero_tp.py), then
@@ -91,7 +99,7 @@ class ExpertZeroTensor(ExpertZero):
             self.watch.check(u.index, x)
             self.meter.take(held)
             contexts.append((ctx, held))
-        main, grad = vocab_loss_grad(st, self.optimizer, x, labels, loss_rows, self.model.seq_len)
+        main, grad = vocab_loss_grad(st, self.optimizer, x, labels, loss_rows, self.model.seq_len)  # / B s
         for i in reversed(range(len(self.units))):
             u, (ctx, held) = self.units[i], contexts.pop()
             full = self._unit_params(i)  # stage 3: the second gather of this unit in this micro-step
@@ -127,3 +135,32 @@ class ExpertZeroTensor(ExpertZero):
     def parts_from_full(self, full, dtype) -> list:
         flat = self.stack.flat_from(full, self.mine, dtype)
         return [flat[: self.stack.n_dense], flat[self.stack.n_dense :]]
+
+
+class ContextExpertZeroTensor(ExpertZeroTensor):
+    """--cp C as well: the units on this cp rank's tokens (context_expert_tensor.py's stack), every part
+    sharded over its group x cp (module docstring)."""
+
+    routing_summary = ContextExpertParallel.routing_summary  # per segment, global order
+
+    def __init__(self, sections, mesh):
+        self.cp, self.dpcp = mesh.groups["cp"], mesh.groups["dpcp"]  # for CpEpExchange
+        super().__init__(sections, mesh)
+        for i, ffn in self.ffns.items():  # CpMoEFFN's plan keeps (T, kept per segment)
+            ffn.record = lambda H, kept, f=ffn, i=i: self.routing[-1].__setitem__(i, f.last)
+
+    def _sharding_groups(self, mesh) -> tuple:
+        return mesh.groups["dpcp"], mesh.groups["edpcp"]
+
+    def make_stack(self, mesh) -> ContextExpertTensorStack:
+        self.exchange = CpEpExchange(self)  # the all-to-alls, and the segment table over dpcp
+        return ContextExpertTensorStack(self.model, self.layout, mesh, self.mine, self.exchange)
+
+    def _micro_step(self, x, y, rows: int, global_batch: int, last: bool) -> float:
+        """Chunks c and 2C-1-c of my dp rows; the loss still divides by the global batch's B s tokens."""
+        self.exchange.rows, s, mine = rows, self.model.seq_len, self.stack.positions
+        return self._pass(x[:, mine], y[:, mine], rows * s, global_batch * s, global_batch, last)
+
+    def _gather(self, local, op: str):
+        """From cp rank 0 (every cp rank holds the same parameters once gathered)."""
+        return super()._gather(local, op) if self.cp.rank == 0 else None
