@@ -131,6 +131,7 @@ def runs(tmp_path_factory):
     cases += [["tp-zero3", D, [*ARGS_TP, *tp, "--ep", "2", "--zero", "3"]]]
     cases[-1][2] += ["--checkpoint-dir", str(tp_ckpt), "--checkpoint-every", "1"]
     cases += [["tp-zero3-edp", D, [*ARGS_TP, *tp, "--zero", "3"]]]
+    cases += [["cp-tp-zero3-sp", D, [*ARGS_TP, "--cp", "2", "--tp", "2", "--sp", "--zero", "3"]]]
     cases += [["tp-resumed", 1, [*ARGS_TP, "--resume", str(tp_ckpt / "step-000001")]]]
     cases += [["serial-fp16", 1, FP16], ["fp16", D, [*FP16, *layout]]]
     cases += [["fp16-zero3", D, [*FP16, *layout, "--zero", "3"]]]
@@ -179,8 +180,8 @@ TP_CASES += [("tp-zero3-edp", 3, 1, False)]
 
 def test_zero_1_2_3_with_experts_and_tp_equal_serial_with_exact_bytes(runs):
     """dp2 x tp2 (expert_zero_tp.py): stage 1 and 3 with --ep 2 (the experts' edp group one rank: no
-    expert traffic), stage 2 with --sp and stage 3 with --ep 1 (experts sharded over edp 2); the --ep 2
-    --zero 3 checkpoint of step 1 resumed serially."""
+    expert traffic), stage 2 with --sp and stage 3 with --ep 1 (experts sharded over edp 2); cp2 x tp2
+    --sp --zero 3; the --ep 2 --zero 3 checkpoint of step 1 resumed serially."""
     ref = runs["serial-tp"]
     assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0
     for name, stage, ep, sp in TP_CASES:
@@ -188,6 +189,11 @@ def test_zero_1_2_3_with_experts_and_tp_equal_serial_with_exact_bytes(runs):
         assert_same_model(run, ref, rtol=1e-12)
         assert run["moe"]["dropped"] == ref["moe"]["dropped"], name
         check_zero(run, stage, D=2, T=2, P=ep, sp=sp)
+    # cp2 x tp2 (ContextExpertZeroTensor): the tp shares and the experts both over the 2 cp ranks
+    run = runs["cp-tp-zero3-sp"]
+    assert_same_model(run, ref, rtol=1e-12)
+    assert run["moe"]["dropped"] == ref["moe"]["dropped"]
+    check_zero(run, 3, D=1, C=2, T=2, P=1, sp=True)
     assert_same_model(runs["tp-resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 

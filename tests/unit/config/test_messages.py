@@ -248,11 +248,6 @@ CASES = [
     (dict(experts=3, ep=2), 2, "--experts 3 must be divisible by --ep 2"),
     (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
     (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
-    (  # expert_zero_tp.py shards tp shares over dp and edp; not cp x tp's (context_expert_tensor.py)
-        dict(arch="gpt", dataset="copy", experts=2, zero=1, tp=2, cp=2),
-        4,
-        GPT_MOE + "--zero with --tp and --cp",
-    ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,

@@ -102,21 +102,22 @@ EMBED_T, BLOCK_T, HEAD_T = V * H // T + S * H, 4 * H * H // T + 3 * H // T + 5 *
 M_T = EMBED_T + L * BLOCK_T + HEAD_T  # every size here divides by D = 2
 
 
-@pytest.mark.parametrize("P,sp", [(2, False), (1, True)])
+@pytest.mark.parametrize("D,C,P,sp", [(2, 1, 2, False), (2, 1, 1, True), (1, 2, 1, True)])
 @pytest.mark.parametrize("zero", [1, 2, 3])
-def test_with_tp_each_tp_share_shards_over_dp_and_the_experts_over_edp(zero, P, sp):
-    """dp2 x tp2, --grad-accum 2: the tp layout's all-reduces become ZeRO's halves over dp (2 ranks) and
-    edp (2/P), K = 2 times 1.5 of them under stage 3; --sp's LayerNorm sums run on every micro-step under
-    stage 3; tp's own traffic and the all-to-alls are the tp layout's; model states as without tp, read
-    with the tp shares."""
-    D, K = 2, 2
-    Me, Q = L * E // P * EXPERT, D // P
+def test_with_tp_each_tp_share_shards_over_dp_and_the_experts_over_edp(zero, D, C, P, sp):
+    """dp2 x tp2 or cp2 x tp2, --grad-accum 2: the tp layout's all-reduces become ZeRO's halves over dp
+    x cp (2 ranks) and edp x cp (2/P), K = 2 times 1.5 of them under stage 3; --sp's LayerNorm sums run
+    on every micro-step under stage 3; tp's own traffic, the K/V and the all-to-alls are the layout's
+    without ZeRO; model states as without tp, read with the tp shares."""
+    K = 2
+    Me, Q = L * E // P * EXPERT, D // P * C
 
     def run(z):
-        cfg = RunConfig(**SHAPE, dp=D, ep=P, tp=T, sp=sp, zero=z, grad_accum=K)
-        return predict_from_config(cfg, D * T, 1, LOCAL_DEFAULTS)
+        cfg = RunConfig(**SHAPE, dp=D, ep=P, cp=C, tp=T, sp=sp, zero=z, grad_accum=K)
+        return predict_from_config(cfg, D * C * T, 1, LOCAL_DEFAULTS)
 
     plain, pred = run(0), run(zero)
+    D = D * C  # the dense group: dp x cp
     ring = lambda n, p: 2 * (p - 1) * n // p  # noqa: E731
     factor = 1.5 * K if zero == 3 else 1
     shard = M_T // D + Me // Q
