@@ -1,11 +1,11 @@
-"""ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C | --tp T] --zero 1|2|3) in closed form:
+"""ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] [--tp T] --zero 1|2|3) in closed form:
 parallel/expert_zero.py's (and context_expert_zero.py's) bytes and memory written again (never calling
 them). With --cp C, read D C for D and (D/P) C for D/P below: world rank r = d C + c is rank r of the
 dense parts' group (dpcp) and rank (d div P) C + c of its experts' (edpcp); the K/V traffic and the
-all-to-alls are cp_moe.py's. With --tp T (parallel/expert_zero_tp.py) world rank r T + k is rank r of its
-tp index's dp and edp groups, n_i is one tp rank's share (embedding V h/T + s h, a block 4h^2/T + 3h/T +
-5h + hE, head 2h + hV/T), and the rest -- tp's traffic, --sp's LayerNorm sums (K times under stage 3,
-once a step otherwise) -- is gpt_moe_tp.py's.
+all-to-alls are cp_moe.py's. With --tp T (parallel/expert_zero_tp.py) world rank r T + k is rank r of
+its tp index's dp (x cp) and edp (x cp) groups, n_i is one tp rank's share (embedding V h/T + s h, a
+block 4h^2/T + 3h/T + 5h + hE, head 2h + hV/T), and the rest -- tp's traffic, --sp's LayerNorm sums (K
+times under stage 3, once a step otherwise) -- is gpt_moe_tp.py's (cp_moe_tp.py's with --cp).
 
 The dense parameters shard over the D dp ranks, each rank's E/P experts over its Q = D/P
 expert-data-parallel ranks (as DeepSpeed's ZeRO partitions MoE parameter groups). Unit by unit: unit i

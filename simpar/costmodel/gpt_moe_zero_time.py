@@ -1,4 +1,4 @@
-"""The step time of ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C | --tp T] --zero 1|2|3) in
+"""The step time of ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] [--tp T] --zero 1|2|3) in
 closed form, as the simulated clock charges it: gpt_moe_time.py's ranks, each on its own clock through
 every all-to-all round (and cp hop), with ZeRO's reduce-scatters and all-gathers where
 parallel/expert_zero.py runs them (written again here; nothing imported from parallel/ or the runtime).
