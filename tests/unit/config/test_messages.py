@@ -266,11 +266,6 @@ CASES = [
     (dict(experts=3, ep=2), 2, "--experts 3 must be divisible by --ep 2"),
     (dict(experts=2, zero=1), 2, UNSUPPORTED + "--zero"),
     (dict(experts=2, tp=2, pp=2), 4, UNSUPPORTED + "--tp, --pp"),
-    (  # parallel/expert_zero.py shards over dp and edp only
-        dict(arch="gpt", dataset="copy", experts=2, zero=1, tp=2),
-        2,
-        GPT_MOE + "--zero with --tp or --pp",
-    ),
     (
         dict(experts=2, arch="resmlp", precision="mixed-fp16"),
         1,
@@ -281,10 +276,10 @@ CASES = [
         4,
         GPT_MOE + "--clock sim with --sp and --cp",
     ),
-    (  # gpt_moe_zero_time.py prices dp x ep (x cp) under sim; pipeline stages are not sharded
+    (  # pipeline stages' experts are not sharded (expert_zero.py, expert_zero_tp.py: no --pp)
         dict(arch="gpt", dataset="copy", experts=2, dp=2, pp=2, zero=1, clock="sim"),
         4,
-        GPT_MOE + "--zero with --tp or --pp",
+        GPT_MOE + "--zero with --pp",
     ),
     (
         dict(arch="gpt", dataset="copy", experts=2, collectives="tree", clock="sim"),
