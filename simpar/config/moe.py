@@ -81,8 +81,8 @@ def expert_rules(cfg) -> None:
             name
             for name, on in (
                 (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
-                # expert_zero.py shards over dp (x cp) and edp (x cp) only (sim: gpt_moe_zero_time.py)
-                ("--zero with --tp or --pp", cfg.zero > 0 and (cfg.tp > 1 or cfg.pp > 1)),
+                # expert_zero.py shards over dp (x cp) and edp (x cp), expert_zero_tp.py with --tp (x cp)
+                ("--zero with --pp", cfg.zero > 0 and cfg.pp > 1),
                 # cp's row shards (with --sp) are in no closed form of the simulated clock yet (the zb
                 # halves are, cp stages too: moe_split_time.py; --recompute: gpt_moe_pipeline_time.recompute)
                 ("--clock sim with --sp and --cp", sim and cfg.sp and cfg.cp > 1),

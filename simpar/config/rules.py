@@ -285,9 +285,27 @@ def layout_cp(cfg) -> None:
     # --pp: cp inside the stages runs every schedule and --recompute, with or without --tp [--sp]
     # (parallel/pipeline/context_stage.py, context_tensor_stage.py; costmodel/cp_pipeline.py and
     # cp_tp_pipeline.py predict them)
+    # --collectives: the dense layouts' dp x cp gradient all-reduce runs the chosen algorithm
+    # (parallel/data.GradientBuckets over the dpcp group; costmodel/cp_time.py prices it as gpt_time.py)
     require(
-        cfg.collectives == "ring",
-        f"--cp all-reduces gradients over dp x cp with the ring; --collectives {cfg.collectives} not yet",
+        cfg.collectives == "ring" or not cfg.experts,
+        f"--experts with --cp all-reduces over dp x cp with the ring; --collectives {cfg.collectives} "
+        "not yet",
+    )
+    # --clock sim: cp_time.py prices each rank's own share of a collective, as gpt_time.py does for dp and
+    # tp; where the clock's ranks wait on each other inside one (tp's blocking tree or parameter-server
+    # all-reduces, ps buckets queueing at the server) that share is not the step's time: ~1-6% off, as
+    # without --cp (tp x pp's non-ring all-reduces: ~4e-6, gpt_pipeline_time.py)
+    sim, c, pp = cfg.clock == "sim", cfg.collectives, cfg.pp > 1
+    require(
+        not (sim and cfg.tp > 1 and (c in ("tree", "ps") or (pp and c not in ("ring", "auto")))),
+        f"--clock sim with --cp, --tp{' and --pp' if pp else ''} does not price tp's blocking --collectives "
+        f"{c} all-reduces exactly yet; use {'ring or auto' if pp else 'ring, rabenseifner, mpi or auto'}",
+    )
+    require(  # without --pp, ps_time.py follows each bucket through the server
+        not (sim and c == "ps" and pp and cfg.dp * cfg.cp > 2),
+        f"--clock sim with --cp and --pp does not price --collectives ps over dp*cp = {cfg.dp * cfg.cp} > 2 "
+        "ranks exactly yet (its buckets queue at the server); use ring, rabenseifner, tree, mpi or auto",
     )
 
 

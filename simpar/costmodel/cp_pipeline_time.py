@@ -110,12 +110,13 @@ class CpChunkCosts(GptChunkCosts):
         p, cfg, grad = self.spec.dp * self.cfg.cp, self.cfg, self.spec.prec.grad
         if p == 1:
             return []
+        ring, nvls = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto"  # as GptChunkCosts'
         out = []
         for layers in dp_bucket_layers(s_sizes, grad, cfg.bucket_mb):
             cost = to_bytes(
                 ALLREDUCE[cfg.collectives](sum(s_sizes[i] for i in layers), p, d * cfg.cp + self.c), grad
             )
-            out.append((layers, seconds(cost, self.links["dp"], collective_gamma(self.hw), True, False)))
+            out.append((layers, seconds(cost, self.links["dp"], collective_gamma(self.hw), ring, nvls)))
         return out
 
 

@@ -35,7 +35,10 @@ pairs, and the last micro-step sums each unit's LayerNorm gradients over tp righ
 The rest is gpt_time's step over the dp x C ranks of the dpcp group: units forward, loss, units
 backward; in the last micro-step each unit's gradient buckets start on the dpcp stream when ready
 (host_progress: when backward ends), the rank waits for the last, runs the optimizer; the step ends
-with the slowest rank. Every rank of a cp group does the same work, so its hops line up.
+with the slowest rank. The buckets' all-reduce is --collectives': ring and auto priced as NCCL runs
+them, the others alpha-beta on their critical path (gpt_time.py's rule), and ps bucket by bucket
+through the server (ps_time.py: a bucket's pushes overlap the last one's replies). Every rank of a
+cp group does the same work, so its hops line up.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from types import SimpleNamespace
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, to_bytes
 from .gpt_time import loss_bpe, optimizer_seconds, tp_collectives, unit_seconds
+from .ps_time import ps_bucket_ends
 from .spec import dp_bucket_layers, split
 
 # context_attention.py's charges, written again: (products, sweeps over the scores) per block or core
@@ -119,18 +123,22 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         hidden=h, heads=a, seq_len=0, vocab=cfg.vocab, tp=T, sp=cfg.sp, blocks=L, collectives=cfg.collectives
     )
 
+    # --collectives: ring and auto are NCCL's ring (auto: or NVLink SHARP), the rest alpha-beta (gpt_time.py)
+    ring, nvls = cfg.collectives in ("ring", "auto"), cfg.collectives == "auto"
+
     def tp_secs(cost, elem_bytes, as_ring):  # gpt_time.tp_collectives' pricing, on the tp link
-        return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, False) if cost.messages else 0.0
+        return seconds(to_bytes(cost, elem_bytes), tp_link, gamma, as_ring, nvls) if cost.messages else 0.0
 
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms, before_dp = [], [], [], []
+    buckets, starts = dp_bucket_layers(sizes, bpe, cfg.bucket_mb), {}  # starts: each rank's buckets'
     for w in range(p * T):  # the cp ranks of a dp row do the same work; their ring chunks differ
         g, j = divmod(w, T)  # g: the rank's place in its dpcp group, d C + c
         d = g // C
         sync = [0.0] * len(sizes)  # --sp: each unit's LayerNorm gradients summed over tp (gpt_time.py)
         if cfg.sp:
-            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, True)] * L
-            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, True))
+            sync = [0.0] + [tp_secs(ALLREDUCE[cfg.collectives](4 * h, T, j), bpe, ring)] * L
+            sync.append(tp_secs(ALLREDUCE[cfg.collectives](2 * h, T, j), bpe, ring))
         clock = compute = comm = 0.0
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
@@ -152,14 +160,21 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
             comm += sum(fwd_c) + loss_c + sum(bwd_c)  # tp's blocking all-reduces
         comm += sum(sync)
         before_dp.append((clock, compute, comm))  # before the gradient buckets (zero_mesh_time.py)
-        end = backward_start
-        for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):  # the last micro-step's buckets
+        end, starts[w] = backward_start, []
+        for layers in buckets:  # the last micro-step's buckets
             cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, g)
-            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, gamma, True, False)
+            grad_s = seconds(to_bytes(cost, bpe), dpcp_link, gamma, ring, nvls)
             start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
+            starts[w].append(start)
             end = max(end, start) + grad_s
             comm += grad_s
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
+    if cfg.collectives == "ps":  # a bucket queues at the server behind the last one (ps_time.py)
+        nbytes = [sum(sizes[i] for i in layers) * bpe for layers in buckets]
+        for j in range(T):  # the dpcp group of tp index j: world ranks g T + j, the server g = 0
+            done = ps_bucket_ends([starts[g * T + j] for g in range(p)], nbytes, dpcp_link, gamma)
+            for g in range(p):
+                ends[g * T + j] = max(before_dp[g * T + j][0], done[g]) + optimizer_s
     return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

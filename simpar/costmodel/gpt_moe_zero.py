@@ -1,8 +1,11 @@
-"""ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] --zero 1|2|3) in closed form:
+"""ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] [--tp T] --zero 1|2|3) in closed form:
 parallel/expert_zero.py's (and context_expert_zero.py's) bytes and memory written again (never calling
 them). With --cp C, read D C for D and (D/P) C for D/P below: world rank r = d C + c is rank r of the
 dense parts' group (dpcp) and rank (d div P) C + c of its experts' (edpcp); the K/V traffic and the
-all-to-alls are cp_moe.py's.
+all-to-alls are cp_moe.py's. With --tp T (parallel/expert_zero_tp.py) world rank r T + k is rank r of
+its tp index's dp (x cp) and edp (x cp) groups, n_i is one tp rank's share (embedding V h/T + s h, a
+block 4h^2/T + 3h/T + 5h + hE, head 2h + hV/T), and the rest -- tp's traffic, --sp's LayerNorm sums (K
+times under stage 3, once a step otherwise) -- is gpt_moe_tp.py's (cp_moe_tp.py's with --cp).
 
 The dense parameters shard over the D dp ranks, each rank's E/P experts over its Q = D/P
 expert-data-parallel ranks (as DeepSpeed's ZeRO partitions MoE parameter groups). Unit by unit: unit i
@@ -37,16 +40,19 @@ from .zero_mesh import without_zero
 
 
 def unit_sizes(cfg) -> list[tuple[int, int]]:
-    """(n_i, m_i) per unit: dense elements, and one rank's experts' (module docstring)."""
-    L, h, s, V, E, P = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
-    block = (4 * h * h + 8 * h + h * E, E // P * (8 * h * h + 5 * h))
-    return [((V + s) * h, 0)] + [block] * L + [(2 * h + h * V, 0)]
+    """(n_i, m_i) per unit: dense elements (with --tp T one tp rank's share, gpt_moe_tp.dense_shard's
+    pieces), and one rank's experts' (module docstring)."""
+    L, h, s, V, E, P, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep, cfg.tp
+    block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, E // P * (8 * h * h + 5 * h))
+    return [(V * h // T + s * h, 0)] + [block] * L + [(2 * h + h * V // T, 0)]
 
 
 def groups(cfg, D: int, r: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """((size, rank) of the group the dense parts shard over, the same for the experts) of world rank
-    r = d C + c: dp (dpcp with --cp, rank r itself) and edp (edpcp: rank (d div P) C + c)."""
+    r = d C + c: dp (dpcp with --cp, rank r itself) and edp (edpcp: rank (d div P) C + c); with --tp T
+    world rank r T + k is rank r of its tp index's groups."""
     C, P = getattr(cfg, "cp", 1), cfg.ep
+    r //= cfg.tp
     d, c = divmod(r, C)
     return (D * C, r), (D // P * C, d // P * C + c)
 
@@ -97,19 +103,26 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     """gpt_moe.py's (with --cp: cp_moe.py's) prediction of the layout without --zero, its gradient
     all-reduces replaced by ZeRO's reduce-scatters and all-gathers and its model states by this rank's
     (module docstring)."""
-    C = getattr(cfg, "cp", 1)
-    if C > 1:
+    C, T = getattr(cfg, "cp", 1), cfg.tp
+    if C > 1 and T > 1:  # expert_zero_tp.ContextExpertZeroTensor: context_expert_tensor.py's, sharded
+        from .cp_moe_tp import predict_cp_moe_tp_run as predict_plain
+    elif C > 1:
         from .cp_moe import predict_cp_moe_run as predict_plain
+    elif T > 1:  # parallel/expert_zero_tp.py: expert_tensor_gpt.py's layout, sharded
+        from .gpt_moe_tp import predict_gpt_moe_tp_run as predict_plain
     else:
         predict_plain = predict_gpt_moe_run
     out = predict_plain(without_zero(cfg), world_size, steps, hw, routing)
-    D = cfg.dp if cfg.dp is not None else world_size // C
+    D = cfg.dp if cfg.dp is not None else world_size // (C * T)
     prec = PRECISIONS[precision_of(cfg)]
     steps = out["steps"]  # with the run's routing: the steps it routed
     for r, (rank, mem) in enumerate(zip(out["comm"]["ranks"], out["memory"]["ranks"])):
         by_op, costs = rank["by_op"], zero_costs(cfg, D, r, prec)
         for op in ("model/grad-allreduce", "model/expert-grad-allreduce"):
             by_op.pop(op, None)
+        sp = by_op.get("model/sp-grad-allreduce")  # --tp --sp: stage 3 sums every micro-step's
+        if sp is not None and cfg.zero == 3:
+            by_op["model/sp-grad-allreduce"] = {k: v * cfg.grad_accum for k, v in sp.items()}
         for op, c in costs.items():
             by_op[f"model/{op}"] = {"sent": c.sent * steps, "messages": c.messages * steps}
         model = [v for k, v in by_op.items() if k.startswith("model/")]

@@ -1,4 +1,4 @@
-"""The step time of ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] --zero 1|2|3) in
+"""The step time of ZeRO with experts (--arch gpt --experts E --ep P --dp D [--cp C] [--tp T] --zero 1|2|3) in
 closed form, as the simulated clock charges it: gpt_moe_time.py's ranks, each on its own clock through
 every all-to-all round (and cp hop), with ZeRO's reduce-scatters and all-gathers where
 parallel/expert_zero.py runs them (written again here; nothing imported from parallel/ or the runtime).
@@ -16,6 +16,9 @@ rank followed through every round from when it reaches the ring (ring_time.ring_
            optimizer; the all-gathers, unit by unit
   stage 3  every micro-step gathers each unit before its forward and again before its backward, and
            reduce-scatters its gradients right after the backward; the optimizer, no gather back
+With --tp (expert_zero_tp.py) the units are a tp rank's shares, each tp index's dp and edp groups ring
+apart, and under --sp each reduce-scatter of a unit waits first for its LayerNorms' blocking sum over tp
+(a block's 4h, the head's 2h: gpt_moe_time.MoEWork.sp_sync's all-reduces, one unit at a time).
 
 The optimizer sweeps the rank's own chunks (gpt_time.optimizer_seconds), so ranks with longer chunks
 (np.array_split's first ones) finish it later. Each step starts together and ends with its slowest
@@ -24,7 +27,7 @@ rank; the metrics report the median step, and so does this.
 
 from __future__ import annotations
 
-from .collectives import chunk
+from .collectives import ALLREDUCE, chunk
 from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .ring_time import ring_ends
@@ -56,6 +59,8 @@ def moe_zero_step_seconds(cfg, D: int, hw, micro: list, sizes: list, bpe: int) -
     opt = [optimizer_seconds(cfg, mine[w], bpe, work.stream) for w in range(W)]
 
     def rings(kind: str, i: int, now: list, free: list) -> None:  # unit i's two parts, dense first
+        if kind == "reduce-scatter":
+            sp_sum(i, now)
         for part, (members, link) in enumerate(groups):
             n = sizes[i][part]
             for group in members if n else ():
@@ -64,6 +69,13 @@ def moe_zero_step_seconds(cfg, D: int, hw, micro: list, sizes: list, bpe: int) -
                     ends = ring_ends(kind, n, bpe, starts, links, link, work.gamma)
                     for w, end, f in zip(group, ends, links):
                         now[w], free[w] = end, f
+
+    sp_elems = [0] + [4 * cfg.hidden] * L + [2 * cfg.hidden]  # --sp: the LayerNorms' (embedding: none)
+    ar = ALLREDUCE[cfg.collectives]
+
+    def sp_sum(i: int, now: list) -> None:  # --tp --sp: unit i's row-shard gradients over tp, first
+        for w in range(W) if cfg.sp and sp_elems[i] else ():
+            now[w] += work.tp_secs(ar(sp_elems[i], lay.T, lay.k[w]), bpe, True)
 
     steps, computes = [], []
     for first in range(0, len(micro), G):

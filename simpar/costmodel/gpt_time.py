@@ -26,6 +26,7 @@ from __future__ import annotations
 from . import passes
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
+from .ps_time import ps_bucket_ends
 from .spec import dp_bucket_layers, split
 from .work import MIXED_CAST_BYTES
 
@@ -115,6 +116,7 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
 
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms, before_dp = [], [], [], []
+    buckets, starts = dp_bucket_layers(sizes, bpe, cfg.bucket_mb), {}  # starts: each rank's buckets'
     for rank in range(p * t):
         d, j = divmod(rank, t)
         # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
@@ -138,15 +140,22 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
             comm += sum(fwd_c) + loss_c + sum(bwd_c)
         comm += sum(sync)
         before_dp.append((clock, compute, comm))  # before data parallelism's traffic (zero_mesh_time.py)
-        end = backward_start
+        end, starts[rank] = backward_start, []
         if p > 1:  # the last micro-step's buckets, one after another on the dp stream
-            for layers in dp_bucket_layers(sizes, bpe, cfg.bucket_mb):
+            for layers in buckets:
                 cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, d)
                 dp_s = secs(cost, bpe, ring, "dp")
                 start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
+                starts[rank].append(start)
                 end = max(end, start) + dp_s
                 comm += dp_s
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
+    if p > 1 and cfg.collectives == "ps":  # a bucket queues at the server behind the last (ps_time.py)
+        nbytes = [sum(sizes[i] for i in layers) * bpe for layers in buckets]
+        for j in range(t):  # the dp group of tp index j: ranks d t + j, the server d = 0
+            done = ps_bucket_ends([starts[d * t + j] for d in range(p)], nbytes, links["dp"], gamma)
+            for d in range(p):
+                ends[d * t + j] = max(before_dp[d * t + j][0], done[d]) + optimizer_s
     return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

@@ -248,7 +248,8 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
         return predict_zero_tp_run(cfg, world_size, steps, hw, plain)
-    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and cfg.arch == "gpt":  # ZeRO-1 in tp/pp shards (zero_mesh.py)
+    dense_gpt = cfg.arch == "gpt" and not getattr(cfg, "experts", 0)
+    if cfg.zero and (cfg.tp > 1 or cfg.pp > 1) and dense_gpt:  # ZeRO-1 in tp/pp shards (zero_mesh.py)
         from .zero_mesh import predict_zero_mesh_run, without_zero
 
         plain = predict_from_config(without_zero(cfg), world_size, steps, hw)
@@ -261,6 +262,10 @@ def predict_from_config(cfg, world_size: int, steps: int | None = None, hw=None,
         from .cp_tp_pipeline import predict_cp_tp_pipeline_run
 
         return predict_cp_tp_pipeline_run(cfg, world_size, steps, hw or hardware.load("local"))
+    if cfg.experts and cfg.zero and cfg.tp > 1 and cfg.arch == "gpt":  # ZeRO of tp shares (gpt_moe_zero.py)
+        from .gpt_moe_zero import predict_gpt_moe_zero_run
+
+        return predict_gpt_moe_zero_run(cfg, world_size, steps, hw or hardware.load("local"), routing)
     if getattr(cfg, "cp", 1) > 1 and cfg.tp > 1 and cfg.experts:  # MoE blocks, cp x tp (cp_moe_tp.py)
         from .cp_moe_tp import predict_cp_moe_tp_run
 

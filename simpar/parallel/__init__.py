@@ -17,7 +17,8 @@
                expert_tensor_gpt.py with --tp (attention over tp, the MoE part replicated on it),
                pipeline/expert_stage.py with --pp (each stage's blocks over its ep group),
                pipeline/context_expert_stage.py with --pp and --cp,
-               expert_zero.py with --zero 1-3 (dense states sharded over dp, the experts' over edp)
+               expert_zero.py with --zero 1-3 (dense states sharded over dp, the experts' over edp),
+               expert_zero_tp.py the same with --tp
   pipeline.py  pipeline parallelism: stages, micro-batches, schedules (naive, GPipe, 1F1B, interleaved, ZB-H1,
                ZB-V); its messages in pipeline_comms.py, the schedules as data in schedules.py
 
@@ -37,6 +38,10 @@ def build_strategy(cfg, mesh):
         from .zero_tp import ZeroGptTensorLayerwise
 
         return ZeroGptTensorLayerwise(sections, mesh)
+    if cfg.zero and cfg.tp > 1 and cfg.experts:  # tp shares' states over dp (x cp), experts' over edp (x cp)
+        from .expert_zero_tp import ContextExpertZeroTensor, ExpertZeroTensor
+
+        return (ContextExpertZeroTensor if cfg.cp > 1 else ExpertZeroTensor)(sections, mesh)
     if cfg.zero and (cfg.tp > 1 or cfg.pp > 1):  # ZeRO-1 of each model shard over its dp (x cp) group
         from . import zero_mesh
 

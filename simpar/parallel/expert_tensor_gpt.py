@@ -206,9 +206,9 @@ class ExpertTensorStack(GptTensorStack):
         if self.comm.rank != 0:
             return None
         out, at, offset = [], 0, 0
-        for u, (p, _) in zip(self.units, self.flats):
-            part = [u.join([shard[offset : offset + p.size] for shard in shards])]
-            offset += p.size
+        for u in self.units:  # u.size: its tp share's elements (expert_zero_tp.py drops the flats)
+            part = [u.join([shard[offset : offset + u.size] for shard in shards])]
+            offset += u.size
             if isinstance(u, ShardedMoEBlock):  # this block's E/P experts in each piece, global order
                 n = (u.unit.E // len(pieces)) * expert_size(u.h)
                 part += [piece[at : at + n] for piece in pieces]

@@ -34,6 +34,7 @@ M + M_e, stage 3 S_d + S_e + max_i (n_i + m_i) (one unit gathered); grads stage 
 S_d + S_e + max_i (n_i + m_i) (stage 2 with K > 1: + M + M_e); optimizer K_opt (S_d + S_e).
 Checkpoints: chunks gathered over dp and edp to the first ep group, then expert_gpt.py's gather to
 rank 0; a --zero checkpoint resumes on any layout with experts and the other way round.
+With --tp: expert_zero_tp.py (these stages on tp shares, through the hold and parts_from_full hooks).
 """
 
 from __future__ import annotations
@@ -62,35 +63,15 @@ class ExpertZero(GptExpertParallel):
         per = model.experts // self.layout.ep
         self.mine = range(self.ep.rank * per, (self.ep.rank + 1) * per)
         self.units = self.make_units()
-        moe = [isinstance(u, MoEBlockUnit) for u in self.units]
-        # sizes[i] = (n_i, m_i); bounds[i][part] = this rank's chunk [lo, hi) of that part
-        self.sizes = [
-            (u.dense, per * expert_size(u.h)) if b else (u.size, 0) for u, b in zip(self.units, moe)
-        ]
-        self.bounds = [
-            tuple(self._chunk(n, comm) for n, comm in zip(sizes, self.comms)) for sizes in self.sizes
-        ]
-        # the optimizer's positions: every (unit, part) that has elements
-        self.slots = [(i, part) for i, n in enumerate(self.sizes) for part in (DENSE, EXPERT) if n[part]]
-        self.grads_held, self.gathered = HeldBytes(), HeldBytes()
-        whole = self.stage < 3
-        self.params = [[None, None] for _ in self.units]  # stage 1/2: whole parts; stage 3: my chunks
-        for i, u in enumerate(self.units):  # every rank builds the full shape from (seed, unit)
+        parts = []  # unit i's (dense part, this rank's experts), whole
+        for u in self.units:  # every rank builds the full shape from (seed, unit)
             full = u.init(model.seed, self.dtype)
-            n, m = self.sizes[i]
-            e = expert_size(u.h) if moe[i] else 0  # this rank's experts lie end to end after the dense part
-            parts = (full[:n], full[n + self.mine.start * e : n + self.mine.stop * e])
-            for part in (DENSE, EXPERT):
-                lo, hi = self.bounds[i][part]
-                self.params[i][part] = parts[part].copy() if whole else parts[part][lo:hi].copy()
-        self.grads = None  # stage 1: whole gradients of every part, kept for the step
-        self.accum = None  # stage 2 with --grad-accum > 1: whole buffers the micro-steps add into
-        if self.stage == 1:
-            self.grads = [[np.zeros_like(p) for p in pair] for pair in self.params]
-            self.grads_held.take(self._total(whole=True))
-        else:
-            self.shards = [[np.zeros(hi - lo, self.dtype) for lo, hi in b] for b in self.bounds]
-            self.grads_held.take(self._total(whole=False))
+            if not isinstance(u, MoEBlockUnit):
+                parts.append((full, full[:0]))
+                continue
+            n, e = u.dense, expert_size(u.h)  # this rank's experts lie end to end after the dense part
+            parts.append((full[:n], full[n + self.mine.start * e : n + self.mine.stop * e]))
+        self.hold(parts)
         self.ffns, exchange = {}, EpExchange(self)
         for u in self.units:
             if isinstance(u, MoEBlockUnit):
@@ -101,6 +82,31 @@ class ExpertZero(GptExpertParallel):
         # Mixed precision: ranks hold different gradient chunks, so the whole group votes on a skip.
         self.optimizer = build_optimizer(model, self.optimisation, self.comms[DENSE], self.rt)
         self.routing = []
+
+    def hold(self, parts: list) -> None:
+        """Keep unit i's parts[i] = (dense, experts) whole (stages 1/2) or this rank's chunk of each
+        (stage 3), and the gradient buffers of the stage (expert_zero_tp.py passes its tp shares)."""
+        self.sizes = [(dense.size, experts.size) for dense, experts in parts]  # (n_i, m_i)
+        # bounds[i][part] = this rank's chunk [lo, hi) of that part
+        self.bounds = [
+            tuple(self._chunk(n, comm) for n, comm in zip(sizes, self.comms)) for sizes in self.sizes
+        ]
+        # the optimizer's positions: every (unit, part) that has elements
+        self.slots = [(i, part) for i, n in enumerate(self.sizes) for part in (DENSE, EXPERT) if n[part]]
+        self.grads_held, self.gathered = HeldBytes(), HeldBytes()
+        whole = self.stage < 3  # stage 1/2: whole parts; stage 3: my chunks
+        self.params = [
+            [a.copy() if whole else a[slice(*b)].copy() for a, b in zip(pair, bounds)]
+            for pair, bounds in zip(parts, self.bounds)
+        ]
+        self.grads = None  # stage 1: whole gradients of every part, kept for the step
+        self.accum = None  # stage 2 with --grad-accum > 1: whole buffers the micro-steps add into
+        if self.stage == 1:
+            self.grads = [[np.zeros_like(p) for p in pair] for pair in self.params]
+            self.grads_held.take(self._total(whole=True))
+        else:
+            self.shards = [[np.zeros(hi - lo, self.dtype) for lo, hi in b] for b in self.bounds]
+            self.grads_held.take(self._total(whole=False))
 
     def _sharding_groups(self, mesh) -> tuple:
         """The groups that sum each part's gradient: dp, and the experts' edp (context_expert_zero.py:
@@ -278,7 +284,7 @@ class ExpertZero(GptExpertParallel):
 
     def slice_full(self, full, dtype=None):
         # [all dense parts, all my experts], as expert_gpt.py cuts them; then my chunk of each unit's
-        cut = GptExpertParallel.slice_full(self, full, dtype or self.dtype)
+        cut = self.parts_from_full(full, dtype or self.dtype)
         out, at = [], [0, 0]
         for i, part in sorted(self.slots, key=lambda ip: ip[1]):
             lo, hi = self.bounds[i][part]
@@ -287,11 +293,15 @@ class ExpertZero(GptExpertParallel):
         order = dict(out)
         return [order[ip] for ip in self.slots]
 
+    def parts_from_full(self, full, dtype) -> list:
+        """[every unit's dense part, every unit's part of this rank's experts] from full shape."""
+        return GptExpertParallel.slice_full(self, full, dtype)
+
     def load_params(self, full) -> None:
         if self.stage == 3:
             super().load_params(full)
             return
-        cut, at = GptExpertParallel.slice_full(self, full, self.dtype), [0, 0]
+        cut, at = self.parts_from_full(full, self.dtype), [0, 0]
         for i, sizes in enumerate(self.sizes):
             for part in (DENSE, EXPERT):
                 self.params[i][part][...] = cut[part][at[part] : at[part] + sizes[part]]

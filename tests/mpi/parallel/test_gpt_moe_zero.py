@@ -42,6 +42,16 @@ ARGS += ["--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--kernels
 ARGS += ["--experts", str(E), "--top-k", str(K), "--capacity-factor", "1.0", "--grad-accum", str(G)]
 UNITS = [((V + S) * H, 0)] + [(4 * H * H + 8 * H + H * E, E // P * (8 * H * H + 5 * H))] * L
 UNITS += [(2 * H + H * V, 0)]
+VT = 18  # under --tp 2: embedding 210, block 305 dense elements a tp rank -- odd, chunks one apart
+
+
+def tp_units(T: int, P: int) -> list:
+    """(dense, experts) of a unit on one tp rank (expert_zero_tp.py), vocabulary VT: the embedding's VT/T
+    rows and s positions, a block's Wq, Wk, Wv columns and biases and Wo rows (4H^2/T + 3H/T) with the
+    LayerNorms, bo and the router whole (5H + HE), the head's VT/T columns and LN_f; the E/P experts
+    replicated over tp."""
+    block = (4 * H * H // T + 3 * H // T + 5 * H + H * E, E // P * (8 * H * H + 5 * H))
+    return [(VT * H // T + S * H, 0)] + [block] * L + [(2 * H + H * VT // T, 0)]
 
 
 def c(n: int, p: int, r: int) -> int:
@@ -55,31 +65,38 @@ def load(tmp_path, name: str) -> dict:
     return out
 
 
-def check_zero(m: dict, stage: int, D: int = D, C: int = 1) -> None:
+def check_zero(m: dict, stage: int, D: int = D, C: int = 1, T: int = 1, P: int = P, sp=False) -> None:
     """World rank r = d C + c: rank r of the D C ranks the dense parts shard over (dp, or dp x cp),
-    rank q = (d div P) C + c of the (D/P) C ranks its experts shard over (edp, or edp x cp)."""
+    rank q = (d div P) C + c of the (D/P) C ranks its experts shard over (edp, or edp x cp). With --tp T
+    world rank r T + j holds the tp shares of tp_units, sharded over its tp index's groups; --sp adds
+    the LayerNorms' sums over tp (4H a block, 2H the head: a ring all-reduce over T), every micro-step
+    under stage 3."""
     Dg, Q, bpe = D * C, D // P * C, 8
     R, Ag = (G, 2 * G) if stage == 3 else (1, 1)
-    for r in range(Dg):
+    units = UNITS if T == 1 else tp_units(T, P)
+    ln = [4 * H] * L + [2 * H] if sp else []
+    for w in range(Dg * T):
+        r, j = divmod(w, T)
         d, cp = divmod(r, C)
         q = d // P * C + cp
         want = {
-            "model/grad-reduce-scatter": sum(n - c(n, Dg, r) for n, _ in UNITS) * R,
-            "model/param-all-gather": sum(n - c(n, Dg, r + 1) for n, _ in UNITS) * Ag,
-            "model/expert-grad-reduce-scatter": sum(e - c(e, Q, q) for _, e in UNITS) * R,
-            "model/expert-param-all-gather": sum(e - c(e, Q, q + 1) for _, e in UNITS) * Ag,
+            "model/grad-reduce-scatter": sum(n - c(n, Dg, r) for n, _ in units) * R,
+            "model/param-all-gather": sum(n - c(n, Dg, r + 1) for n, _ in units) * Ag,
+            "model/expert-grad-reduce-scatter": sum(e - c(e, Q, q) for _, e in units) * R,
+            "model/expert-param-all-gather": sum(e - c(e, Q, q + 1) for _, e in units) * Ag,
+            "model/sp-grad-allreduce": sum(2 * n - c(n, T, j) - c(n, T, j + 1) for n in ln) * R,
         }
-        by_op = m["comm"]["ranks"][r]["by_op"]
-        got = {k: v["sent"] for k, v in by_op.items() if k.startswith("model/")}
-        assert got == {k: v * bpe * STEPS for k, v in want.items() if v}, (stage, r, got)
-        Sh = sum(c(n, Dg, r) + c(e, Q, q) for n, e in UNITS)
-        U, W = max(n + e for n, e in UNITS), sum(n + e for n, e in UNITS)
+        by_op = m["comm"]["ranks"][w]["by_op"]
+        got = {op: v["sent"] for op, v in by_op.items() if op.startswith("model/")}
+        assert got == {op: v * bpe * STEPS for op, v in want.items() if v}, (stage, w, got)
+        Sh = sum(c(n, Dg, r) + c(e, Q, q) for n, e in units)
+        U, W = max(n + e for n, e in units), sum(n + e for n, e in units)
         params = W if stage < 3 else Sh + U
         grads = {1: W, 2: Sh + W, 3: Sh + U}[stage]
-        mem = m["memory"]["ranks"][r]
-        assert (mem["params"], mem["grads"], mem["optimizer"]) == (params * bpe, grads * bpe, 16 * Sh), r
+        mem = m["memory"]["ranks"][w]
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == (params * bpe, grads * bpe, 16 * Sh), w
         # activations: the layout's without ZeRO (costmodel/gpt_moe.py, cp_moe.py; their own tests)
-        assert mem["activations_peak"] == m["predicted"]["memory"]["ranks"][r]["activations_peak"], r
+        assert mem["activations_peak"] == m["predicted"]["memory"]["ranks"][w]["activations_peak"], w
     assert m["prediction_mismatches"] == []
     for r, p in zip(m["comm"]["ranks"], m["predicted"]["comm"]["ranks"]):  # all-to-alls too, op by op
         assert {k: v["sent"] for k, v in r["by_op"].items() if not k.startswith("control")} == {
@@ -89,6 +106,7 @@ def check_zero(m: dict, stage: int, D: int = D, C: int = 1) -> None:
 
 FP16 = [a for a in ARGS if a not in ("--dtype", "float64")] + ["--precision", "mixed-fp16"]
 FP16_TP = [*FP16, "--vocab", "18"]  # the vocabulary splits over tp (the later --vocab wins)
+ARGS_TP = [*ARGS, "--vocab", str(VT)]
 SKIP_SCALE = 600000  # float16 gradients overflow at this loss scale on step 1 (from ~450000), not at half
 TOL = 16 * 2.0**-11  # 16 units of float16's roundoff: tests/mpi/model/test_mixed.py's tolerance
 
@@ -106,6 +124,15 @@ def runs(tmp_path_factory):
     cases += [["resumed", 1, [*ARGS, "--resume", str(ckpt / "step-000001")]]]
     cp = ["--dp", "2", "--cp", "2", "--ep", "2"]  # context_expert_zero.py
     cases += [[f"cp-zero{z}", D, [*ARGS, *cp, "--zero", str(z)]] for z in (1, 3)]
+    tp = ["--dp", "2", "--tp", "2"]  # expert_zero_tp.py: with --ep 2 edp has one rank, with 1 two
+    tp_ckpt = out / "ckpt-tp"
+    cases += [["serial-tp", 1, ARGS_TP], ["tp-zero1", D, [*ARGS_TP, *tp, "--ep", "2", "--zero", "1"]]]
+    cases += [["tp-zero2-sp", D, [*ARGS_TP, *tp, "--sp", "--zero", "2"]]]
+    cases += [["tp-zero3", D, [*ARGS_TP, *tp, "--ep", "2", "--zero", "3"]]]
+    cases[-1][2] += ["--checkpoint-dir", str(tp_ckpt), "--checkpoint-every", "1"]
+    cases += [["tp-zero3-edp", D, [*ARGS_TP, *tp, "--zero", "3"]]]
+    cases += [["cp-tp-zero3-sp", D, [*ARGS_TP, "--cp", "2", "--tp", "2", "--sp", "--zero", "3"]]]
+    cases += [["tp-resumed", 1, [*ARGS_TP, "--resume", str(tp_ckpt / "step-000001")]]]
     cases += [["serial-fp16", 1, FP16], ["fp16", D, [*FP16, *layout]]]
     cases += [["fp16-zero3", D, [*FP16, *layout, "--zero", "3"]]]
     cases += [["serial-fp16-tp", 1, FP16_TP]]
@@ -144,6 +171,30 @@ def test_zero_1_2_3_with_experts_equal_serial_with_exact_bytes(runs):
         check_zero(run, z, D=2, C=2)
     # the dp4 x ep2 --zero 3 checkpoint of step 1 (chunks gathered to full shape) resumed serially
     assert_same_model(runs["resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+
+
+# (case, stage, --ep, --sp) of expert_zero_tp.py on dp2 x tp2
+TP_CASES = [("tp-zero1", 1, 2, False), ("tp-zero2-sp", 2, 1, True), ("tp-zero3", 3, 2, False)]
+TP_CASES += [("tp-zero3-edp", 3, 1, False)]
+
+
+def test_zero_1_2_3_with_experts_and_tp_equal_serial_with_exact_bytes(runs):
+    """dp2 x tp2 (expert_zero_tp.py): stage 1 and 3 with --ep 2 (the experts' edp group one rank: no
+    expert traffic), stage 2 with --sp and stage 3 with --ep 1 (experts sharded over edp 2); cp2 x tp2
+    --sp --zero 3; the --ep 2 --zero 3 checkpoint of step 1 resumed serially."""
+    ref = runs["serial-tp"]
+    assert sum(sum(step) for step in ref["moe"]["dropped"]) > 0
+    for name, stage, ep, sp in TP_CASES:
+        run = runs[name]
+        assert_same_model(run, ref, rtol=1e-12)
+        assert run["moe"]["dropped"] == ref["moe"]["dropped"], name
+        check_zero(run, stage, D=2, T=2, P=ep, sp=sp)
+    # cp2 x tp2 (ContextExpertZeroTensor): the tp shares and the experts both over the 2 cp ranks
+    run = runs["cp-tp-zero3-sp"]
+    assert_same_model(run, ref, rtol=1e-12)
+    assert run["moe"]["dropped"] == ref["moe"]["dropped"]
+    check_zero(run, 3, D=1, C=2, T=2, P=1, sp=True)
+    assert_same_model(runs["tp-resumed"], {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
 
 
 @pytest.mark.parametrize(

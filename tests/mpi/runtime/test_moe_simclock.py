@@ -16,7 +16,7 @@ zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective, on c
 ZeRO with experts (gpt_moe_zero_time.py: each unit's blocking rings over dp (x cp) and edp (x cp) where
 expert_zero.py runs them, every rank round by round): dp4 x ep2 --zero 1 in bfloat16 on nodes of two (dp
 and edp cross nodes), dp2 x cp2 x ep2 --zero 3 with --grad-accum 2, top-1 drops and h = 10 (chunks one
-element apart) on a GPU node.
+element apart) on a GPU node, and dp2 x tp2 --sp --zero 3 (expert_zero_tp.py) on nodes of two.
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ ZERO = {  # parallel/expert_zero.py and context_expert_zero.py under sim
     "zero1": ["--dp", "4", "--ep", "2", "--zero", "1", "--precision", "mixed-bf16"],
     "zero3": ["--dp", "2", "--cp", "2", "--ep", "2", "--zero", "3", "--grad-accum", "2", "--top-k", "1"]
     + ["--capacity-factor", "1.0", "--hidden", "10", "--heads", "2", "--hardware", "dgx-h100"],
+    # expert_zero_tp.py: tp shares over dp, experts over edp (2 ranks), the LayerNorms' sums before
+    # each unit's reduce-scatter on every micro-step
+    "zero3-tp-sp": ["--dp", "2", "--tp", "2", "--sp", "--zero", "3", "--grad-accum", "2"],
 }
 
 

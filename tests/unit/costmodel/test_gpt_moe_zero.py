@@ -92,3 +92,46 @@ def test_stage_3_adds_one_gather_of_every_unit_to_stage_1_when_the_ranks_stay_to
     extra = sum(gather(n, 4) + (gather(m, 2) if m else 0.0) for n, m in parts)
     one, three = (predict(4, 2, zero)["time"]["step_s"] for zero in (1, 3))
     assert three - one == pytest.approx(extra, rel=1e-9)
+
+
+# --tp T (expert_zero_tp.py): a unit's dense part is one tp rank's share -- embedding V H/T + S H, a
+# block 4H^2/T + 3H/T + 5H + HE (Wq, Wk, Wv by columns with their biases, Wo by rows; LayerNorms, bo and
+# the router whole), head 2H + HV/T -- and the experts replicated over tp shard over each tp index's edp.
+T = 2
+EMBED_T, BLOCK_T, HEAD_T = V * H // T + S * H, 4 * H * H // T + 3 * H // T + 5 * H + H * E, 2 * H + H * V // T
+M_T = EMBED_T + L * BLOCK_T + HEAD_T  # every size here divides by D = 2
+
+
+@pytest.mark.parametrize("D,C,P,sp", [(2, 1, 2, False), (2, 1, 1, True), (1, 2, 1, True)])
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_with_tp_each_tp_share_shards_over_dp_and_the_experts_over_edp(zero, D, C, P, sp):
+    """dp2 x tp2 or cp2 x tp2, --grad-accum 2: the tp layout's all-reduces become ZeRO's halves over dp
+    x cp (2 ranks) and edp x cp (2/P), K = 2 times 1.5 of them under stage 3; --sp's LayerNorm sums run
+    on every micro-step under stage 3; tp's own traffic, the K/V and the all-to-alls are the layout's
+    without ZeRO; model states as without tp, read with the tp shares."""
+    K = 2
+    Me, Q = L * E // P * EXPERT, D // P * C
+
+    def run(z):
+        cfg = RunConfig(**SHAPE, dp=D, ep=P, cp=C, tp=T, sp=sp, zero=z, grad_accum=K)
+        return predict_from_config(cfg, D * C * T, 1, LOCAL_DEFAULTS)
+
+    plain, pred = run(0), run(zero)
+    D = D * C  # the dense group: dp x cp
+    ring = lambda n, p: 2 * (p - 1) * n // p  # noqa: E731
+    factor = 1.5 * K if zero == 3 else 1
+    shard = M_T // D + Me // Q
+    unit, whole = BLOCK_T + E // P * EXPERT, M_T + Me
+    for r, base, mem in zip(pred["comm"]["ranks"], plain["comm"]["ranks"], pred["memory"]["ranks"]):
+        ops, before = r["by_op"], base["by_op"]
+        zero_bytes = sum(v["sent"] for k, v in ops.items() if k.startswith("model/") and "sp-" not in k)
+        assert zero_bytes == factor * (ring(M_T, D) + (ring(Me, Q) if Q > 1 else 0)) * 8
+        assert "model/grad-allreduce" not in ops and "model/expert-grad-allreduce" not in ops
+        if sp:  # each block's 4H and the head's 2H over tp (2 ranks): H (4L + 2) elements a time
+            once = (4 * L + 2) * H * 8
+            assert before["model/sp-grad-allreduce"]["sent"] == once
+            assert ops["model/sp-grad-allreduce"]["sent"] == once * (K if zero == 3 else 1)
+        assert r["sent"]["activation"] == base["sent"]["activation"]
+        params = whole if zero < 3 else shard + unit
+        grads = {1: whole, 2: shard + whole, 3: shard + unit}[zero]  # stage 2, K > 1: whole buffers
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == (8 * params, 8 * grads, 16 * shard)

@@ -35,6 +35,8 @@ BUILT = [
     ("expert", "ExpertParallel", dict(dp=4, ep=2, experts=4)),
     ("expert_zero", "ExpertZero", dict(dp=4, ep=2, experts=4, zero=3, arch="gpt", dataset="copy")),
     ("context_expert_zero", "ContextExpertZero", dict(dp=2, cp=2, ep=2, experts=4, zero=1, arch="gpt")),
+    ("expert_zero_tp", "ExpertZeroTensor", dict(dp=2, ep=2, tp=2, experts=4, zero=2, arch="gpt")),
+    ("expert_zero_tp", "ContextExpertZeroTensor", dict(cp=2, tp=2, experts=4, zero=3, arch="gpt")),
     ("zero", "ZeroDataParallel", dict(dp=2, zero=3, arch="gpt")),  # gpt through the converted strategies
     ("pipeline.engine", "PipelineParallel", dict(dp=1, pp=2, tp=2, arch="gpt")),
     ("tensor_gpt", "GptTensorParallel", dict(dp=1, tp=2, arch="gpt")),
