@@ -9,11 +9,12 @@ for a BALANCED router: every rank's n tokens spread evenly, n K / E assignments 
 dropped (the real router's histograms make a run's exact prediction; an imbalanced one moves more
 bytes through the hottest expert's rank and waits for it). Layouts: what `train --clock sim` runs --
 dp x ep, with --cp (cp_moe.py), --tp (gpt_moe_tp.py) or --pp (gpt_moe_pipeline.py) -- checked by the
-same rules, so the plan refuses what a simulated run would. With --zero 1-3 (dp x ep, with --cp too:
-what expert_zero.py and context_expert_zero.py run) the memory and the gradient traffic are
-gpt_moe_zero.py's: the dense states sharded over the D (x C) ranks of dp (x cp), each rank's experts'
-over the D/P (x C) ranks of edp (x cp), reduce-scatters and all-gathers instead of the all-reduces;
---zero with --tp or --pp is refused as train refuses it. This file checks the question and words the
+same rules, so the plan refuses what a simulated run would. With --zero 1-3 (dp x ep, with --cp and
+--tp too: what expert_zero.py, context_expert_zero.py and expert_zero_tp.py run) the memory and the
+gradient traffic are gpt_moe_zero.py's: the dense states (with --tp the rank's shares) sharded over the
+D (x C) ranks of dp (x cp), each rank's experts' over the D/P (x C) ranks of edp (x cp),
+reduce-scatters and all-gathers instead of the all-reduces; --zero with --pp is refused as train
+refuses it. This file checks the question and words the
 answer.
 """
 
@@ -140,7 +141,10 @@ def format_gpt_moe_plan(p: dict, cfg, shape, hw) -> list[str]:
         states = {1: "optimizer state", 2: "optimizer state and grads", 3: "optimizer state, grads, params"}
         g = p["zero_groups"]
         cp = " x cp" if cfg.cp > 1 else ""
-        replicated = f"ZeRO-{cfg.zero}: {states[cfg.zero]} sharded over the {g['non_expert']} dp{cp} ranks"
+        shards = "its tp shards; " if cfg.tp > 1 else ""
+        replicated = (
+            f"{shards}ZeRO-{cfg.zero}: {states[cfg.zero]} sharded over the {g['non_expert']} dp{cp} ranks"
+        )
         experts = f", the experts' over their {g['experts']} edp{cp} ranks"
     else:
         experts = ""

@@ -110,17 +110,18 @@ def test_the_printed_plan_says_balanced(capsys):
     assert "balanced router" in out and "all-to-all per rank per step" in out and "MFU" in out
 
 
-@pytest.mark.parametrize("C", [1, 2])
-def test_zero_shards_the_states_as_the_zero_paper_counts_them(C):
-    """--zero 0-3 (with --cp C too), mixed precision Adam: 2 + 2 + 12 bytes per parameter (Rajbhandari
-    et al. 2020, sec. 3.1), the dense parameters M sharded over the D C ranks of dp x cp, the rank's
-    experts X over the D/P C ranks of edp x cp (every unit divides evenly here, so the shard is M/(D C) +
-    X/(D/P C)); a sharded stage keeps one unit whole besides (U: the largest block, gathered or reduced
-    one at a time). Memory per rank falls stage by stage; activations and all-to-alls do not change."""
+@pytest.mark.parametrize("C, T", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_zero_shards_the_states_as_the_zero_paper_counts_them(C, T):
+    """--zero 0-3 (with --cp C and --tp T too), mixed precision Adam: 2 + 2 + 12 bytes per parameter
+    (Rajbhandari et al. 2020, sec. 3.1), the dense parameters M sharded over the D C ranks of dp x cp,
+    the rank's experts X over the D/P C ranks of edp x cp (every unit divides evenly here, so the shard
+    is M/(D C) + X/(D/P C)); under --tp the dense part is the rank's tp share (attention's and the
+    vocabulary's columns split T ways), sharded the same way; a sharded stage keeps one unit whole
+    besides (U: the largest block, gathered or reduced one at a time). Memory per rank falls stage by
+    stage; activations and all-to-alls do not change."""
     L, h, s, V, E, P, D = 2, 16, 8, 16, 4, 2, 4
-    units = (
-        [(V + s) * h] + [4 * h * h + 8 * h + h * E] * L + [2 * h + h * V]
-    )  # dense: embedding, blocks, head
+    # dense, per tp rank: embedding, blocks (Wq Wk Wv Wo and their biases split T ways), head
+    units = [V * h // T + s * h] + [4 * h * h // T + 3 * h // T + 5 * h + h * E] * L + [2 * h + h * V // T]
     M, X = sum(units), L * E // P * (8 * h * h + 5 * h)  # X: this rank's E/P experts of every block
     U = max(units) + E // P * (8 * h * h + 5 * h)  # a block whole: its dense part and its experts
     Nd, Ne = D * C, D // P * C
@@ -138,7 +139,8 @@ def test_zero_shards_the_states_as_the_zero_paper_counts_them(C):
     traffic = {0: 2 * ring, 1: 2 * ring, 2: 2 * ring, 3: 3 * ring}
     totals, first = [], None
     for zero in range(4):
-        args = ["--experts", str(E), "--ep", str(P), "--dp", str(D), "--cp", str(C), "--zero", str(zero)]
+        args = ["--experts", str(E), "--ep", str(P), "--dp", str(D), "--cp", str(C), "--tp", str(T)]
+        args += ["--zero", str(zero)]
         cfg = ask(*args, "--batch", "8", "--precision", "mixed", "--optimizer", "adam")
         p = plan_gpt_moe(cfg, hardware.load("dgx-h100"))
         mem = p["memory"]["max"]
@@ -164,8 +166,9 @@ def test_zero_shards_the_states_as_the_zero_paper_counts_them(C):
 
 
 def test_zero_where_the_run_refuses_it_plan_refuses_it():
-    """expert_zero.py shards over dp (x cp) only: --zero with --pp (or --tp) is refused in train's line."""
-    with pytest.raises(SimparError, match="--zero with --tp or --pp"):
+    """expert_zero.py (expert_zero_tp.py with --tp) shards no pipeline stage: --zero with --pp is
+    refused in train's line, as a simulated run would be."""
+    with pytest.raises(SimparError, match="not yet with --zero with --pp"):
         ask("--experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--zero", "1")
 
 
