@@ -14,8 +14,7 @@ same rules, so the plan refuses what a simulated run would. With --zero 1-3 (dp 
 gradient traffic are gpt_moe_zero.py's: the dense states (with --tp the rank's shares) sharded over the
 D (x C) ranks of dp (x cp), each rank's experts' over the D/P (x C) ranks of edp (x cp),
 reduce-scatters and all-gathers instead of the all-reduces; --zero with --pp is refused as train
-refuses it. This file checks the question and words the
-answer.
+refuses it. This file checks the question and words the answer.
 """
 
 from __future__ import annotations
