@@ -121,7 +121,8 @@ class EpAlltoalls:
     P x P pieces, and a balanced router hands every block and micro-step the same matrix, so a 512-rank
     plan asks for the same few costs tens of thousands of times. The numbers are exactly what the
     direct call gives: the same arithmetic, done once. The memo keeps each matrix it keys by id, so no
-    other matrix can take that id while the memo lives (one memo per prediction)."""
+    other matrix can take that id while the memo lives (one memo per prediction); with a run's routing
+    (every block its own matrix) it holds 2 P / E times the D x E matrices' own elements in pieces."""
 
     def __init__(self, experts: int, ep: int, width: int, alltoall: str):
         self.routing = SimpleNamespace(experts=experts, ep=ep)  # what alltoall_pieces reads
@@ -135,8 +136,9 @@ class EpAlltoalls:
             P = self.routing.ep
             group = (id(kept), d - d % P)
             if group not in self.pieces:
-                pieces = alltoall_pieces(self.routing, kept, d)
-                scaled = {op: [[x * self.width for x in line] for line in pieces[op]] for op in OPS}
+                pieces = alltoall_pieces(self.routing, kept, d)  # two matrices: out and its transpose
+                wide = {id(m): [[x * self.width for x in line] for line in m] for m in pieces.values()}
+                scaled = {op: wide[id(pieces[op])] for op in OPS}
                 self.pieces[group] = (kept, scaled)
             scaled = self.pieces[group][1]
             costs = {}
