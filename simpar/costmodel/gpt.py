@@ -182,17 +182,18 @@ def plan(
     precision: str = "mixed",
     optimizer: str = "adam",
     grad_accum: int = 1,
+    collectives: str = "ring",
 ) -> dict:
     """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
 
     Time: each GPU's share of the step's matmul FLOPs at the profile's rate, stretched by the pipeline
     bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); plus, not overlapped, tensor
-    parallelism's 4 all-reduces of b s h per layer per micro-batch (Megatron-LM sec. 3; sp's
-    reduce-scatter + all-gather move the same bytes) and the data-parallel ring all-reduce of the
-    stage's gradients (2 (dp-1)/dp x params x 2 bytes); pipeline sends are left out (b s h per
+    parallelism's 4 all-reduces of b s h per layer per micro-batch (6 under full recomputation) and
+    the stage's gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each
+    priced as a run's collectives are (plan_comm.py); pipeline sends are left out (b s h per
     boundary, small beside the rest). Activations: the first stage holds min(p, M) micro-batches of
     its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3)."""
-    from .hardware import group_link
+    from . import plan_comm
 
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
     world = dp * tp * pp
@@ -210,15 +211,11 @@ def plan(
     hw_flops = flops_per_step(batch, s, L, h, V, recompute)  # attention.py: every score, masked
     rate = hw.flop_rate(precision)
     compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
-    tp_link, dp_link = group_link(hw, "tp", dp, tp, pp), group_link(hw, "dp", dp, tp, pp)
-    act_bpe = PRECISIONS[precision].act
-    tp_s = 0.0
-    if tp > 1:
-        per = 2 * (tp - 1) / tp * b * s * h * act_bpe * tp_link.beta + 2 * (tp - 1) * tp_link.alpha
-        tp_s = 4 * math.ceil(L / pp) * M * grad_accum * per
-    dp_s = 0.0
-    if dp > 1:
-        dp_s = 2 * (dp - 1) / dp * P_gpu * gb * dp_link.beta + 2 * (dp - 1) * dp_link.alpha
+    # tp's activation all-reduces and dp's gradient traffic, as a run's are priced (plan_comm.py)
+    tp_calls = (6 if recompute == "full" else 4) * math.ceil(L / pp) * M * grad_accum
+    elems = max(1, round(b * s * h))
+    tp_s = plan_comm.tp_seconds(hw, dp, tp, pp, elems, PRECISIONS[precision].act, tp_calls, sp, collectives)
+    dp_s = plan_comm.dp_seconds(hw, dp, tp, pp, P_gpu, gb, pb, zero, grad_accum, collectives)
     step_s = compute_s + tp_s + dp_s
     peak = hw.peak_rate(precision)  # the datasheet's dense peak (local: its measured rate)
     return {
@@ -232,6 +229,7 @@ def plan(
             "microbatches": M,
             "grad_accum": grad_accum,
             "recompute": recompute,
+            "collectives": collectives,
         },
         "world": world,
         "params": param_count(L, h, s, V),

@@ -48,7 +48,7 @@ def layout_problem(shape, batch: int, dp: int, cp: int, tp: int, pp: int, q: dic
 
 def rank_gpt_layouts(shape, batch: int, hw, world: int, limit: float | None, q: dict) -> tuple[list, int]:
     """(ranked plans, how many splits were invalid). `q`: sp, zero, microbatches, recompute, precision,
-    optimizer, grad_accum, cp_algo -- the question's knobs, the same for every candidate."""
+    optimizer, grad_accum, cp_algo, collectives -- the question's knobs, the same for every candidate."""
     if not world or world < 1:
         raise SimparError("--compare needs --world N (the number of GPUs to split)")
     if world > 1 << 16:
@@ -68,6 +68,7 @@ def rank_gpt_layouts(shape, batch: int, hw, world: int, limit: float | None, q: 
             precision=q["precision"],
             optimizer=q["optimizer"],
             grad_accum=q["grad_accum"],
+            collectives=q.get("collectives", "ring"),
         )
         if cp > 1:
             plans.append(plan_cp(shape, batch, hw, cp, q["cp_algo"], dp=dp, **kw))

@@ -13,6 +13,7 @@ import json
 from ..config import SimparError
 from ..costmodel import gpt as cg
 from ..costmodel import hardware
+from ..costmodel.collectives import ALLREDUCE
 from ..units import fmt_si, fmt_time
 
 
@@ -55,6 +56,8 @@ def check_layout(shape: cg.Shape, a) -> None:
         raise SimparError(f"unknown recompute {a.recompute!r} (choose from none, full, selective)")
     if a.zero not in (0, 1, 2, 3):
         raise SimparError(f"--zero must be 0, 1, 2 or 3, got {a.zero}")
+    if a.collectives not in ALLREDUCE:
+        raise SimparError(f"unknown --collectives {a.collectives!r} (choose from {', '.join(ALLREDUCE)})")
     if a.precision not in ("fp32", "fp64", "mixed") or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
 
@@ -74,6 +77,7 @@ def plan_gpt_main(a) -> int:
     check_layout(shape, a)
     hw = hardware.load(a.hardware)
     args = (a.tp, a.pp, a.sp, a.zero, a.microbatches, a.recompute, a.precision, a.optimizer, a.grad_accum)
+    args += (a.collectives,)
     if a.compare:  # every dp x cp x tp x pp of --world GPUs, ranked (costmodel/gpt_compare.py)
         from ..units import parse_bytes
         from .plan_gpt_compare import print_gpt_compare
@@ -110,6 +114,7 @@ PLAN_ARGS = (
     "precision",
     "optimizer",
     "grad_accum",
+    "collectives",
 )
 
 
@@ -151,7 +156,8 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"2021 sec. 5.1, the causal half of the scores as Megatron-LM counts them); the hardware does "
         f"{p['hardware_flops_per_step']:.3e}" + _hardware_note(p),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
-        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped"
+        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped; "
+        f"--collectives {lay['collectives']}"
         + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),
         f"MFU: {p['mfu']:.1%} of the dense peak (model FLOPs / (step time x GPUs x peak); {hw.name}'s "
         f"achievable GEMM rate is {hw.flop_rate(prec) / hw.peak_rate(prec):.1%} of its peak, so compute "

@@ -1,0 +1,100 @@
+"""`plan --arch gpt`'s collectives (costmodel/plan_comm.py): --collectives is honoured, ZeRO's halves and
+full recomputation's extra all-reduces are counted, each priced by the algorithm's textbook cost.
+
+On `local` (no protocol table: plain alpha-beta-gamma, the reduction on the CPU) the expected seconds are
+written here from Thakur, Rabenseifner & Gropp 2005 (sec. 4) with simpar's chunking (ceil(n/p) per ring
+step); on the GPU profiles only what must hold whatever the tuner's numbers: orders and ratios.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simpar.costmodel import gpt as cg
+from simpar.costmodel import hardware
+
+SHAPE = cg.Shape(4, 256, 8, 128, 1000, "a small test shape")
+
+
+def local():
+    hw = hardware.load("local")
+    assert not hw.reduce_in_transfer and not hw.ring_proto  # so: alpha, beta, gamma alone
+    return hw, hw.intra_alpha, 1 / hw.intra_bw, hw.gamma
+
+
+def textbook_allreduce(algo: str, n: int, p: int, bpe: int, alpha: float, beta: float, gamma: float) -> float:
+    """Critical path of one all-reduce (Thakur et al. 2005): rounds x alpha + bytes through the slowest
+    link x beta + bytes reduced x gamma."""
+    if algo == "ring":  # reduce-scatter + all-gather, p - 1 steps each of one ceil(n/p) chunk
+        c = math.ceil(n / p) * bpe
+        return 2 * (p - 1) * alpha + 2 * (p - 1) * c * beta + (p - 1) * c * gamma
+    if algo == "tree":  # binomial reduce then broadcast: ceil(log2 p) rounds each way, the whole buffer
+        d = math.ceil(math.log2(p))
+        return 2 * d * alpha + 2 * d * n * bpe * beta + d * n * bpe * gamma
+    if algo == "ps":  # the server takes p - 1 buffers in, sums them, sends p - 1 out
+        return 2 * alpha + 2 * (p - 1) * n * bpe * beta + (p - 1) * n * bpe * gamma
+    raise ValueError(algo)
+
+
+@pytest.mark.parametrize("algo", ["ring", "tree", "ps"])
+def test_tp_all_reduces_are_priced_by_the_chosen_algorithm(algo):
+    hw, alpha, beta, gamma = local()
+    batch, tp = 8, 4
+    p = cg.plan(SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo)
+    n = batch * SHAPE.seq * SHAPE.hidden  # b s h per all-reduce (one micro-batch, no dp)
+    one = textbook_allreduce(algo, n, tp, 4, alpha, beta, gamma)
+    assert p["time"]["tp_s"] == pytest.approx(4 * SHAPE.layers * one, rel=1e-12)  # f, g fwd + bwd
+    assert p["time"]["dp_s"] == 0
+    full = cg.plan(
+        SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo, recompute="full"
+    )
+    assert full["time"]["tp_s"] == pytest.approx(6 * SHAPE.layers * one, rel=1e-12)  # f, g again
+
+
+@pytest.mark.parametrize("algo", ["ring", "tree", "ps"])
+def test_dp_gradients_are_priced_by_the_chosen_algorithm(algo):
+    hw, alpha, beta, gamma = local()
+    p = cg.plan(SHAPE, 8, hw, dp=4, precision="fp32", optimizer="sgd", collectives=algo)
+    P = p["params_per_gpu"]
+    expected = textbook_allreduce(algo, P, 4, 4, alpha, beta, gamma)
+    assert p["time"]["dp_s"] == pytest.approx(expected, rel=1e-12)
+    assert p["layout"]["collectives"] == algo
+
+
+def test_zero_moves_ring_halves_and_zero3_gathers_twice_per_accumulation_step():
+    hw, alpha, beta, gamma = local()
+    dp, K = 4, 3
+    P = cg.plan(SHAPE, 24, hw, dp=dp, precision="mixed", optimizer="adam")["params_per_gpu"]
+    c = math.ceil(P / dp) * 2  # mixed: 2-byte gradients and 2-byte parameters
+    scatter = (dp - 1) * (alpha + c * beta + c * gamma)
+    gather = (dp - 1) * (alpha + c * beta)
+    for zero, expected in ((1, scatter + gather), (2, scatter + gather), (3, K * (scatter + 2 * gather))):
+        # ZeRO's halves are rings whatever --collectives says (as in a run: chunktime.RING_HALVES)
+        p = cg.plan(SHAPE, 24, hw, dp=dp, zero=zero, grad_accum=K, collectives="tree")
+        assert p["time"]["dp_s"] == pytest.approx(expected, rel=1e-12), zero
+
+
+def test_gpu_profiles_order_the_algorithms_as_their_critical_paths_do():
+    hw = hardware.load("dgx-h100")
+    big = cg.PRESETS["gpt2-1.5b"]
+    t = {a: cg.plan(big, 64, hw, dp=8, collectives=a)["time"]["dp_s"] for a in ("ring", "auto", "tree", "ps")}
+    # one node of 8: auto may take NVLink SHARP (faster than the ring for GiB-scale buffers); the tree
+    # sends the whole buffer log2(8) = 3 times each way, the server 7 times each way
+    assert t["auto"] < t["ring"] < t["tree"] < t["ps"]
+    assert t["tree"] / t["ring"] == pytest.approx(3 * 8 / 7, rel=0.15)  # 2 log2 p n vs 2 (p-1)/p n bytes
+    assert t["ps"] / t["ring"] == pytest.approx(8, rel=0.15)  # 2 (p-1) n vs 2 (p-1)/p n
+
+
+def test_the_command_line_says_which_collectives_and_refuses_unknown_ones():
+    from tests.unit.costmodel.test_gpt import plan
+
+    common = ("--model", "gpt2-1.5b", "--dp", "8", "--batch", "64", "--hardware", "dgx-h100")
+    code, out, err = plan(*common, "--collectives", "tree")
+    assert code == 0, err
+    assert "--collectives tree" in out
+    code, _, err = plan(*common, "--cp", "2", "--collectives", "ps", "--json")
+    assert code == 0 and '"collectives": "ps"' in _, err
+    code, _, err = plan(*common, "--collectives", "bogus")
+    assert code == 2 and err.strip().startswith("simpar: error: unknown --collectives 'bogus'")
