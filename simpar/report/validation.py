@@ -2,8 +2,9 @@
 
 A point (one CSV row, validation/README.md lists the columns) says what was measured -- a collective of
 `size_bytes` on `gpus` GPUs over `nodes` nodes, a GEMM of m x n x k, memory bandwidth, a kernel
-launch -- on which hardware, under which profile of ours, and what the source printed. The prediction
-is the cost model's closed form for that one operation (costmodel/nccl.py on the profile's numbers),
+launch, a whole GPT training step (`gpt-step`) -- on which hardware, under which profile of ours, and
+what the source printed. The prediction is the cost model's closed form for that one operation
+(costmodel/nccl.py on the profile's numbers; a training step: `plan --arch gpt`, validation_gpt.py),
 in the source's own unit; ratio = predicted / published. A point passes within its tolerance (20%
 unless the CSV gives another, with its reason in `how`).
 """
@@ -17,6 +18,7 @@ import statistics
 
 from ..costmodel import gpus, hardware, nccl
 from ..errors import SimparError
+from . import validation_gpt
 
 REQUIRED = ("id", "quantity", "op", "profile", "value", "unit", "source_url")
 TOLERANCE = 0.20
@@ -70,7 +72,7 @@ def read_points(path: str) -> list[dict]:
             raise SimparError(f"{where}: point {row['id']!r} has no source_url")
         try:
             row["value"] = float(row["value"])
-            for key in ("gpus", "nodes", "size_bytes", "m", "n", "k"):
+            for key in ("gpus", "nodes", "size_bytes", "m", "n", "k", *validation_gpt.INTS):
                 row[key] = int(row[key]) if row.get(key) else 0
             row["tolerance"] = float(row["tolerance"]) if row.get("tolerance") else TOLERANCE
             row["launch"] = nccl.parse_launch(row.get("launch") or "").label()  # checked, in its words
@@ -150,6 +152,8 @@ def predict(point: dict, hw) -> tuple[float, str]:
             4 if prec in ("fp32", "tf32") else 2,
         )
         values, how = {"time": t, "tflops": 2.0 * m * n * k / t}, prec
+    elif op == "gpt-step":
+        values, how = validation_gpt.step_values(point, hw)
     elif op == "elementwise":
         values, how = {"bandwidth": 3 / hw.gamma}, "3/gamma"
     elif op == "launch":
