@@ -1,8 +1,10 @@
 """`gpt-step` points: published end-to-end GPT training throughput against `plan --arch gpt`.
 
-* validation/known-gaps/training.csv (Narayanan et al. 2021, Table 1) loads, every row carries its
-  source and its GAP, and the printed columns agree with each other: Eq. 2 of the row's l and h gives
-  its Params, TFLOP/s x GPUs its aggregate petaFLOP/s.
+* validation/known-gaps/training.csv (Narayanan et al. 2021, Table 1 and Table 2's PTD-P rows) loads,
+  every row carries its source and its GAP, and the printed columns agree with each other: Eq. 2 of
+  the row's l and h gives its Params, TFLOP/s x GPUs its aggregate petaFLOP/s (Table 1), 300B tokens
+  in steps of the published step its training days (Table 2: so Eq. 3 is the count behind the
+  TFLOP/s).
 * Each prediction equals the plan written again here from its formulas: Eq. 3's FLOPs over the GPUs at
   the profile's rate, stretched by the 1F1B bubble, plus 6 tp all-reduces of s h per layer and
   micro-batch (full recomputation) and one dp all-reduce of the stage's gradients, each collective
@@ -29,17 +31,24 @@ def points():
     return validation.read_points(TRAINING)
 
 
-def test_table_1_loads_with_its_sources_and_its_columns_agree():
+def test_the_tables_load_with_their_sources_and_their_columns_agree():
     pts = points()
-    assert len(pts) == 10 and {p["op"] for p in pts} == {"gpt-step"}
+    assert len(pts) == 16 and {p["op"] for p in pts} == {"gpt-step"}
+    assert len({p["id"] for p in pts}) == 16
+    assert sum(bool(p["aggregate_pflops"]) for p in pts) == 10  # Table 1's rows; Table 2's print days
     for p in pts:
         assert p["source_url"].startswith("https://") and "GAP:" in p["how"]
         assert (p["seq"], p["vocab"], p["profile"], p["microbatch"]) == (2048, 51200, "dgx-a100", 1)
         L, h, s, V = p["layers"], p["hidden"], p["seq"], p["vocab"]
         eq2 = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))  # Narayanan et al., Eq. 2
         assert round(eq2 / 1e9, 1) == float(p["params_b"]), p["id"]
-        # the per-GPU figure is printed to 1 TFLOP/s, the aggregate to 0.1 PFLOP/s
-        assert abs(float(p["aggregate_pflops"]) * 1e3 / p["gpus"] - p["value"]) <= 0.5, p["id"]
+        if p["aggregate_pflops"]:  # the per-GPU figure is printed to 1 TFLOP/s, the aggregate to 0.1 PFLOP/s
+            assert abs(float(p["aggregate_pflops"]) * 1e3 / p["gpus"] - p["value"]) <= 0.5, p["id"]
+        else:  # 300B tokens, B s a step, each taking Eq. 3 / (TFLOP/s x GPUs)
+            B = p["batch"]
+            eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+            days = 300e9 / (B * s) * eq3 / (p["value"] * 1e12 * p["gpus"]) / 86400
+            assert days == pytest.approx(float(p["train_days_300b"]), rel=0.02), p["id"]
         assert p["gpus"] == 8 * p["nodes"] and p["gpus"] % (p["tp"] * p["pp"]) == 0
 
 
@@ -64,7 +73,7 @@ def expected_step(p, hw) -> float:
     return compute + tp_s + dp_s
 
 
-@pytest.mark.parametrize("i", range(10))
+@pytest.mark.parametrize("i", range(16))
 def test_each_prediction_is_the_plan_written_again(i):
     hw = hardware.load("dgx-a100")
     p = points()[i]
