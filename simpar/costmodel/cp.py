@@ -164,8 +164,10 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     divides over them.
 
     The attention is priced as the simulated clock prices simpar's (cp_time.py, on the cp group's
-    link: C ranks, stride tp; h/t wide, a/t heads under tp), at the plan's matmul rate (the plan
-    counts no memory-bound work: FlashAttention keeps a block's scores on chip): gpt.plan's score
+    link: C ranks, stride tp; h/t wide, a/t heads under tp), at the plan's matmul rate (the ring
+    keeps a block's scores on chip, as FlashAttention does, so gpt.plan charges no memory passes
+    over them -- its per-token ones stand; Ulysses' a/C heads over s tokens pass through memory as
+    attention.py's do, the same count as without cp): gpt.plan's score
     products, Narayanan's s/(6h) term (12 B s^2 L h FLOPs, 16 under full recomputation), leave its
     compute, and each layer of a stage adds per micro-batch
       ring      forward  sum_{t<C-1} max(k_t f, w + alpha) + 2 f, backward likewise (cp_time.py's table):
@@ -183,7 +185,9 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     from .hardware import group_link
 
     C, L, h, a, s = cp, shape.layers, shape.hidden, shape.heads, shape.seq
-    base = gpt_plan(shape, batch, hw, dp=dp * C, **kw)
+    # the ring keeps each block's scores on chip (below): no memory passes over them; Ulysses runs
+    # attention.py on its a/C heads, whose scores go through memory as without cp
+    base = gpt_plan(shape, batch, hw, dp=dp * C, materialized_scores=algo != "ring" or C == 1, **kw)
     tp, pp = base["layout"]["tp"], base["layout"]["pp"]
     M, K = base["layout"]["microbatches"], base["layout"]["grad_accum"]
     b = batch / (dp * M * K)
@@ -221,7 +225,7 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
             _, f, g = ulysses_parts(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
         compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
-    step_s = compute_s + t["tp_s"] + t["dp_s"] + cp_s
+    step_s = compute_s + t["memory_s"] + t["tp_s"] + t["dp_s"] + cp_s  # memory_s: gpt.plan's, per row
     hw_flops, scores = base["hardware_flops_per_step"], base["attention_scores"]
     if C > 1 and algo == "ring":  # gpt.plan's every score (12, 14 or 16 s^2 h) for the ring's blocks
         whole = {"full": 16, "selective": 14}.get(mode, 12) * batch * s * s * L * h

@@ -183,17 +183,19 @@ def plan(
     optimizer: str = "adam",
     grad_accum: int = 1,
     collectives: str = "ring",
+    materialized_scores: bool = True,
 ) -> dict:
     """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
 
     Time: each GPU's share of the step's matmul FLOPs at the profile's rate, stretched by the pipeline
-    bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); plus, not overlapped, tensor
+    bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); its memory-bound work (LayerNorms,
+    softmax, GeLU, the loss, the optimizer: plan_passes.py), stretched alike; plus, not overlapped, tensor
     parallelism's 4 all-reduces of b s h per layer per micro-batch (6 under full recomputation) and
     the stage's gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each
     priced as a run's collectives are (plan_comm.py); pipeline sends are left out (b s h per
     boundary, small beside the rest). Activations: the first stage holds min(p, M) micro-batches of
     its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3)."""
-    from . import plan_comm
+    from . import plan_comm, plan_passes
 
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
     world = dp * tp * pp
@@ -209,14 +211,28 @@ def plan(
     activations = math.ceil(L / pp) * in_flight * act_layer * PRECISIONS[precision].act / 2
     model_flops = model_flops_per_step(batch, s, L, h, V)  # causal: the same for every layout
     hw_flops = flops_per_step(batch, s, L, h, V, recompute)  # attention.py: every score, masked
-    rate = hw.flop_rate(precision)
+    rate = hw.flop_rate(precision) * hw.compute_share(min(world, hw.devices_per_node))  # local: shared cores
     compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
     # tp's activation all-reduces and dp's gradient traffic, as a run's are priced (plan_comm.py)
-    tp_calls = (6 if recompute == "full" else 4) * math.ceil(L / pp) * M * grad_accum
-    elems = max(1, round(b * s * h))
-    tp_s = plan_comm.tp_seconds(hw, dp, tp, pp, elems, PRECISIONS[precision].act, tp_calls, sp, collectives)
+    # per micro-batch on the first stage: its blocks' f and g, the embedding's (twice under full
+    # recomputation); with pp 1 the head's and the loss's too (plan_comm.py's docstring)
+    full = recompute == "full"
+    per_micro = (6 if full else 4) * math.ceil(L / pp) + (2 if full else 1) + (1 if pp == 1 else 0)
+    elems, rows = max(1, round(b * s * h)), max(1, round(b * s)) if pp == 1 else 0
+    tp_s = (
+        M
+        * grad_accum
+        * plan_comm.tp_seconds(
+            hw, dp, tp, pp, elems, PRECISIONS[precision].act, per_micro, sp, collectives, rows
+        )
+    )
     dp_s = plan_comm.dp_seconds(hw, dp, tp, pp, P_gpu, gb, pb, zero, grad_accum, collectives)
-    step_s = compute_s + tp_s + dp_s
+    # the memory passes between the matmuls, as the simulated clock charges simpar's run (plan_passes.py)
+    memory_s = plan_passes.memory_bound_seconds(
+        shape, b, hw, dp, tp, pp, sp, zero, microbatches, recompute, precision, optimizer, grad_accum,
+        PRECISIONS[precision].act, P_gpu, materialized_scores,
+    )  # fmt: skip
+    step_s = compute_s + memory_s + tp_s + dp_s
     peak = hw.peak_rate(precision)  # the datasheet's dense peak (local: its measured rate)
     return {
         "model": shape,
@@ -247,7 +263,7 @@ def plan(
         "flops_per_step": model_flops,
         "hardware_flops_per_step": hw_flops,
         "attention_scores": "all s^2, masked",  # attention.py's; cp's ring: its causal blocks (cp.py)
-        "time": {"step_s": step_s, "compute_s": compute_s, "tp_s": tp_s, "dp_s": dp_s},
+        "time": {"step_s": step_s, "compute_s": compute_s, "memory_s": memory_s, "tp_s": tp_s, "dp_s": dp_s},
         "mfu": model_flops / (step_s * world * peak),
         "precision": precision,
         "hardware": hw.name,

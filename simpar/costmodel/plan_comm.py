@@ -9,8 +9,11 @@ Per step, on each GPU, none of it overlapped with compute (an upper bound, as th
        attention and of the MLP, forward and backward (Megatron-LM, Shoeybi et al. 2019, sec. 3,
        Fig. 4) -- and 2 more under full recomputation, whose second forward runs f and g again
        (Korthikanti et al. 2022, sec. 5: selective recomputation re-runs only the attention core,
-       which needs no communication). With --sp each all-reduce is a ring reduce-scatter plus a ring
-       all-gather (Korthikanti et al. sec. 4.2.2: the same bytes).
+       which needs no communication); the vocabulary-parallel embedding's one (its forward; again
+       under full recomputation) and, on the stage with the head, the head's one (its backward) and
+       the loss's all-gather and all-reduce (as simpar's run: gpt_tp.py, gpt_time.tp_collectives).
+       With --sp each all-reduce is a ring reduce-scatter plus a ring all-gather (Korthikanti et al.
+       sec. 4.2.2: the same bytes).
   dp   without ZeRO one all-reduce of the stage's gradients (--collectives picks the algorithm; one
        call, as one bucket: a real run's buckets add a latency each, small beside the bytes at scale);
        ZeRO-1 and -2 a ring reduce-scatter of the gradients and a ring all-gather of the updated
@@ -49,9 +52,12 @@ def ring_half_seconds(hw, link, n: int, p: int, bpe: int, gather: bool) -> float
     return seconds(cost, link, collective_gamma(hw), ring=True)
 
 
-def tp_seconds(hw, dp: int, tp: int, pp: int, elems: int, bpe: int, calls: int, sp: bool, coll: str) -> float:
+def tp_seconds(
+    hw, dp: int, tp: int, pp: int, elems: int, bpe: int, calls: int, sp: bool, coll: str, loss_rows: int = 0
+) -> float:
     """`calls` tensor-parallel all-reduces of `elems` elements (or, with sp, reduce-scatter +
-    all-gather pairs) on the tp group's link."""
+    all-gather pairs) on the tp group's link; with `loss_rows` R, the vocabulary-parallel loss's too
+    (an all-gather of t R and an all-reduce of 2 R numbers, float32 under mixed precision: gpt_tp.py)."""
     if tp == 1:
         return 0.0
     link = group_link(hw, "tp", dp, tp, pp)
@@ -59,7 +65,12 @@ def tp_seconds(hw, dp: int, tp: int, pp: int, elems: int, bpe: int, calls: int, 
         one = sum(ring_half_seconds(hw, link, elems, tp, bpe, gather) for gather in (False, True))
     else:
         one = allreduce_seconds(hw, link, coll, elems, tp, bpe)
-    return calls * one
+    loss = 0.0
+    if loss_rows:
+        wide = 4 if bpe == 2 else bpe
+        loss = ring_half_seconds(hw, link, tp * loss_rows, tp, wide, True)
+        loss += allreduce_seconds(hw, link, coll, 2 * loss_rows, tp, wide)
+    return calls * one + loss
 
 
 def dp_seconds(hw, dp: int, tp: int, pp: int, params: int, grad_bpe: int, param_bpe: int, zero: int,

@@ -155,7 +155,8 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"FLOPs per step: {p['flops_per_step']:.3e} = 72 B s L h^2 (1 + s/12h + V/12Lh) (Narayanan et al. "
         f"2021 sec. 5.1, the causal half of the scores as Megatron-LM counts them); the hardware does "
         f"{p['hardware_flops_per_step']:.3e}" + _hardware_note(p),
-        f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, tp "
+        f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, memory-bound "
+        f"work {fmt_time(t['memory_s'])}, tp "
         f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped; "
         f"--collectives {lay['collectives']}"
         + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),

@@ -61,7 +61,11 @@ def test_the_plan_times_each_ring_hop_as_the_longer_of_its_blocks_and_its_transf
     assert time["compute_s"] == pytest.approx(non_score_compute(C, rate) + slots * blocks, rel=1e-12)
     assert time["cp_s"] == pytest.approx(slots * (forward + backward - blocks), rel=1e-12)
     assert (time["tp_s"], time["dp_s"]) == (base["time"]["tp_s"], base["time"]["dp_s"])
-    assert time["step_s"] == pytest.approx(time["compute_s"] + time["tp_s"] + time["dp_s"] + time["cp_s"])
+    parts = time["compute_s"] + time["memory_s"] + time["tp_s"] + time["dp_s"] + time["cp_s"]
+    assert time["step_s"] == pytest.approx(parts, rel=1e-12)
+    # the ring keeps each block's scores on chip: gpt.plan's memory passes without the per-score ones
+    on_chip = cg.plan(LONG, B, hw, dp=C, materialized_scores=False, **LAYOUT)["time"]["memory_s"]
+    assert time["memory_s"] == on_chip < base["time"]["memory_s"]
     # every hop here waits for its transfer (the cp group leaves the node: h/t = 1536 is too narrow
     # for a block to outlast its K/V), yet less than the whole traffic's time, bubble-stretched
     assert 0 < time["cp_s"] < time["cp_wire_s"] * (M + pp - 1) / M

@@ -43,14 +43,16 @@ def test_tp_all_reduces_are_priced_by_the_chosen_algorithm(algo):
     hw, alpha, beta, gamma = local()
     batch, tp = 8, 4
     p = cg.plan(SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo)
-    n = batch * SHAPE.seq * SHAPE.hidden  # b s h per all-reduce (one micro-batch, no dp)
-    one = textbook_allreduce(algo, n, tp, 4, alpha, beta, gamma)
-    assert p["time"]["tp_s"] == pytest.approx(4 * SHAPE.layers * one, rel=1e-12)  # f, g fwd + bwd
+    R = batch * SHAPE.seq  # token rows of the one micro-batch (no dp)
+    one = textbook_allreduce(algo, R * SHAPE.hidden, tp, 4, alpha, beta, gamma)  # b s h activations
+    # the loss: an all-gather of t R numbers (a ring: p - 1 steps of R, nothing reduced), an all-reduce of 2R
+    loss = (tp - 1) * (alpha + R * 4 * beta) + textbook_allreduce(algo, 2 * R, tp, 4, alpha, beta, gamma)
+    # f and g of every block forward and backward, the embedding's and the head's
+    assert p["time"]["tp_s"] == pytest.approx((4 * SHAPE.layers + 2) * one + loss, rel=1e-12)
     assert p["time"]["dp_s"] == 0
-    full = cg.plan(
-        SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo, recompute="full"
-    )
-    assert full["time"]["tp_s"] == pytest.approx(6 * SHAPE.layers * one, rel=1e-12)  # f, g again
+    kw = dict(precision="fp32", optimizer="sgd", collectives=algo, recompute="full")
+    full = cg.plan(SHAPE, batch, hw, tp=tp, **kw)  # the forward's again: blocks' f and g, the embedding's
+    assert full["time"]["tp_s"] == pytest.approx((6 * SHAPE.layers + 3) * one + loss, rel=1e-12)
 
 
 @pytest.mark.parametrize("algo", ["ring", "tree", "ps"])

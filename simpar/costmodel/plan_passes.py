@@ -1,0 +1,54 @@
+"""The memory-bound work of `simpar plan --arch gpt` (gpt.plan): what a GPU does besides its matmuls --
+LayerNorms, residual adds, GeLU, the scale-mask-softmax over every layer's a s^2 scores, the loss over
+b s V logits, accumulating gradients, the optimizer's sweeps -- at the profile's memory bandwidth, plus
+a call overhead per unit.
+
+The counts are the ones the simulated clock charges simpar's own run of the same model (gpt_time.py's
+unit_seconds and optimizer_seconds, whose docstring lists them per unit: e.g. a block's forward reads
+and writes 50 R h + 6 R a s elements, R = b s rows), called here with an infinite FLOP rate so that
+only the memory passes and the calls are left: one set of counts, so that the plan of a layout simpar
+can run agrees with its simulated step. They are simpar's unfused NumPy block's; Megatron-LM fuses
+bias + GeLU and scale + mask + softmax (fewer bytes) but runs dropout (more), so at scale they are an
+estimate. Held to Narayanan et al. 2021's Table 1 by `simpar validate` (docs/validation.md): without
+them the plan's step was 0.52-0.74 of Megatron-LM's published ones.
+
+Per step, on the average stage: each micro-batch's forward, loss and backward (the forward twice
+under full recomputation, the loss once), over the L blocks, the embedding and the head divided by
+the pp stages, every one of the K M micro-batches stretched by 1F1B's bubble (M + pp - 1)/M like the
+matmuls; then the optimizer once over the parameters this GPU updates (its ZeRO shard).
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
+
+
+def memory_bound_seconds(
+    shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, zero: int, microbatches: int,
+    recompute: str, precision: str, optimizer: str, grad_accum: int, bpe: int, rank_params: int,
+    scores: bool = True,
+) -> float:  # fmt: skip
+    """Seconds of memory passes and calls in one step on one GPU (module docstring); b: sequences per
+    micro-batch, bpe: bytes per activation, rank_params: the parameters of this GPU's stage shard.
+    `scores`: the attention's a s^2 scores go through memory (simpar's attention.py, Megatron-LM's
+    softmax kernels); False where they stay on chip (cp's ring, blockwise like FlashAttention: cp.py)
+    -- unit_seconds then gets no heads, which leaves exactly its per-score terms out."""
+    L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
+    cfg = SimpleNamespace(
+        hidden=h, heads=shape.heads if scores else 0, seq_len=s, vocab=V, tp=tp, sp=sp, blocks=L,
+        optimizer=optimizer, momentum=True, kernels="numpy",
+    )  # fmt: skip
+    world = dp * tp * pp
+    _, stream, overhead = clock_rates(hw, precision, min(world, hw.devices_per_node))
+    block = 12 * h * h // tp + 7 * h // tp + 6 * h  # one tp rank's share of a block (gpt.stage_params)
+    sizes = [V * h // tp + s * h] + [block] * L + [2 * h + V * h // tp]
+    R = max(1, round(b * s))
+    fwd, bwd, loss_s = unit_seconds(cfg, R, sizes, bpe, math.inf, stream, overhead)
+    per_micro = sum(fwd) * (2 if recompute == "full" else 1) + loss_s + sum(bwd)
+    M = microbatches if pp > 1 else 1
+    passes_s = per_micro / pp * M * grad_accum * (M + pp - 1) / M
+    updated = rank_params / (dp if zero >= 1 else 1)
+    return passes_s + optimizer_seconds(cfg, updated, bpe, stream)
