@@ -23,7 +23,8 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
 gradients summed over tp): the chunk's dense parameters over the
-stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
+stage's dp ranks, then its experts over their D/P replicas (blocking, no buckets; any --collectives:
+allreduce_ends.py). Then the
 optimizer over the rank's chunks. The step ends with the slowest rank (the metrics' median over steps).
 """
 
@@ -158,19 +159,17 @@ def sp_sync(work, now: list, lo: int, hi: int) -> None:
     """--sp, before the chunk's all-reduces (expert_stage._allreduce): each of its blocks' LayerNorm
     gradients (4h) and the head's (2h) summed over tp, one blocking all-reduce a unit (MoEWork.sp_sync
     for one chunk's units; the tp ranks reach it together)."""
-    from .collectives import ALLREDUCE
-
     cfg = work.cfg
     if not cfg.sp:
         return
-    h, ar, T = cfg.hidden, ALLREDUCE[cfg.collectives], work.lay.T
+    h = cfg.hidden
     for w in range(work.lay.W):
         k = work.lay.k[w]
         for u in range(lo, hi):
             if 0 < u <= cfg.blocks:
-                now[w] += work.tp_secs(ar(4 * h, T, k), work.bpe, True)
+                now[w] += work.tp_allreduce(4 * h, k)
             elif u == cfg.blocks + 1:
-                now[w] += work.tp_secs(ar(2 * h, T, k), work.bpe, True)
+                now[w] += work.tp_allreduce(2 * h, k)
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

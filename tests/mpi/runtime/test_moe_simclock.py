@@ -66,8 +66,12 @@ UNEVEN = {  # top-1 with capacity 1 drops tokens, --grad-accum 2 routes each mic
         "local",
         "--precision",
         "mixed-bf16",
+        "--collectives",  # the dense gradients' binomial tree over 4 ranks reached apart (allreduce_ends.py)
+        "tree",
     ],
     "ulysses": ["--dp", "2", "--cp", "2", "--ep", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+    # cp's row shards (--sp): each tp rank's s/(C T) rows between units, the MoE input gathered
+    "cp-tp-sp": ["--cp", "2", "--tp", "2", "--sp", "--hardware", "dgx-h100"],
 }
 
 
@@ -103,11 +107,11 @@ PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
     "gpipe": ["--tp", "2", "--sp", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
-    + ["--recompute", "full"],
+    + ["--recompute", "full", "--collectives", "rabenseifner"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--recompute", "selective", "--hardware", "dgx-h100"],
     "zb-h1-cp": ["--cp", "2", "--cp-algo", "ring", "--recompute", "selective", "--hardware", "dgx-h100"],
-    "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],
-    "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100"],
+    "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1", "--collectives", "ps"],
+    "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100", "--collectives", "mpi"],
 }
 
 
