@@ -74,18 +74,14 @@ def expert_rules(cfg) -> None:
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
         # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
-        # --clock sim: costmodel/gpt_moe_time.py prices every mesh (allreduce_ends.py: each gradient
-        # all-reduce algorithm rank by rank), with its pipeline and ZeRO extensions; not tp's blocking tree
-        # and parameter-server all-reduces (a tp group's ranks leave them apart: gpt_moe_time.sim_priced)
-        # nor cp's row shards (--sp) on pipeline stages (8 ranks and more: never measured)
-        sim, c = cfg.clock == "sim", cfg.collectives
+        # --clock sim: costmodel/gpt_moe_time.py prices every mesh and --collectives algorithm (each
+        # all-reduce followed rank by rank: allreduce_ends.py, tp's moe_tp_rounds.py), with its pipeline
+        # and ZeRO extensions; not yet cp's row shards (--sp) on pipeline stages (8 ranks and more: never
+        # measured; gpt_moe_time.sim_priced)
+        sim = cfg.clock == "sim"
         later = [
             name
             for name, on in (
-                (
-                    f"--clock sim with --tp and --collectives {c} (use ring, rabenseifner, mpi or auto)",
-                    sim and cfg.tp > 1 and c in ("tree", "ps"),
-                ),
                 # expert_zero.py shards over dp (x cp) and edp (x cp), expert_zero_tp.py with --tp (x cp)
                 ("--zero with --pp", cfg.zero > 0 and cfg.pp > 1),
                 ("--clock sim with --sp, --cp and --pp", sim and cfg.sp and cfg.cp > 1 and cfg.pp > 1),

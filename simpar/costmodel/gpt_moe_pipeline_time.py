@@ -34,6 +34,7 @@ from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .moe_rounds import members_link
 from .moe_split_time import backward_input, weight
+from .moe_tp_rounds import sp_sums
 from .order import chunk_stage, stage_chunks, stage_order
 from .spec import split
 
@@ -111,7 +112,7 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
             for st in range(S):
                 if g == G - 1:  # AllReduceGrads, the schedule's last step: each chunk, dense then experts
                     for c in mine[st]:
-                        sp_sync(works[st], now[st], *bounds[c])
+                        sp_sums(works[st], now[st], *bounds[c])  # --sp: its units' LayerNorm sums
                         works[st].allreduce(now[st], sizes[c][0], grad_bpe, False)
                         if sizes[c][1]:
                             works[st].allreduce(now[st], sizes[c][1], grad_bpe, True)
@@ -153,23 +154,6 @@ def ring_again(work, now: list, compute: list, b: list) -> None:
     for w in range(lay.W):
         args = (b[w], cfg.seq_len // lay.C, cfg.hidden // lay.T, cfg.heads // lay.T, lay.C, work.bpe)
         compute[w] += ring_seconds(*args, work.rate, work.stream, lay.links["cp"])[2]
-
-
-def sp_sync(work, now: list, lo: int, hi: int) -> None:
-    """--sp, before the chunk's all-reduces (expert_stage._allreduce): each of its blocks' LayerNorm
-    gradients (4h) and the head's (2h) summed over tp, one blocking all-reduce a unit (MoEWork.sp_sync
-    for one chunk's units; the tp ranks reach it together)."""
-    cfg = work.cfg
-    if not cfg.sp:
-        return
-    h = cfg.hidden
-    for w in range(work.lay.W):
-        k = work.lay.k[w]
-        for u in range(lo, hi):
-            if 0 < u <= cfg.blocks:
-                now[w] += work.tp_allreduce(4 * h, k)
-            elif u == cfg.blocks + 1:
-                now[w] += work.tp_allreduce(2 * h, k)
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

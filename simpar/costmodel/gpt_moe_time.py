@@ -18,7 +18,8 @@ kept[d][e] kept assignments and ep rank j of its group charges, per block,
 An all-to-all blocks on the ep group (the ranks of one cp and tp coordinate, consecutive dp ranks), so
 imbalanced experts make ranks wait on one another round by round. A tp group's ranks do the same work
 (the MoE part is replicated on them: parallel/expert_tensor_gpt.py), so its collectives cost each rank
-gpt_time.tp_collectives' seconds. After backward the dense gradients (a tp rank's shards) are
+gpt_time.tp_collectives' seconds (where an all-reduce other than the ring leaves them apart, each tp
+group is followed instead: moe_tp_rounds.py). After backward the dense gradients (a tp rank's shards) are
 all-reduced over dp (x cp), then each rank's experts over their replicas (edp, x cp), both followed
 rank by rank from when each rank reaches them, by --collectives' algorithm (allreduce_ends.py: the
 ring's rounds, the tree's, Rabenseifner's, the server's queue; MPI's own closed form); then the
@@ -35,6 +36,7 @@ from .chunktime import collective_gamma
 from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 from .moe_rounds import ALLTOALL_ENDS, members_link
+from .moe_tp_rounds import sp_sums, tp_sync
 from .spec import precision_of, split
 
 # model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
@@ -46,12 +48,10 @@ PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 def sim_priced(cfg) -> bool:
     """Whether this closed form (gpt_moe_pipeline_time.py's and gpt_moe_zero_time.py's with it) is the
-    step --clock sim charges: every layout but tp's tree and parameter-server all-reduces (each rank's
-    own share is priced, yet the tp group's ranks leave them apart and wait on each other after) and
-    --sp with --cp on pipeline stages (8 ranks and more, never measured); config/moe.py refuses
-    --clock sim for those, and the callers estimate them roughly."""
-    apart_in_tp = cfg.tp > 1 and cfg.collectives in ("tree", "ps")
-    return not apart_in_tp and not (cfg.sp and getattr(cfg, "cp", 1) > 1 and cfg.pp > 1)
+    step --clock sim charges: every layout and --collectives but --sp with --cp on pipeline stages (8
+    ranks and more, never measured); config/moe.py refuses --clock sim there, and the callers estimate
+    it roughly."""
+    return not (cfg.sp and getattr(cfg, "cp", 1) > 1 and cfg.pp > 1)
 
 
 class Layout:
@@ -172,11 +172,8 @@ class MoEWork:
 
     def sp_sync(self, now) -> None:
         """--sp, once a step after backward: each block's LayerNorm gradients (4h) and the head's (2h)
-        summed over tp, one blocking all-reduce each (the embedding's are complete)."""
-        h = self.cfg.hidden
-        for w in range(self.lay.W) if self.cfg.sp else ():
-            k = self.lay.k[w]
-            now[w] += self.cfg.blocks * self.tp_allreduce(4 * h, k) + self.tp_allreduce(2 * h, k)
+        summed over tp, one blocking all-reduce each (moe_tp_rounds.sp_sums)."""
+        sp_sums(self, now, 0, self.cfg.blocks + 2)
 
     def attention(self, n, backward):  # the attention half (model/moe_charges.charge_attention)
         h, a, T, keys, r, bpe = self.cfg.hidden, self.cfg.heads, self.lay.T, self.keys, self.rate, self.bpe
@@ -257,14 +254,14 @@ class MoEWork:
             if u == 0:
                 for w in range(W):
                     charge(w, ms["units"][w][0][0])
-                    now[w] += ms["tp"][w][0][0]  # the embedding's all-reduce over the vocabulary shards
+                tp_sync(self, now, ms, "embed-forward")  # the all-reduce over the vocabulary shards
                 continue
             if u == L + 1:
                 for w in range(W):
                     fwd, _, loss_s = ms["units"][w]
                     charge(w, fwd[1] + (loss_s if loss else 0.0))
-                    # the head's all-reduce and the loss's (vocab_parallel.py)
-                    now[w] += ms["tp"][w][0][-1] + (ms["tp"][w][2] if loss else 0.0)
+                # the head's all-reduce and the loss's (vocab_parallel.py)
+                tp_sync(self, now, ms, "head-forward-loss" if loss else "head-forward")
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
             A, received = self.routed(ms, i)
@@ -287,7 +284,7 @@ class MoEWork:
                     w,
                     self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * A[w] * h * m,
                 )
-                now[w] += ms["tp_block"][w]  # attention's g (--sp: f, g and the MoE part's gather)
+            tp_sync(self, now, ms, "block")  # attention's g (--sp: f, g and the MoE part's gather)
             self.all_to_all(now, kept, False)  # ep-dispatch
             for w in range(W):
                 charge(w, sum(self.expert(r, False) for r in received[w]))
@@ -308,7 +305,7 @@ class MoEWork:
             if u in (0, L + 1):  # the embedding's backward (no collective), the head's (its f)
                 for w in range(W):
                     charge(w, ms["units"][w][1][0 if u == 0 else 1])
-                    now[w] += ms["tp"][w][1][0 if u == 0 else -1]
+                tp_sync(self, now, ms, "embed-backward" if u == 0 else "head-backward")
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
             A, received = self.routed(ms, i)
@@ -323,7 +320,7 @@ class MoEWork:
             self.cp_attention(now, ms["b"], True)
             for w in range(W):
                 charge(w, self.attention(ms["n"][w], True))
-                now[w] += ms["tp_block"][w]  # attention's f, backward (--sp: and dL/dm's gather)
+            tp_sync(self, now, ms, "block")  # attention's f, backward (--sp: and dL/dm's gather)
 
     def allreduce(self, now, n_params: int, grad_bpe: int, experts: bool) -> None:
         """One blocking all-reduce (--collectives' algorithm, allreduce_ends.py) on every dense (dp x cp)

@@ -20,10 +20,11 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
       4 bytes each under --precision mixed-*); the head 2 n h + n; --sp: the LayerNorms' xh and
       1/sigma on n/T rows (the rest as without). Under mixed-*: 2-byte activations and messages, but
       the loss's vocab-ce-max and vocab-ce-sums in float32 (gpt_tp.py)
-  time where gpt_moe_time.sim_priced (all but tp's tree and ps): as --clock sim charges it
-      (gpt_moe_time.py: the tp collectives blocking, --sp's gathers and LayerNorm sums too, every rank
-      through every all-to-all round and gradient all-reduce); otherwise rough: matmul FLOPs / T plus
-      each op at its link.
+  time where gpt_moe_time.sim_priced (every --collectives): as --clock sim charges it
+      (gpt_moe_time.py: the tp collectives blocking, --sp's gathers and LayerNorm sums too, each tp
+      group followed where they leave its ranks apart (moe_tp_rounds.py), every rank through every
+      all-to-all round and gradient all-reduce); otherwise rough: matmul FLOPs / T plus each op at
+      its link.
 """
 
 from __future__ import annotations

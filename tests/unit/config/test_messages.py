@@ -281,11 +281,6 @@ CASES = [
         4,
         GPT_MOE + "--zero with --pp",
     ),
-    (  # tp's blocking parameter-server all-reduces leave its ranks apart (gpt_moe_time.sim_priced)
-        dict(arch="gpt", dataset="copy", experts=2, tp=2, collectives="ps", clock="sim"),
-        2,
-        GPT_MOE + "--clock sim with --tp and --collectives ps (use ring, rabenseifner, mpi or auto)",
-    ),
     (dict(top_k=1), 1, "--top-k: " + ROUTER),
     (
         dict(top_k=1, capacity_factor=2.0, aux_loss_coef=0.0),

@@ -30,11 +30,12 @@ MOE = dict(arch="gpt", dataset="copy", experts=2, vocab=16, seq_len=8)
         # --clock sim prices cp's row shards (gpt_moe_time.py: --sp's collectives on the b s/C rows)
         (dict(cp=2, tp=2, sp=True, clock="sim"), 4),
         (dict(cp=2, tp=2, sp=True, zero=3, clock="sim"), 4),
-        # ... and every gradient all-reduce algorithm (allreduce_ends.py), tp's too but tree and ps
+        # ... and every all-reduce algorithm (allreduce_ends.py; tp's: moe_tp_rounds.py)
         (dict(dp=4, ep=2, collectives="tree", clock="sim"), 4),
         (dict(dp=2, ep=2, pp=2, collectives="ps", clock="sim"), 4),
         (dict(dp=2, tp=2, collectives="rabenseifner", clock="sim"), 4),
-        (dict(tp=2, pp=2, sp=True, collectives="auto", clock="sim"), 4),
+        (dict(tp=2, pp=2, sp=True, collectives="ps", clock="sim"), 4),
+        (dict(tp=2, pp=2, collectives="tree", schedule="zb-v", clock="sim"), 4),
     ],
 )
 def test_built_combinations_validate(fields, world):
