@@ -74,18 +74,17 @@ def expert_rules(cfg) -> None:
     )
     if cfg.arch == "gpt":  # parallel/expert_gpt.py: what the MoE transformer has not been built with yet
         # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
-        # --clock sim: costmodel/gpt_moe_time.py prices dp x ep with --cp and/or --tp (--sp without --cp),
-        # gpt_moe_pipeline_time.py with --pp (and --cp, --tp), on the ring's all-reduces; not the rest
+        # --clock sim: costmodel/gpt_moe_time.py prices every mesh and --collectives algorithm (each
+        # all-reduce followed rank by rank: allreduce_ends.py, tp's moe_tp_rounds.py), with its pipeline
+        # and ZeRO extensions; not yet cp's row shards (--sp) on pipeline stages (8 ranks and more: never
+        # measured; gpt_moe_time.sim_priced)
         sim = cfg.clock == "sim"
         later = [
             name
             for name, on in (
-                (f"--clock sim with --collectives {cfg.collectives}", sim and cfg.collectives != "ring"),
                 # expert_zero.py shards over dp (x cp) and edp (x cp), expert_zero_tp.py with --tp (x cp)
                 ("--zero with --pp", cfg.zero > 0 and cfg.pp > 1),
-                # cp's row shards (with --sp) are in no closed form of the simulated clock yet (the zb
-                # halves are, cp stages too: moe_split_time.py; --recompute: gpt_moe_pipeline_time.recompute)
-                ("--clock sim with --sp and --cp", sim and cfg.sp and cfg.cp > 1),
+                ("--clock sim with --sp, --cp and --pp", sim and cfg.sp and cfg.cp > 1 and cfg.pp > 1),
             )
             if on
         ]

@@ -25,9 +25,10 @@ ranks of the dpcp group (rank r), the rank's L E/P experts over the D/P x C rank
 
 Memory: (M + L E/P (8h^2 + 5h)) x bytes for params, grads and optimizer state; activations as
 gpt_moe.py's with n = b_d s/C tokens, the attention's kept scores those of cp.py (ring: the a s/C
-log-sum-exp per sequence in the wide type; Ulysses: a s x s/C per sequence). Time (--collectives ring):
-as --clock sim charges it, gpt_moe_time.py with each cp group's hops (cp_hop_time.py); otherwise rough,
-the MoE FLOPs over D C ranks at the profile's rate plus every op's bytes at the dp link's alpha, beta.
+log-sum-exp per sequence in the wide type; Ulysses: a s x s/C per sequence). Time (ring: --cp
+with --experts runs no other): as --clock sim charges it, gpt_moe_time.py with each cp group's hops
+(cp_hop_time.py); otherwise rough, the MoE FLOPs over D C ranks at the profile's rate plus every op's
+bytes at the dp link's alpha, beta.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .gpt import rank_record
 from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops, param_counts
+from .gpt_moe_time import sim_priced
 from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -143,7 +145,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
     compute_s = moe(max(chunk(cfg.batch, D, d) for d in range(D))) / C / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and cfg.collectives == "ring":  # as --clock sim charges it (gpt_moe_time.py)
+    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_time.py)
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

@@ -34,7 +34,7 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
   activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
                cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
                the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
-  time         where gpt_moe_pipeline.sim_priced: gpt_moe_pipeline_time.py (as --clock sim charges it);
+  time         where gpt_moe_time.sim_priced: gpt_moe_pipeline_time.py (as --clock sim charges it);
                else rough: the busiest stage's FLOPs / C (--recompute: plus
                the forward again, or selective's q k^T, as gpt_moe_pipeline.py) stretched by the
                bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.

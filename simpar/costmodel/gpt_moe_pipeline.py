@@ -30,7 +30,7 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                zb-v hold a micro-batch's bytes from its forward to its W pass
   precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
                vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
-  time         where sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
+  time         where gpt_moe_time.sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
                through the schedule); otherwise a rough estimate: the busiest stage's FLOPs
                (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
                (M + S - 1) / M (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the
@@ -44,6 +44,7 @@ from functools import partial
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import rank_record
 from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
+from .gpt_moe_time import sim_priced
 from .moe import EpAlltoalls, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -59,14 +60,6 @@ def unit_params(cfg, T: int = 1) -> list[tuple[int, int]]:
     h, s, V, E, P = cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.ep
     block = (4 * h * h // T + 3 * h // T + 5 * h + h * E, (E // P) * (8 * h * h + 5 * h))
     return [(V * h // T + s * h, 0)] + [block] * cfg.blocks + [(2 * h + h * V // T, 0)]
-
-
-def sim_priced(cfg) -> bool:
-    """Whether gpt_moe_pipeline_time.py prices this layout's step (with or without --cp: cp_moe_pipeline.py
-    calls it too) as --clock sim charges it: ring all-reduces, every schedule (zb-h1, zb-v:
-    moe_split_time.py) and --recompute, with --cp too; --sp without --cp (config/moe.py refuses --clock
-    sim for the rest)."""
-    return cfg.collectives == "ring" and not (cfg.sp and getattr(cfg, "cp", 1) > 1)
 
 
 def stage_bounds(cfg) -> list[tuple[int, int]]:

@@ -23,7 +23,8 @@ serial run's --grad-accum G M: parallel/pipeline/expert_stage.py). Rank (st, d, 
 At the end of each pass the rank waits for its sends to leave; before that, in the last pass, each of
 its chunks' gradients (ascending chunk order) are all-reduced (--sp: first its units' LayerNorm
 gradients summed over tp): the chunk's dense parameters over the
-stage's dp ranks, then its experts over their D/P replicas (blocking rings, no buckets). Then the
+stage's dp ranks, then its experts over their D/P replicas (blocking, no buckets; any --collectives:
+allreduce_ends.py). Then the
 optimizer over the rank's chunks. The step ends with the slowest rank (the metrics' median over steps).
 """
 
@@ -33,6 +34,7 @@ from .gpt_moe_time import MoEWork, median_step
 from .gpt_time import optimizer_seconds
 from .moe_rounds import members_link
 from .moe_split_time import backward_input, weight
+from .moe_tp_rounds import sp_sums
 from .order import chunk_stage, stage_chunks, stage_order
 from .spec import split
 
@@ -110,7 +112,7 @@ def moe_pipeline_step_seconds(cfg, D: int, hw, micro: list, bpe: int, grad_bpe: 
             for st in range(S):
                 if g == G - 1:  # AllReduceGrads, the schedule's last step: each chunk, dense then experts
                     for c in mine[st]:
-                        sp_sync(works[st], now[st], *bounds[c])
+                        sp_sums(works[st], now[st], *bounds[c])  # --sp: its units' LayerNorm sums
                         works[st].allreduce(now[st], sizes[c][0], grad_bpe, False)
                         if sizes[c][1]:
                             works[st].allreduce(now[st], sizes[c][1], grad_bpe, True)
@@ -152,25 +154,6 @@ def ring_again(work, now: list, compute: list, b: list) -> None:
     for w in range(lay.W):
         args = (b[w], cfg.seq_len // lay.C, cfg.hidden // lay.T, cfg.heads // lay.T, lay.C, work.bpe)
         compute[w] += ring_seconds(*args, work.rate, work.stream, lay.links["cp"])[2]
-
-
-def sp_sync(work, now: list, lo: int, hi: int) -> None:
-    """--sp, before the chunk's all-reduces (expert_stage._allreduce): each of its blocks' LayerNorm
-    gradients (4h) and the head's (2h) summed over tp, one blocking all-reduce a unit (MoEWork.sp_sync
-    for one chunk's units; the tp ranks reach it together)."""
-    from .collectives import ALLREDUCE
-
-    cfg = work.cfg
-    if not cfg.sp:
-        return
-    h, ar, T = cfg.hidden, ALLREDUCE[cfg.collectives], work.lay.T
-    for w in range(work.lay.W):
-        k = work.lay.k[w]
-        for u in range(lo, hi):
-            if 0 < u <= cfg.blocks:
-                now[w] += work.tp_secs(ar(4 * h, T, k), work.bpe, True)
-            elif u == cfg.blocks + 1:
-                now[w] += work.tp_secs(ar(2 * h, T, k), work.bpe, True)
 
 
 def send(now: list, free: list, left: list, tokens: list, row_bytes: int, link) -> list:

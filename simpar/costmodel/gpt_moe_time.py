@@ -2,7 +2,7 @@
 closed form, as the simulated clock (--clock sim) charges it: model/moe_charges.py's charges and
 gpt_time.py's embedding, head, loss, tp collectives and optimizer, written again (nothing here imports
 the model or the runtime), with every rank followed through every all-to-all round, cp hop and
-all-reduce round (moe_rounds.py, cp_hop_time.py).
+all-reduce round (moe_rounds.py, cp_hop_time.py, allreduce_ends.py).
 
 The routing decides the work: with kept[d][e] the assignments of dp rank d (with --cp: of rank (d, c))
 that expert e keeps (per block and micro-step: the run's routing histograms, gpt_moe.kept_per_micro_step
@@ -18,20 +18,25 @@ kept[d][e] kept assignments and ep rank j of its group charges, per block,
 An all-to-all blocks on the ep group (the ranks of one cp and tp coordinate, consecutive dp ranks), so
 imbalanced experts make ranks wait on one another round by round. A tp group's ranks do the same work
 (the MoE part is replicated on them: parallel/expert_tensor_gpt.py), so its collectives cost each rank
-gpt_time.tp_collectives' seconds. After backward the dense gradients (a tp rank's shards) are ring
+gpt_time.tp_collectives' seconds (where an all-reduce other than the ring leaves them apart, each tp
+group is followed instead: moe_tp_rounds.py). After backward the dense gradients (a tp rank's shards) are
 all-reduced over dp (x cp), then each rank's experts over their replicas (edp, x cp), both followed
-rank by rank from when each rank reaches them; then the optimizer. Each step starts together and ends
-with its slowest rank; the metrics report the median step, and so does this.
+rank by rank from when each rank reaches them, by --collectives' algorithm (allreduce_ends.py: the
+ring's rounds, the tree's, Rabenseifner's, the server's queue; MPI's own closed form); then the
+optimizer. Each step starts together and ends with its slowest rank; the metrics report the median
+step, and so does this.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .allreduce_ends import allreduce_ends
 from .chunktime import collective_gamma
 from .collectives import chunk
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
-from .moe_rounds import ALLTOALL_ENDS, members_link, ring_allreduce_ends
+from .moe_rounds import ALLTOALL_ENDS, members_link
+from .moe_tp_rounds import sp_sums, tp_sync
 from .spec import precision_of, split
 
 # model/moe_charges.py's memory-bound elements, written again (the cost model never imports the model)
@@ -39,6 +44,14 @@ ATTN_FWD_WHOLE, ATTN_FWD_SHARD, ATTN_FWD_SCORES = 24, 8, 6
 ATTN_BWD_WHOLE, ATTN_BWD_BIAS, ATTN_BWD_SHARD, ATTN_BWD_SCORES = 24, 1, 9, 4
 EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
+
+
+def sim_priced(cfg) -> bool:
+    """Whether this closed form (gpt_moe_pipeline_time.py's and gpt_moe_zero_time.py's with it) is the
+    step --clock sim charges: every layout and --collectives but --sp with --cp on pipeline stages (8
+    ranks and more, never measured); config/moe.py refuses --clock sim there, and the callers estimate
+    it roughly."""
+    return not (cfg.sp and getattr(cfg, "cp", 1) > 1 and cfg.pp > 1)
 
 
 class Layout:
@@ -90,10 +103,18 @@ class MoEWork:
             4 * h * h // T + 3 * h // T + 5 * h + h * E
         )  # its tp shard (gpt_moe_tp.dense_shard)
         self.edge = [V * h // T + s * h, 2 * h + h * V // T]  # the embedding's and head's (vocabulary) shards
-        link = self.lay.links["tp"]
+        link, nvls = self.lay.links["tp"], cfg.collectives == "auto"
         self.tp_secs = lambda cost, eb, ring: (  # noqa: E731  gpt_time.tp_collectives' pricing, tp link
-            seconds(to_bytes(cost, eb), link, self.gamma, ring, False) if cost.messages else 0.0
+            seconds(to_bytes(cost, eb), link, self.gamma, ring, nvls) if cost.messages else 0.0
         )
+
+    def tp_allreduce(self, n: int, k: int) -> float:
+        """tp rank k's blocking all-reduce of n elements over tp, by --collectives' algorithm (NCCL's
+        protocols for the ring and auto, alpha-beta for the rest: collective_timing's rule)."""
+        from .collectives import ALLREDUCE
+
+        cost = ALLREDUCE[self.cfg.collectives](n, self.lay.T, k)
+        return self.tp_secs(cost, self.bpe, self.cfg.collectives in ("ring", "auto"))
 
     def micro_step(self, seqs: int, blocks: list) -> dict:
         """A micro-step of `seqs` global sequences and its kept[c][d][e] per block: what each rank does."""
@@ -139,26 +160,20 @@ class MoEWork:
         """A MoE block's blocking tp collectives, each way, on tp rank k: attention's all-reduce (its g
         forward, its f backward); under --sp its f and g as all-gather and reduce-scatter plus the MoE
         part's all-gather of every row (LN2's output forward, dL/dm backward: expert_tensor_gpt.py)."""
-        from .collectives import ALLREDUCE, ring_allgather, ring_reduce_scatter
+        from .collectives import ring_allgather, ring_reduce_scatter
 
         T, N = self.lay.T, R * self.cfg.hidden
         if T == 1:
             return 0.0
         if not self.cfg.sp:
-            return self.tp_secs(ALLREDUCE[self.cfg.collectives](N, T, k), self.bpe, True)
+            return self.tp_allreduce(N, k)
         ag, rs = ring_allgather(N, T, k), ring_reduce_scatter(N, T, k)
         return 2 * self.tp_secs(ag, self.bpe, True) + self.tp_secs(rs, self.bpe, True)
 
     def sp_sync(self, now) -> None:
         """--sp, once a step after backward: each block's LayerNorm gradients (4h) and the head's (2h)
-        summed over tp, one blocking all-reduce each (the embedding's are complete)."""
-        from .collectives import ALLREDUCE
-
-        h, ar = self.cfg.hidden, ALLREDUCE[self.cfg.collectives]
-        for w in range(self.lay.W) if self.cfg.sp else ():
-            k, T = self.lay.k[w], self.lay.T
-            secs = self.cfg.blocks * self.tp_secs(ar(4 * h, T, k), self.bpe, True)
-            now[w] += secs + self.tp_secs(ar(2 * h, T, k), self.bpe, True)
+        summed over tp, one blocking all-reduce each (moe_tp_rounds.sp_sums)."""
+        sp_sums(self, now, 0, self.cfg.blocks + 2)
 
     def attention(self, n, backward):  # the attention half (model/moe_charges.charge_attention)
         h, a, T, keys, r, bpe = self.cfg.hidden, self.cfg.heads, self.lay.T, self.keys, self.rate, self.bpe
@@ -239,14 +254,14 @@ class MoEWork:
             if u == 0:
                 for w in range(W):
                     charge(w, ms["units"][w][0][0])
-                    now[w] += ms["tp"][w][0][0]  # the embedding's all-reduce over the vocabulary shards
+                tp_sync(self, now, ms, "embed-forward")  # the all-reduce over the vocabulary shards
                 continue
             if u == L + 1:
                 for w in range(W):
                     fwd, _, loss_s = ms["units"][w]
                     charge(w, fwd[1] + (loss_s if loss else 0.0))
-                    # the head's all-reduce and the loss's (vocab_parallel.py)
-                    now[w] += ms["tp"][w][0][-1] + (ms["tp"][w][2] if loss else 0.0)
+                # the head's all-reduce and the loss's (vocab_parallel.py)
+                tp_sync(self, now, ms, "head-forward-loss" if loss else "head-forward")
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
             A, received = self.routed(ms, i)
@@ -269,7 +284,7 @@ class MoEWork:
                     w,
                     self.attention(n, False) + 2 * n * h * E / self.rate + PACK_ELEMS * A[w] * h * m,
                 )
-                now[w] += ms["tp_block"][w]  # attention's g (--sp: f, g and the MoE part's gather)
+            tp_sync(self, now, ms, "block")  # attention's g (--sp: f, g and the MoE part's gather)
             self.all_to_all(now, kept, False)  # ep-dispatch
             for w in range(W):
                 charge(w, sum(self.expert(r, False) for r in received[w]))
@@ -290,7 +305,7 @@ class MoEWork:
             if u in (0, L + 1):  # the embedding's backward (no collective), the head's (its f)
                 for w in range(W):
                     charge(w, ms["units"][w][1][0 if u == 0 else 1])
-                    now[w] += ms["tp"][w][1][0 if u == 0 else -1]
+                tp_sync(self, now, ms, "embed-backward" if u == 0 else "head-backward")
                 continue
             i, kept = u - 1, ms["kept"][u - 1]
             A, received = self.routed(ms, i)
@@ -305,14 +320,16 @@ class MoEWork:
             self.cp_attention(now, ms["b"], True)
             for w in range(W):
                 charge(w, self.attention(ms["n"][w], True))
-                now[w] += ms["tp_block"][w]  # attention's f, backward (--sp: and dL/dm's gather)
+            tp_sync(self, now, ms, "block")  # attention's f, backward (--sp: and dL/dm's gather)
 
     def allreduce(self, now, n_params: int, grad_bpe: int, experts: bool) -> None:
-        """One blocking ring all-reduce on every dense (dp x cp) or expert (edp x cp) group."""
+        """One blocking all-reduce (--collectives' algorithm, allreduce_ends.py) on every dense (dp x cp)
+        or expert (edp x cp) group."""
         lay = self.lay
         groups, link = (lay.edp, lay.links["edp"]) if experts else (lay.dp, lay.links["dp"])
         for group in groups:
-            ends = ring_allreduce_ends(n_params, grad_bpe, [now[w] for w in group], link, self.gamma)
+            starts = [now[w] for w in group]
+            ends = allreduce_ends(self.cfg.collectives, n_params, grad_bpe, starts, link, self.gamma)
             for w, end in zip(group, ends):
                 now[w] = end
 

@@ -34,6 +34,7 @@ from .gpt_moe_time import (  # model/moe_charges.py's, written again there
     SCATTER_ELEMS,
 )
 from .gpt_time import HEAD_BWD_ELEMS
+from .moe_tp_rounds import tp_sync
 
 
 def _charge(now, compute, w, seconds):
@@ -55,7 +56,7 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
                 n = ms["n"][w]
                 Rl = n // T if cfg.sp else n  # LN_f's rows: --sp the row shard
                 _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + HEAD_BWD_ELEMS * Rl * h * m)
-                now[w] += ms["tp"][w][1][-1]  # the head's f (vocab_parallel.py)
+            tp_sync(work, now, ms, "head-backward")  # the head's f (vocab_parallel.py)
             continue
         A, received = work.routed(ms, u - 1)
         kept = ms["kept"][u - 1]
@@ -76,7 +77,7 @@ def backward_input(work, now, compute, ms, lo: int, hi: int) -> None:
             elems = ATTN_BWD_WHOLE * h * whole + per_row * n
             attention = 2 * n * (4 * h * hl + 4 * hl * keys) / r + elems * m
             _charge(now, compute, w, attention)
-            now[w] += ms["tp_block"][w]  # attention's f
+        tp_sync(work, now, ms, "block")  # attention's f
 
 
 def weight(work, now, compute, ms, lo: int, hi: int) -> None:
@@ -84,12 +85,14 @@ def weight(work, now, compute, ms, lo: int, hi: int) -> None:
     cfg, W, L, T = work.cfg, work.lay.W, work.cfg.blocks, work.lay.T
     h, E, r, m = cfg.hidden, cfg.experts, work.rate, work.bpe * work.stream
     for u in reversed(range(lo, hi)):
+        if u == 0:  # the embedding's whole backward (and its tp collective, none without --sp)
+            for w in range(W):
+                _charge(now, compute, w, ms["units"][w][1][0])
+            tp_sync(work, now, ms, "embed-backward")
+            continue
         for w in range(W):
             n = ms["n"][w]
-            if u == 0:  # the embedding's whole backward (and its tp collective, none without --sp)
-                _charge(now, compute, w, ms["units"][w][1][0])
-                now[w] += ms["tp"][w][1][0]
-            elif u == L + 1:
+            if u == L + 1:
                 _charge(now, compute, w, 2 * n * h * (cfg.vocab // T) / r + ACCUMULATE * work.edge[1] * m)
             else:
                 _, received = work.routed(ms, u - 1)

@@ -39,7 +39,7 @@ block's ep-dispatch and ep-combine are sent again; selective rebuilds each block
 (rebuild_softmax: the ring's forward again, hops re-sent; Ulysses locally). costmodel/cp_moe_pipeline.py
 counts all of it. --precision mixed-*: expert_stage.py's (the world votes on a skip, the aux gradient
 scaled). --clock sim: costmodel/gpt_moe_pipeline_time.py and moe_split_time.py (config/moe.py refuses --sp
-under it).
+under it: 8 ranks and more, never measured).
 """
 
 from __future__ import annotations

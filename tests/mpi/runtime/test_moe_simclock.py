@@ -10,9 +10,11 @@ collectives are added. One tour launch runs every MoE layout 4 ranks offer under
 dp4 x ep2, dp4 x ep4, tp4, dp2 x tp2, dp2 x ep2 x tp2, tp4 and dp2 x tp2 with --sp, cp2, cp4, dp2 x
 cp2, dp2 x cp2 x ep2, cp2 x tp2, cp4-ulysses) with pairwise all-to-alls on nodes of two devices (dp,
 ep and edp groups cross nodes); two trains route unevenly (top-1 drops, --grad-accum 2): Bruck's
-all-to-all over ep 4 in bfloat16 on the CPU profile, Ulysses with dp2 x cp2 x ep2 on a GPU node; six
+all-to-all over ep 4 in bfloat16 on the CPU profile (its gradients by Rabenseifner's all-reduce,
+reached apart: allreduce_ends.py), Ulysses with dp2 x cp2 x ep2 on a GPU node, and cp2 x tp2 --sp; six
 pipelines (every rank of a stage on its own clock through the schedule: gpt_moe_pipeline_time.py;
-zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective, on cp stages too);
+zb-h1 and zb-v's halves: moe_split_time.py; --recompute full and selective, on cp stages too; tp's
+tree and ps all-reduces followed group by group, moe_tp_rounds.py, and mpi's for the gradients);
 ZeRO with experts (gpt_moe_zero_time.py: each unit's blocking rings over dp (x cp) and edp (x cp) where
 expert_zero.py runs them, every rank round by round): dp4 x ep2 --zero 1 in bfloat16 on nodes of two (dp
 and edp cross nodes), dp2 x cp2 x ep2 --zero 3 with --grad-accum 2, top-1 drops and h = 10 (chunks one
@@ -66,8 +68,12 @@ UNEVEN = {  # top-1 with capacity 1 drops tokens, --grad-accum 2 routes each mic
         "local",
         "--precision",
         "mixed-bf16",
+        "--collectives",  # the dense gradients' halving and doubling, 4 ranks reaching them apart
+        "rabenseifner",
     ],
     "ulysses": ["--dp", "2", "--cp", "2", "--ep", "2", "--cp-algo", "ulysses", "--hardware", "dgx-h100"],
+    # cp's row shards (--sp): each tp rank's s/(C T) rows between units, the MoE input gathered
+    "cp-tp-sp": ["--cp", "2", "--tp", "2", "--sp", "--hardware", "dgx-h100"],
 }
 
 
@@ -92,22 +98,24 @@ def test_uneven_routing_agrees(tmp_path, name):
 # softmax rebuilt), pp2 x tp2 --sp with gpipe and accumulation on `local` in float16 (the closed form
 # has every step update: none skipped; --sp: boundaries of the rank's rows, the LayerNorm sums over tp)
 # and --recompute full (each chunk's forward, its all-to-alls and tp collectives, again before its
-# backward), and
+# backward), its tp all-reduces the parameter server's (the server's rank ends apart from the other:
+# the ring halves after it followed, moe_tp_rounds.py), and
 # pp2 x cp2 (context_expert_stage.py: each chunk's hops between its all-to-alls) with 1f1b, Ulysses and
 # --recompute selective (its a/(C T) heads' q k^T again), and zb-h1 on pp2 x cp2 with the ring and
 # --recompute selective (each block's ring forward again, its hops re-sent, before the chunk's B, which
 # keeps the core's backward hops: gpt_moe_pipeline_time.ring_again, moe_split_time.backward_input);
-# the zero-bubble halves (moe_split_time.py): zb-h1 on pp2 x dp2 x ep2 with top-1 drops on nodes of two,
-# zb-v (two chunks a stage) on pp2 x tp2 (expert_tensor_split.py) with --recompute full before each B.
+# the zero-bubble halves (moe_split_time.py): zb-h1 on pp2 x dp2 x ep2 with top-1 drops on nodes of two
+# (--collectives mpi: each rank's own closed form), zb-v (two chunks a stage) on pp2 x tp2
+# (expert_tensor_split.py) with --recompute full before each B and tp's binomial-tree all-reduces.
 PIPELINES = {
     "interleaved": ["--n-layers", "6", "--dp", "2", "--ep", "2", "--virtual-stages", "2", "--top-k", "1"]
     + ["--precision", "mixed-bf16", "--recompute", "selective"],
     "gpipe": ["--tp", "2", "--sp", "--grad-accum", "2", "--hardware", "local", "--precision", "mixed-fp16"]
-    + ["--recompute", "full"],
+    + ["--recompute", "full", "--collectives", "ps"],
     "1f1b": ["--cp", "2", "--cp-algo", "ulysses", "--recompute", "selective", "--hardware", "dgx-h100"],
     "zb-h1-cp": ["--cp", "2", "--cp-algo", "ring", "--recompute", "selective", "--hardware", "dgx-h100"],
-    "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1"],
-    "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100"],
+    "zb-h1": ["--dp", "2", "--ep", "2", "--top-k", "1", "--collectives", "mpi"],
+    "zb-v": ["--tp", "2", "--recompute", "full", "--hardware", "dgx-h100", "--collectives", "tree"],
 }
 
 
