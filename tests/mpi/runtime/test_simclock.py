@@ -132,10 +132,17 @@ def test_native_mpi_allreduce_gets_closed_form_time_and_is_marked_modeled():
     assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=1e-9)
 
 
-def test_bad_clock_options_are_one_line():
+def test_bad_clock_options_are_one_line(tmp_path):
     res = run(0, ["train", "--clock", "sim", "--hardware", "no-such-cluster", "--steps", "1"], timeout=60)
     assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1 and "no-such-cluster" in res.stderr
     assert "Traceback" not in res.stderr
+    # tp 2 on nodes of 3 devices: tp group [0, 1] inside node 0, [2, 3] across nodes 0 and 1 -- no one
+    # link for the closed form to price tp's collectives on (run/setup.check_placement)
+    (tmp_path / "hw.json").write_text(json.dumps({**TWO_PER_NODE, "devices_per_node": 3}))
+    args = ["train", "--dp", "2", "--tp", "2", "--steps", "1", "--clock", "sim", "--hardware"]
+    res = run(4, [*args, str(tmp_path / "hw.json")], timeout=60)
+    assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
+    assert "tp groups' members unevenly on nodes" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize(
