@@ -55,9 +55,10 @@ def bruck_ends(starts: list, rows: list, row_bytes: int, link) -> list:
 ALLTOALL_ENDS = {"pairwise": pairwise_ends, "bruck": bruck_ends}
 
 
-def ring_allreduce_ends(n: int, bpe: int, starts: list, link, gamma: float) -> list:
+def ring_allreduce_ends(n: int, bpe: int, starts: list, link, gamma: float, nvls: bool = False) -> list:
     """When each of p ranks ends a blocking ring all-reduce (reduce-scatter then all-gather, one call:
-    collectives/ring.py) of n elements started at starts[r]; ring_time.ring_ends' round rule."""
+    collectives/ring.py) of n elements started at starts[r]; ring_time.ring_ends' round rule. `nvls`:
+    NVLink SHARP is among the tuner's choices (--collectives auto)."""
     p = len(starts)
     if p == 1:
         return list(starts)
@@ -65,7 +66,7 @@ def ring_allreduce_ends(n: int, bpe: int, starts: list, link, gamma: float) -> l
     alpha, bw, cursor = link.alpha, link.bw, np.array(starts, dtype=float)
     tuning = getattr(link, "tuning", None)
     if tuning is not None and tuning.proto:  # NCCL's protocol for this call (simclock.collective_timing)
-        timing = tuning.choose("all-reduce", -(-n // p) * bpe, nvls=False)
+        timing = tuning.choose("all-reduce", -(-n // p) * bpe, nvls=nvls)
         alpha, bw, cursor = timing.hop, timing.bw, cursor + timing.base
     ranks = np.arange(p)
     for scatter in (True, False):
