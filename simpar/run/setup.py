@@ -240,7 +240,7 @@ def check_placement(cfg: RunConfig, network: Network, world_size: int) -> None:
     names = ["tp", "dp", "pp"] + (["ep", "edp", "edpcp"] if cfg.experts else []) + ["cp", "dpcp"]
     names += ["world"] if cfg.data_source == "root" else []  # the world group carries data then
     groups = {
-        n: [group_of(r, n, sizes) for r in range(world_size) if min(group_of(r, n, sizes)) == r]
+        n: list({min(g): g for g in (group_of(r, n, sizes) for r in range(world_size))}.values())
         for n in names
     }
     kind = network.uneven_group(groups)
