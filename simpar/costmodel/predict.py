@@ -157,10 +157,10 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         timed = zero1_mesh_steps(spec, hw, links["dp"], stages_of, timed, zero_s)
     elif spec.zero and len(chunk_costs) == spec.dp:
         timed = zero_steps(spec, hw, links, chunk_costs, shape.sizes[0], starts)
-    elif spec.pp == 1 and spec.dp > 1 and spec.collectives != "mpi" and len(timed) == spec.dp:
+    elif spec.dp > 1 and spec.collectives != "mpi" and len(timed) == spec.dp:
         # DDP: every dp rank through every bucket's rounds (rounds_time.py): uneven chunks and rows,
         # the tree's and the parameter server's ranks that end apart
-        timed = ddp_steps(spec, hw, links["dp"], stages_of, timed)
+        timed = ddp_steps(spec, hw, links, stages_of, timed, starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])
     makespan = timed[worst_d]["makespan"]
     dp_exposed = timed[worst_d]["dp_exposed"]

@@ -137,23 +137,21 @@ def bucket_ends(algorithm: str, starts: list, bucket_elems: list, bpe: int, link
     return ends
 
 
-def ddp_steps(spec, hw, link, stages_of: dict, timed: dict) -> dict:
-    """The MLP's step (steptime.step_time's result per dp index, `timed`) with its DDP buckets followed
-    on every dp rank together (bucket_ends) instead of on each rank's own critical path: one pipeline
-    stage, no ZeRO. `stages_of[d]`: step_time's stage_costs of dp index d; `link`: the dp group's."""
+def ddp_steps(spec, hw, links: dict, stages_of: dict, timed: dict, starts: list) -> dict:
+    """The MLP's step (steptime.step_time per dp index d: `timed[d]`, from `stages_of[d]`, data ready at
+    `starts`) again, each stage's DDP buckets followed on every dp rank of the stage together
+    (bucket_ends) instead of on each rank's own critical path. No ZeRO (its collectives block)."""
     from .chunktime import collective_gamma
-    from .spec import dp_bucket_layers
+    from .steptime import step_time
 
-    sizes = stages_of[0][0][2][0]  # stage 0's sizes of its one chunk
-    buckets = dp_bucket_layers(sizes, spec.prec.grad, spec.bucket_mb)
-    elems = [sum(sizes[i] for i in layers) for layers in buckets]
-    starts = [timed[d]["dp_ready"][0] for d in range(spec.dp)]
-    ends = bucket_ends(spec.collectives, starts, elems, spec.prec.grad, link, collective_gamma(hw))
-    out = {}
-    for d, old in timed.items():
-        exposed = max(0.0, ends[d] - old["before_dp"][0])  # the rank waits for its last bucket
-        makespan = old["makespan"] - old["parts"]["dp"] + exposed
-        parts = {**old["parts"], "dp": exposed}
-        out[d] = {**old, "makespan": makespan, "dp_exposed": exposed, "parts": parts, "ends": [makespan]}
-        out[d]["stage_parts"] = [parts]
-    return out
+    streams = {d: [0.0] * spec.pp for d in timed}
+    for s in range(spec.pp):
+        elems = timed[0]["dp_elems"][s]
+        if elems:
+            ready = [timed[d]["dp_ready"][s] for d in range(spec.dp)]
+            ends = bucket_ends(
+                spec.collectives, ready, elems, spec.prec.grad, links["dp"], collective_gamma(hw)
+            )
+            for d in timed:
+                streams[d][s] = ends[d]
+    return {d: step_time(spec, hw, links, stages_of[d], 0.0, starts, streams[d]) for d in timed}

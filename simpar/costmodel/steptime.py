@@ -24,9 +24,10 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   2020, sec. 3.2). ZeRO's collectives block: they add up. On a CPU (Hardware.host_progress: the
   `local` profile) MPI moves bytes only while the rank is inside it, on the rank's own core: the
   buckets run one after another from the moment the rank waits for them, overlapping nothing.
-  Each rank's buckets are priced here on its own critical path (collectives.ALLREDUCE); with one
-  stage, predict.py then follows every dp rank through every bucket's rounds (rounds_time.py: chunks
-  that differ by an element, the tree's and the parameter server's ranks that end apart).
+  Each rank's buckets are priced here on its own critical path (collectives.ALLREDUCE); without
+  ZeRO, predict.py then runs the step again with each stage's buckets followed on every dp rank
+  through every round (rounds_time.ddp_steps: chunks that differ by an element, the tree's and the
+  parameter server's ranks that end apart) as `dp_streams`.
 * --sp (resmlp under --tp): a stage boundary carries the tp rank's rows/t; each unit's once-a-step
   gradient all-reduce over tp blocks its chunk's final backward (zero-bubble: W pass) right after
   that unit, before the unit's gradient bucket is handed to data parallelism.
@@ -89,17 +90,21 @@ def dp_end(
     return end
 
 
-def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, starts: list) -> dict:
+def step_time(
+    spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, starts: list, dp_streams=None
+) -> dict:
     """Run the recurrences for one step. `stage_costs[s]` = ({chunk: RankCosts}, dp index, {chunk: layer
     sizes}) of the slowest rank of stage s; `zero_dp_s` the blocking ZeRO collectives of a rank (0
-    without ZeRO); `starts[s]` when stage s has its data (predict.data_ready)."""
+    without ZeRO); `starts[s]` when stage s has its data (predict.data_ready); `dp_streams[s]`, if
+    given, when stage s's last DDP bucket ends (rounds_time.ddp_steps: every dp rank followed), in
+    place of this rank's own critical path."""
     S, K, M, V = spec.pp, spec.grad_accum, spec.microbatches_used, spec.virtual_stages
     W, bpe, pp = spec.widths, spec.prec.act, links["pp"]
     C = sum(len(stage_costs[s][0]) for s in range(S))
     split = spec.schedule in ("zb-h1", "zb-v") and S > 1
     clock = list(starts)
     dp_exposed = 0.0
-    before_dp, dp_ready = [0.0] * S, [[] for _ in range(S)]  # each stage's clock, buckets' starts
+    dp_ready, dp_elems = [[] for _ in range(S)], [[] for _ in range(S)]  # each stage's buckets' starts, sizes
     # each stage's timeline cut into what fills it (the parts add up to the stage's end exactly)
     parts = [dict.fromkeys(TIMELINE_PARTS, 0.0) for _ in range(S)]
     for s in range(S):
@@ -164,9 +169,9 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
             chunk_costs, d, sizes = stage_costs[s]
             if last_k:  # the buckets of each chunk's last backward of the last accumulation step
                 stream = 0.0
-                before_dp[s] = clock[s]
                 for c in sorted(final_start[s], key=lambda c: final_start[s][c][0]):
                     buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
+                    dp_elems[s] += [sum(sizes[c][i] for i in layers) for layers, _ in buckets]
                     if buckets and hw.host_progress:  # they run once the rank waits, after its schedule
                         stream = max(stream, clock[s]) + sum(secs for _, secs in buckets)
                         dp_ready[s] += [clock[s]] * len(buckets)
@@ -175,6 +180,8 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                         first = K == 1 and M == 1
                         stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
                         dp_ready[s] += bucket_starts(chunk_costs[c], buckets, start, rows[s][m], split, first)
+                if dp_streams is not None and dp_elems[s]:
+                    stream = dp_streams[s]
                 if stream:
                     dp_exposed = max(dp_exposed, stream - clock[s])
                     parts[s]["dp"] += max(0.0, stream - clock[s])
@@ -194,7 +201,7 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
         "parts": parts[last],
         "ends": ends,  # each stage's end (zero_mesh_time.py adds ZeRO-1's rings after them)
         "stage_parts": parts,
-        # before its DDP buckets: each stage's clock and its buckets' starts (ddp_time.py follows every rank)
-        "before_dp": before_dp,
+        # each stage's DDP buckets: when they may start, their elements (rounds_time.ddp_steps)
         "dp_ready": dp_ready,
+        "dp_elems": dp_elems,
     }
