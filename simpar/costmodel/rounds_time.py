@@ -81,11 +81,11 @@ def rabenseifner_rounds(p: int, r: int, n: int, bpe: int) -> list:
     return rounds
 
 
-def follow(plans: list, starts: list, free: list, link, gamma: float) -> list:
+def follow(plans: list, starts: list, link, gamma: float) -> list:
     """When each rank ends its rounds (`plans[r]`: tree_rounds' form), rank r starting at starts[r]
-    with its outgoing port free from free[r] (updated in place); the module docstring's rules."""
+    (its outgoing port is free by then: each round waits for its own sends); the module docstring's rules."""
     p = len(plans)
-    t, pos, posted = list(starts), [0] * p, [False] * p
+    t, free, pos, posted = list(starts), list(starts), [0] * p, [False] * p
     wires: dict = {}  # (src, dst) -> [(transfer start, arrival), ...] in the order they were sent
     taken: dict = {}  # (src, dst) -> how many of them have been received
     while any(pos[r] < len(plans[r]) for r in range(p)):
@@ -119,21 +119,25 @@ def follow(plans: list, starts: list, free: list, link, gamma: float) -> list:
     return t
 
 
-def bucket_ends(algorithm: str, starts: list, bucket_elems: list, bpe: int, link, gamma: float) -> list:
-    """Each rank's end of its last bucket's all-reduce: `starts[r][k]` when rank r starts bucket k (its
-    layers' gradients are ready), one bucket after another on the dp stream; `bucket_elems[k]`."""
+def allreduce_ends(algorithm: str, n: int, bpe: int, starts: list, link, gamma: float) -> list:
+    """When each rank of the group ends one blocking all-reduce of n elements it starts at starts[r]."""
     p = len(starts)
+    if algorithm in ("ring", "auto"):  # auto: the ring's rounds, at the protocol NCCL's tuner picks
+        return ring_allreduce_ends(n, bpe, starts, link, gamma, nvls=algorithm == "auto")
     if algorithm == "ps":
-        return ps_bucket_ends(starts, [n * bpe for n in bucket_elems], link, gamma)
-    ends, free = [float("-inf")] * p, [0.0] * p
+        return ps_bucket_ends([[s] for s in starts], [n * bpe], link, gamma)
+    if algorithm == "tree":
+        return follow([tree_rounds(p, r, n * bpe) for r in range(p)], starts, link, gamma)
+    return follow([rabenseifner_rounds(p, r, n, bpe) for r in range(p)], starts, link, gamma)
+
+
+def bucket_ends(algorithm: str, starts: list, bucket_elems: list, bpe: int, link, gamma: float) -> list:
+    """Each rank's end of its last bucket's all-reduce: `starts[r][k]` when rank r may start bucket k
+    (its layers' gradients are ready), one bucket after another on the dp stream (a bucket starts on a
+    rank when the last one ended there: ps_time.py's rule too); `bucket_elems[k]`: its elements."""
+    ends = [float("-inf")] * len(starts)
     for k, n in enumerate(bucket_elems):
-        begin = [max(starts[r][k], ends[r]) for r in range(p)]
-        if algorithm in ("ring", "auto"):  # auto: the ring's rounds, at the protocol NCCL's tuner picks
-            ends = ring_allreduce_ends(n, bpe, begin, link, gamma, nvls=algorithm == "auto")
-        elif algorithm == "tree":
-            ends = follow([tree_rounds(p, r, n * bpe) for r in range(p)], begin, free, link, gamma)
-        else:
-            ends = follow([rabenseifner_rounds(p, r, n, bpe) for r in range(p)], begin, free, link, gamma)
+        ends = allreduce_ends(algorithm, n, bpe, [max(s[k], e) for s, e in zip(starts, ends)], link, gamma)
     return ends
 
 
