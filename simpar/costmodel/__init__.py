@@ -16,6 +16,7 @@ as a formula. So when the execution code changes its behaviour, `mismatches` rep
   moe.py          mixture of experts with expert parallelism: all-to-all rows, memory, time
   chunktime.py    the seconds of one rank's work on one model chunk (the alpha-beta-gamma model)
   steptime.py     those pieces in a schedule's order: one step's time as max-plus recurrences
+  rounds_time.py  a dp group's gradient buckets, every rank through every round of its algorithm
   predict.py      the time model, the whole prediction (predict) and the comparison with a run
                   (predict_from_config, mismatches)
   hardware.py     hardware profiles (local, dgx-h100, h200, dgx-a100, ib-cluster, ethernet-100g,

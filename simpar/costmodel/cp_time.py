@@ -35,10 +35,10 @@ pairs, and the last micro-step sums each unit's LayerNorm gradients over tp righ
 The rest is gpt_time's step over the dp x C ranks of the dpcp group: units forward, loss, units
 backward; in the last micro-step each unit's gradient buckets start on the dpcp stream when ready
 (host_progress: when backward ends), the rank waits for the last, runs the optimizer; the step ends
-with the slowest rank. The buckets' all-reduce is --collectives': ring and auto priced as NCCL runs
-them, the others alpha-beta on their critical path (gpt_time.py's rule), and ps bucket by bucket
-through the server (ps_time.py: a bucket's pushes overlap the last one's replies). Every rank of a
-cp group does the same work, so its hops line up.
+with the slowest rank. The buckets' all-reduce is --collectives': every rank of the dpcp group
+followed through every bucket's rounds (rounds_time.py: ring and auto as NCCL runs them, the tree and
+Rabenseifner message by message, ps through the server: ps_time.py). Every rank of a cp group does
+the same work, so its hops line up.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from types import SimpleNamespace
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, to_bytes
 from .gpt_time import loss_bpe, optimizer_seconds, tp_collectives, unit_seconds
-from .ps_time import ps_bucket_ends
+from .rounds_time import bucket_ends
 from .spec import dp_bucket_layers, split
 
 # context_attention.py's charges, written again: (products, sweeps over the scores) per block or core
@@ -171,10 +171,11 @@ def cp_step_seconds(cfg, dp: int, sizes: list[int], hw, precision: str, bpe: int
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
-    if cfg.collectives == "ps":  # a bucket queues at the server behind the last one (ps_time.py)
-        nbytes = [sum(sizes[i] for i in layers) * bpe for layers in buckets]
-        for j in range(T):  # the dpcp group of tp index j: world ranks g T + j, the server g = 0
-            done = ps_bucket_ends([starts[g * T + j] for g in range(p)], nbytes, dpcp_link, gamma)
+    if p > 1 and cfg.collectives != "mpi":  # every rank through every bucket's rounds (rounds_time.py)
+        elems = [sum(sizes[i] for i in layers) for layers in buckets]
+        for j in range(T):  # the dpcp group of tp index j: world ranks g T + j (ps: the server g = 0)
+            starts_j = [starts[g * T + j] for g in range(p)]
+            done = bucket_ends(cfg.collectives, starts_j, elems, bpe, dpcp_link, gamma)
             for g in range(p):
                 ends[g * T + j] = max(before_dp[g * T + j][0], done[g]) + optimizer_s
     return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

@@ -17,7 +17,8 @@ activation; matmuls at the FLOP rate, memory-bound bytes at gamma/3 seconds per 
 A step: every micro-step's forward, loss and backward; in the last one each unit's gradients are
 ready when its backward ends, and the buckets (in backward order) are all-reduced one after another
 on the dp stream as soon as their units are ready (on a CPU profile, host_progress: when backward
-ends); the rank waits for the last one, then runs the optimizer. The step ends with the slowest rank.
+ends), every dp rank followed through every bucket's rounds (rounds_time.py); the rank waits for the
+last one, then runs the optimizer. The step ends with the slowest rank.
 --zero 1-3: gpt_zero_time.py (its collectives block); --pp: gpt_pipeline_time.py.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 from . import passes
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
-from .ps_time import ps_bucket_ends
+from .rounds_time import bucket_ends
 from .spec import dp_bucket_layers, split
 from .work import MIXED_CAST_BYTES
 
@@ -152,10 +153,12 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
         ends.append(max(clock, end) + optimizer_s)
         computes.append(compute + optimizer_s)
         comms.append(comm)
-    if p > 1 and cfg.collectives == "ps":  # a bucket queues at the server behind the last (ps_time.py)
-        nbytes = [sum(sizes[i] for i in layers) * bpe for layers in buckets]
-        for j in range(t):  # the dp group of tp index j: ranks d t + j, the server d = 0
-            done = ps_bucket_ends([starts[d * t + j] for d in range(p)], nbytes, links["dp"], gamma)
+    if p > 1 and cfg.collectives != "mpi":  # every dp rank through every bucket's rounds (rounds_time.py):
+        # a ps bucket queues at the server behind the last; a tree on p = 3 ends its ranks apart
+        elems = [sum(sizes[i] for i in layers) for layers in buckets]
+        for j in range(t):  # the dp group of tp index j: ranks d t + j (ps: the server d = 0)
+            starts_j = [starts[d * t + j] for d in range(p)]
+            done = bucket_ends(cfg.collectives, starts_j, elems, bpe, links["dp"], gamma)
             for d in range(p):
                 ends[d * t + j] = max(before_dp[d * t + j][0], done[d]) + optimizer_s
     return {"step_s": max(ends), "compute_s": max(computes), "comm_s": max(comms), "before_dp": before_dp}

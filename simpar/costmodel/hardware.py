@@ -198,7 +198,9 @@ def group_link(hw: Hardware, kind: str, dp: int, tp: int, pp: int) -> Link:
     A group that leaves the node is as slow as its slowest hop (a ring waits for its slowest link).
     The node's NICs are shared by every group of this kind that has members on the node: with m
     members of one group per node, G/m groups cross the node boundary at once, and each gets
-    nics_per_node * nic_bw / (G/m), but never more than one NIC's worth.
+    nics_per_node * nic_bw / (G/m), but never more than one NIC's worth. Node 0 is full whenever a
+    group leaves it, so its count is the rule; a part-filled last node (c < G ranks, c/m groups) gives
+    the same link or the simulated clock refuses the placement (run/setup.check_placement).
     """
     G = hw.devices_per_node
     stride, size = {"tp": (1, tp), "dp": (tp, dp), "pp": (tp * dp, pp), "world": (1, dp * tp * pp)}[kind]

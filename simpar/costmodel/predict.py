@@ -20,6 +20,7 @@ from . import hardware
 from .chunktime import RankCosts, collective_gamma, op_time, ring_op
 from .order import loss_stage, zb_v_orders
 from .rank import CATS, MEMORY_KINDS, predict_rank
+from .rounds_time import ddp_steps
 from .spec import Shape, Spec, check, coords_of, micro_rows
 from .stages import unit_sizes
 from .steptime import step_time
@@ -156,6 +157,10 @@ def predict(spec: Spec, hw=None, ranks: list[int] | None = None) -> dict:
         timed = zero1_mesh_steps(spec, hw, links["dp"], stages_of, timed, zero_s)
     elif spec.zero and len(chunk_costs) == spec.dp:
         timed = zero_steps(spec, hw, links, chunk_costs, shape.sizes[0], starts)
+    elif spec.dp > 1 and spec.collectives != "mpi" and len(timed) == spec.dp:
+        # DDP: every dp rank through every bucket's rounds (rounds_time.py): uneven chunks and rows,
+        # the tree's and the parameter server's ranks that end apart
+        timed = ddp_steps(spec, hw, links, stages_of, timed, starts)
     worst_d = max(timed, key=lambda d: timed[d]["makespan"])
     makespan = timed[worst_d]["makespan"]
     dp_exposed = timed[worst_d]["dp_exposed"]

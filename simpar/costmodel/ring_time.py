@@ -10,8 +10,8 @@ alpha later there), the round ends when its own send has left and its left neigh
 then the received chunk is added in (reduce-scatter only: bytes x gamma; free on a GPU, where the
 reduction runs inside the copy). On a GPU profile the ring runs as NCCL's tuner picks for ceil(n/p)
 elements a step (its base latency once, its per-step latency and bandwidth: nccl.py). Every message
-takes the group's link (hardware.group_link): exact while each node holds as many of the group's ranks
-as the others (a rank alone on a part-filled node gets more of its NICs).
+takes the group's link (hardware.group_link): exact, since --clock sim refuses a placement whose
+groups' messages would not all take one link (run/setup.check_placement).
 """
 
 from __future__ import annotations

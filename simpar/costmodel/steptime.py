@@ -24,6 +24,10 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
   2020, sec. 3.2). ZeRO's collectives block: they add up. On a CPU (Hardware.host_progress: the
   `local` profile) MPI moves bytes only while the rank is inside it, on the rank's own core: the
   buckets run one after another from the moment the rank waits for them, overlapping nothing.
+  Each rank's buckets are priced here on its own critical path (collectives.ALLREDUCE); without
+  ZeRO, predict.py then runs the step again with each stage's buckets followed on every dp rank
+  through every round (rounds_time.ddp_steps: chunks that differ by an element, the tree's and the
+  parameter server's ranks that end apart) as `dp_streams`.
 * --sp (resmlp under --tp): a stage boundary carries the tp rank's rows/t; each unit's once-a-step
   gradient all-reduce over tp blocks its chunk's final backward (zero-bubble: W pass) right after
   that unit, before the unit's gradient bucket is handed to data parallelism.
@@ -47,18 +51,10 @@ from .spec import Spec, micro_rows
 TIMELINE_PARTS = ("compute", "tp", "pp", "dp", "data", "bubble")
 
 
-def dp_end(
-    costs: RankCosts,
-    buckets: list,
-    backward_start: float,
-    r: int,
-    stream: float = 0.0,
-    split=False,
-    first=False,
-):
-    """When the last gradient bucket's all-reduce ends, buckets starting as the final backward (of r
-    rows, starting at backward_start; with `split` the W pass; `first`: also the step's first) finishes
-    their layers, one after another on the dp stream (free from `stream` on)."""
+def bucket_starts(costs: RankCosts, buckets: list, backward_start: float, r: int, split=False, first=False):
+    """When each gradient bucket's layers are all ready: the final backward (of r rows, starting at
+    backward_start; with `split` the W pass; `first`: also the step's first) runs its layers in reverse
+    and hands each one's gradients over as it finishes (--no-overlap: all once backward is done)."""
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
     layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r, first)
@@ -74,22 +70,41 @@ def dp_end(
         t += f
     if not costs.spec.overlap:  # --no-overlap: every bucket starts once backward is done
         ready_at = dict.fromkeys(ready_at, t)
+    return [max(ready_at[i] for i in layers) for layers, _ in buckets]
+
+
+def dp_end(
+    costs: RankCosts,
+    buckets: list,
+    backward_start: float,
+    r: int,
+    stream: float = 0.0,
+    split=False,
+    first=False,
+):
+    """When the last gradient bucket's all-reduce ends, buckets starting as the final backward
+    finishes their layers (bucket_starts), one after another on the dp stream (free from `stream` on)."""
     end = max(backward_start, stream)
-    for layers, secs in buckets:
-        end = max(end, max(ready_at[i] for i in layers)) + secs
+    for ready, (_, secs) in zip(bucket_starts(costs, buckets, backward_start, r, split, first), buckets):
+        end = max(end, ready) + secs
     return end
 
 
-def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, starts: list) -> dict:
+def step_time(
+    spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, starts: list, dp_streams=None
+) -> dict:
     """Run the recurrences for one step. `stage_costs[s]` = ({chunk: RankCosts}, dp index, {chunk: layer
     sizes}) of the slowest rank of stage s; `zero_dp_s` the blocking ZeRO collectives of a rank (0
-    without ZeRO); `starts[s]` when stage s has its data (predict.data_ready)."""
+    without ZeRO); `starts[s]` when stage s has its data (predict.data_ready); `dp_streams[s]`, if
+    given, when stage s's last DDP bucket ends (rounds_time.ddp_steps: every dp rank followed), in
+    place of this rank's own critical path."""
     S, K, M, V = spec.pp, spec.grad_accum, spec.microbatches_used, spec.virtual_stages
     W, bpe, pp = spec.widths, spec.prec.act, links["pp"]
     C = sum(len(stage_costs[s][0]) for s in range(S))
     split = spec.schedule in ("zb-h1", "zb-v") and S > 1
     clock = list(starts)
     dp_exposed = 0.0
+    dp_ready, dp_elems = [[] for _ in range(S)], [[] for _ in range(S)]  # each stage's buckets' starts, sizes
     # each stage's timeline cut into what fills it (the parts add up to the stage's end exactly)
     parts = [dict.fromkeys(TIMELINE_PARTS, 0.0) for _ in range(S)]
     for s in range(S):
@@ -156,12 +171,17 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
                 stream = 0.0
                 for c in sorted(final_start[s], key=lambda c: final_start[s][c][0]):
                     buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
+                    dp_elems[s] += [sum(sizes[c][i] for i in layers) for layers, _ in buckets]
                     if buckets and hw.host_progress:  # they run once the rank waits, after its schedule
                         stream = max(stream, clock[s]) + sum(secs for _, secs in buckets)
+                        dp_ready[s] += [clock[s]] * len(buckets)
                     elif buckets:
                         start, m = final_start[s][c]
                         first = K == 1 and M == 1
                         stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
+                        dp_ready[s] += bucket_starts(chunk_costs[c], buckets, start, rows[s][m], split, first)
+                if dp_streams is not None and dp_elems[s]:
+                    stream = dp_streams[s]
                 if stream:
                     dp_exposed = max(dp_exposed, stream - clock[s])
                     parts[s]["dp"] += max(0.0, stream - clock[s])
@@ -181,4 +201,7 @@ def step_time(spec: Spec, hw, links: dict, stage_costs: dict, zero_dp_s: float, 
         "parts": parts[last],
         "ends": ends,  # each stage's end (zero_mesh_time.py adds ZeRO-1's rings after them)
         "stage_parts": parts,
+        # each stage's DDP buckets: when they may start, their elements (rounds_time.ddp_steps)
+        "dp_ready": dp_ready,
+        "dp_elems": dp_elems,
     }

@@ -24,7 +24,7 @@ from ..registries import check as check_registries
 from ..runtime import flight, simclock
 from ..runtime.agree import same_data, together
 from ..runtime.comm import Communicator, Ledger
-from ..runtime.mesh import Mesh
+from ..runtime.mesh import Mesh, axis_sizes, group_of
 from ..runtime.network import Network
 from ..runtime.trace import Tracer
 from . import checkpoint
@@ -185,6 +185,7 @@ def start_clock(cfg: RunConfig, world: Communicator):
         hw.nic_bw,
         hw.nics_per_node,
         rails=rails,
+        world_size=world.size,  # a part-filled last node shares its NICs among fewer ranks
     )
     # NCCL's tuner (costmodel/nccl.py) as a function of plain numbers: the clock hands it the group's
     # size, node span and link, found from where its ranks sit; the profile's protocol table is data.
@@ -215,6 +216,8 @@ def build_mesh(cfg: RunConfig, world: Communicator, clock) -> Mesh:
     from ..model.precision import wire
 
     nodes = clock.profile.network.devices_per_node if clock is not None else None
+    if clock is not None:
+        check_placement(cfg, clock.profile.network, world.size)
     return Mesh.build(
         world,
         cfg.dp,
@@ -226,6 +229,28 @@ def build_mesh(cfg: RunConfig, world: Communicator, clock) -> Mesh:
         experts=cfg.experts > 0,
         cp=cfg.cp,
     )
+
+
+def check_placement(cfg: RunConfig, network: Network, world_size: int) -> None:
+    """--clock sim: refuse a placement whose groups of one kind do not all talk over one link (a group
+    with more members on one node than on another, or a part-filled last node that gives its ranks
+    more of its NICs each: network.uneven_group). The closed form prices each kind of collective on one
+    link, so it could not follow such a run; every rank reaches the same answer, before any traffic."""
+    sizes = axis_sizes(cfg.dp, cfg.tp, cfg.pp, cfg.ep, cfg.cp)
+    names = ["tp", "dp", "pp"] + (["ep", "edp", "edpcp"] if cfg.experts else []) + ["cp", "dpcp"]
+    names += ["world"] if cfg.data_source == "root" else []  # the world group carries data then
+    groups = {
+        n: list({min(g): g for g in (group_of(r, n, sizes) for r in range(world_size))}.values())
+        for n in names
+    }
+    kind = network.uneven_group(groups)
+    if kind:
+        G = network.devices_per_node
+        raise SimparError(
+            f"--clock sim: on nodes of {G} devices, {world_size} ranks put the {kind} groups' members "
+            "unevenly on nodes (so their messages would not all take one link, which the closed form "
+            f"assumes); choose a layout whose {kind} groups fill nodes alike, or another devices_per_node"
+        )
 
 
 def mpi_max():

@@ -126,16 +126,50 @@ def test_zero_with_uneven_rows_and_accumulation_equals_the_closed_form(tmp_path,
     assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-9)
 
 
+GPT = "--arch gpt --n-layers 2 --hidden 16 --heads 4 --seq-len 8 --vocab 16 --dataset copy --batch 8".split()
+DDP_RANK_BY_RANK = [  # (ranks, profile, --collectives, options); pred/sim - 1 before the closed form
+    # followed every dp rank through every bucket's rounds (costmodel/rounds_time.py)
+    (3, "dgx-h100", "ring", []),  # +1.3e-6: chunks of 3 that differ by an element
+    (3, "local", "rabenseifner", []),  # +1.4e-2: folding rank 1 waits on rank 0's halving
+    (3, "two-per-node", "tree", []),  # +57%: rank 0 takes in both children at once; 3 ranks on nodes of 2
+    (4, "two-per-node", "ps", []),  # +17%: a bucket's pushes leave early workers before the last reply
+    (3, "dgx-h100", "tree", GPT),  # +19%: gpt_time's buckets, the same rounds
+]
+
+
+@pytest.mark.parametrize("n, hardware, algorithm, extra", DDP_RANK_BY_RANK)
+def test_ddp_buckets_followed_rank_by_rank_equal_the_simulated_clock(tmp_path, n, hardware, algorithm, extra):
+    """Data parallelism over several gradient buckets (--bucket-mb 0.01) with each --collectives
+    algorithm where its ranks end apart: dp 3 (uneven chunks and rows, a part-filled node on nodes of
+    two), and the parameter server on dp 4."""
+    if hardware == "two-per-node":
+        (tmp_path / "hw.json").write_text(json.dumps(TWO_PER_NODE))
+        hardware = str(tmp_path / "hw.json")
+    path = tmp_path / "m.json"
+    args = ["train", "--dp", str(n), "--collectives", algorithm, "--bucket-mb", "0.01", "--steps", "2"]
+    res = run(n, [*args, *extra, "--clock", "sim", "--hardware", hardware, "--metrics-out", str(path)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads(path.read_text())
+    assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-9)
+
+
 def test_native_mpi_allreduce_gets_closed_form_time_and_is_marked_modeled():
     m = launch(4, dp=4, steps=2, clock="sim", hardware="dgx-h100", collectives="mpi")
     assert m["comm"]["modeled_ops"] == ["model/grad-allreduce"]
     assert m["time"]["sim"]["step_s"] == pytest.approx(m["predicted"]["time"]["step_s"], rel=1e-9)
 
 
-def test_bad_clock_options_are_one_line():
+def test_bad_clock_options_are_one_line(tmp_path):
     res = run(0, ["train", "--clock", "sim", "--hardware", "no-such-cluster", "--steps", "1"], timeout=60)
     assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1 and "no-such-cluster" in res.stderr
     assert "Traceback" not in res.stderr
+    # tp 2 on nodes of 3 devices: tp group [0, 1] inside node 0, [2, 3] across nodes 0 and 1 -- no one
+    # link for the closed form to price tp's collectives on (run/setup.check_placement)
+    (tmp_path / "hw.json").write_text(json.dumps({**TWO_PER_NODE, "devices_per_node": 3}))
+    args = ["train", "--dp", "2", "--tp", "2", "--steps", "1", "--clock", "sim", "--hardware"]
+    res = run(4, [*args, str(tmp_path / "hw.json")], timeout=60)
+    assert res.returncode == 2 and res.stderr.count("simpar: error:") == 1, res.stderr[-2000:]
+    assert "tp groups' members unevenly on nodes" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize(

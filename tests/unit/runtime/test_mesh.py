@@ -110,15 +110,57 @@ def test_a_message_takes_the_link_between_the_nodes_its_ranks_sit_on():
     assert local.link(0, 3, world).alpha == 1e-6
 
 
-@pytest.mark.parametrize("preset", ["dgx-h100", "ib-cluster", "ethernet-100g", "two-per-node"])
-@pytest.mark.parametrize("n", [8, 16, 32])
+def test_a_rank_alone_on_a_part_filled_last_node_has_its_nics_to_itself():
+    # 3 ranks on nodes of 2: rank 2 sits alone on node 1. Its dp group [0, 1, 2] has 1 member there
+    # and the node holds 1 rank: 1 // 1 = 1 flow through the one NIC, 5 GB/s (not 2 // 1 = 2 flows)
+    net = Network(2, 2e-6, 100e9, 10e-6, 5e9, 1, world_size=3)
+    assert [net.ranks_on(n) for n in (0, 1)] == [2, 1]
+    assert net.group_link(2, [0, 1, 2]).bandwidth == 5e9
+    assert net.group_link(0, [0, 1, 2]).bandwidth == 5e9  # node 0: 2 ranks, 2 members, 1 flow
+    assert net.uneven_group({"dp": [[0, 1, 2]]}) is None  # one link for every member
+    # NCCL's rails: a group drives one NIC per member it has on the node, so with 2 NICs a node the
+    # lone rank gets one NIC (5 GB/s), ranks 0 and 1 two (10 GB/s): no one link, refused
+    rails = Network(2, 2e-6, 100e9, 10e-6, 5e9, 2, rails=True, world_size=3)
+    assert (
+        rails.group_link(2, [0, 1, 2]).bandwidth == 5e9 and rails.group_link(0, [0, 1, 2]).bandwidth == 10e9
+    )
+    assert rails.uneven_group({"dp": [[0, 1, 2]]}) == "dp"
+
+
+def test_groups_placed_unevenly_on_full_nodes_are_named():
+    # 6 ranks, tp 2 x dp 3 on nodes of 3: tp group [0, 1] inside node 0, [2, 3] across nodes 0 and 1
+    net = Network(3, 2e-6, 100e9, 10e-6, 5e9, 1, world_size=6)
+    sizes = axis_sizes(3, 2, 1)
+    tp = [group_of(r, "tp", sizes) for r in (0, 2, 4)]
+    assert tp == [[0, 1], [2, 3], [4, 5]] and net.uneven_group({"tp": tp}) == "tp"
+    assert net.uneven_group({"pp": [[0], [1]], "tp": [[0, 1, 2], [3, 4, 5]]}) is None
+
+
+def three_per_node(rails: bool) -> hardware.Hardware:
+    return hardware.Hardware(
+        "three", "", {"fp64": 1e12}, 1e-12, 2e-6, 100e9, 3, inter_alpha=10e-6, nic_bw=5e9, nics_per_node=2,
+        ring_proto={"Simple": [0.0, 0.0, 0.0, 1.0]} if rails else {},
+    )  # fmt: skip
+
+
+PROFILES = {
+    "two-per-node": lambda: hardware.Hardware(
+        "two", "", {"fp64": 1e12}, 1e-12, 2e-6, 100e9, 2, inter_alpha=10e-6, nic_bw=5e9, nics_per_node=1
+    ),
+    "three-per-node": lambda: three_per_node(False),
+    "three-per-node-rails": lambda: three_per_node(True),
+}
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["dgx-h100", "ib-cluster", "ethernet-100g", "two-per-node", "three-per-node", "three-per-node-rails"],
+)
+@pytest.mark.parametrize("n", [3, 6, 8, 12, 16, 32])
 def test_group_links_from_placement_agree_with_the_cost_models_closed_form(preset, n):
-    if preset == "two-per-node":
-        hw = hardware.Hardware(
-            "two", "", {"fp64": 1e12}, 1e-12, 2e-6, 100e9, 2, inter_alpha=10e-6, nic_bw=5e9, nics_per_node=1
-        )
-    else:
-        hw = hardware.load(preset)
+    """Every placement the simulated clock accepts (network.uneven_group: each kind of group on one
+    link, run/setup.check_placement) gets the closed form's link, part-filled last nodes included."""
+    hw = PROFILES[preset]() if preset in PROFILES else hardware.load(preset)
     net = Network(
         hw.devices_per_node,
         hw.intra_alpha,
@@ -127,21 +169,26 @@ def test_group_links_from_placement_agree_with_the_cost_models_closed_form(prese
         hw.nic_bw,
         hw.nics_per_node,
         rails=bool(hw.ring_proto),  # GPU profiles: NCCL's rails, as run/setup.py builds it
+        world_size=n,
     )
-    for pp, dp, tp, _ in layouts(n):
+    for pp, dp, tp, ep in layouts(n):
+        if ep > 1:
+            continue
         sizes = axis_sizes(dp, tp, pp)
         for group in ("tp", "dp", "pp", "world"):
-            if len(group_of(0, group, sizes)) == 1:
-                continue  # a group of one sends nothing (the closed form gives it a link all the same)
+            members_of = [group_of(r, group, sizes) for r in range(n) if min(group_of(r, group, sizes)) == r]
+            if len(members_of[0]) == 1 or net.uneven_group({group: members_of}):
+                continue  # a group of one sends nothing; an uneven placement is refused under --clock sim
             closed = hardware.group_link(hw, group, dp, tp, pp)
-            for rank in range(n):
-                link = net.group_link(rank, group_of(rank, group, sizes))
-                assert (link.alpha, link.bandwidth) == pytest.approx((closed.alpha, closed.bw)), (
-                    preset,
-                    (pp, dp, tp),
-                    group,
-                    rank,
-                )
+            for members in members_of:
+                for rank in members:
+                    link = net.group_link(rank, members)
+                    assert (link.alpha, link.bandwidth) == pytest.approx((closed.alpha, closed.bw)), (
+                        preset,
+                        (pp, dp, tp),
+                        group,
+                        rank,
+                    )
 
 
 # -- the groups a real job gets ------------------------------------------------------------------------
