@@ -285,13 +285,9 @@ def layout_cp(cfg) -> None:
     # --pp: cp inside the stages runs every schedule and --recompute, with or without --tp [--sp]
     # (parallel/pipeline/context_stage.py, context_tensor_stage.py; costmodel/cp_pipeline.py and
     # cp_tp_pipeline.py predict them)
-    # --collectives: the dense layouts' dp x cp gradient all-reduce runs the chosen algorithm
-    # (parallel/data.GradientBuckets over the dpcp group; costmodel/cp_time.py prices it as gpt_time.py)
-    require(
-        cfg.collectives == "ring" or not cfg.experts,
-        f"--experts with --cp all-reduces over dp x cp with the ring; --collectives {cfg.collectives} "
-        "not yet",
-    )
+    # --collectives: the dp x cp gradient all-reduce runs the chosen algorithm (parallel/data.GradientBuckets
+    # over the dpcp group; with --experts, context_expert.py's dense and expert groups; costmodel/cp_time.py
+    # and gpt_moe_time.py price them)
     # --clock sim: cp_time.py prices each rank's own share of a collective, as gpt_time.py does for dp and
     # tp; where the clock's ranks wait on each other inside one (tp's blocking tree or parameter-server
     # all-reduces, ps buckets queueing at the server) that share is not the step's time: ~1-6% off, as

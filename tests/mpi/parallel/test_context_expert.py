@@ -51,7 +51,14 @@ def rank_kept(T: list, rows: int, D: int, C: int) -> dict:
     return out
 
 
-def check_bytes(m: dict, D: int, C: int, P: int) -> None:
+def tree_allreduce(n: int, p: int, r: int) -> int:
+    """Binomial reduce and broadcast (Thakur et al. 2005, sec. 4): rank r sends its n to its parent
+    (r != 0) and the result to each child r + 2^k (2^k > r, r + 2^k < p)."""
+    children = sum(1 for k in range(p.bit_length()) if 2**k > r and r + 2**k < p)
+    return ((1 if r else 0) + children) * n
+
+
+def check_bytes(m: dict, D: int, C: int, P: int, allreduce=ring_allreduce) -> None:
     per, n = E // P, S // C
     want = {r: {} for r in range(D * C)}
     for i, micro in enumerate(m["moe"]["routed_by_segment"]):
@@ -75,10 +82,8 @@ def check_bytes(m: dict, D: int, C: int, P: int) -> None:
     for r, rank in enumerate(m["comm"]["ranks"]):
         d, c = divmod(r, C)
         w = want[r]
-        w["model/grad-allreduce"] = ring_allreduce(M, D * C, r) * 8 * STEPS
-        w["model/expert-grad-allreduce"] = (
-            ring_allreduce(L * per * EXPERT, D // P * C, d // P * C + c) * 8 * STEPS
-        )
+        w["model/grad-allreduce"] = allreduce(M, D * C, r) * 8 * STEPS
+        w["model/expert-grad-allreduce"] = allreduce(L * per * EXPERT, D // P * C, d // P * C + c) * 8 * STEPS
         got = {k: v["sent"] for k, v in rank["by_op"].items() if not k.startswith("control")}
         assert got == w, (r, got, w)
         assert rank["by_op"]["activation/cp-kv"]["messages"] == 3 * (C - 1) * L * STEPS * G
@@ -110,6 +115,20 @@ def test_dp2_cp2_ep2_drops_the_serial_tokens_and_resumes_serially(serial, tmp_pa
     check_bytes(run, 2, 2, 2)
     resumed = train_json(1, [*ARGS, "--resume", str(ckpt / "step-000001")], tmp_path, "resumed")
     assert_same_model(resumed, {**ref, "losses": ref["losses"][1:]}, rtol=1e-12)
+
+
+def test_dp2_cp2_ep2_with_a_tree_all_reduce_is_serial_and_its_clock_exact(serial, tmp_path):
+    """--collectives tree over the dp x cp group and each expert group (parallel/context_expert.py runs
+    the chosen algorithm): equal to serial at 1e-12, the tree's bytes from its closed form, and under
+    --clock sim the closed form's step equal to the clock's (costmodel/allreduce_ends.py follows each
+    rank through the tree, which ends them apart)."""
+    ref = serial(ARGS)
+    sim = ["--collectives", "tree", "--clock", "sim", "--hardware", "dgx-h100"]
+    run = train_json(4, [*ARGS, "--dp", "2", "--cp", "2", "--ep", "2", *sim], tmp_path)
+    assert_same_model(run, ref, rtol=1e-12)
+    assert run["moe"]["dropped"] == ref["moe"]["dropped"]
+    check_bytes(run, 2, 2, 2, allreduce=tree_allreduce)
+    assert abs(run["predicted"]["time"]["step_s"] / run["time"]["sim"]["step_s"] - 1) <= 1e-9
 
 
 def test_mixed_bf16_dp2_cp2_ep2_bytes_and_memory_as_predicted(serial, tmp_path):

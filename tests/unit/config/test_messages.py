@@ -151,11 +151,6 @@ CASES = [
         "--sp with --cp 2 splits each rank's seq-len/cp = 2 tokens of a sequence evenly over --tp 4: "
         "--seq-len 4 must be a multiple of cp*tp = 8",
     ),
-    (
-        dict(arch="gpt", dataset="copy", cp=2, experts=2, collectives="tree"),
-        2,
-        "--experts with --cp all-reduces over dp x cp with the ring; --collectives tree not yet",
-    ),
     (  # cp_time.py prices each rank's share; tp's blocking tree lets the clock's ranks drift apart
         dict(arch="gpt", dataset="text", cp=2, tp=2, collectives="tree", clock="sim"),
         4,
