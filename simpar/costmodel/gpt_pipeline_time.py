@@ -61,11 +61,14 @@ class GptChunkCosts:
         self._memo: dict = {}
         self._tp_memo: dict = {}
 
-    def _secs(self, cost, elem_bytes: int, as_ring: bool = True) -> float:
-        """Seconds of one tp collective (tp rank 0's share: the shapes divide, every rank's is the same)."""
+    def _secs(self, cost, elem_bytes: int, as_ring: bool | None = None) -> float:
+        """Seconds of one tp collective (tp rank 0's share: the shapes divide, every rank's is the same).
+        `as_ring`: whether it runs as NCCL's ring -- None: an all-reduce, the ring under --collectives
+        ring or auto; True: --sp's and the loss's all-gathers and reduce-scatters, the ring whatever
+        --collectives says (tensor_gpt.py, vocab_parallel.py), so priced by op_time's NCCL branch."""
         if not cost.messages:
             return 0.0
-        ring = as_ring and self.cfg.collectives in ("ring", "auto")
+        ring = self.cfg.collectives in ("ring", "auto") if as_ring is None else as_ring
         nvls = self.cfg.collectives == "auto"
         return seconds(to_bytes(cost, elem_bytes), self.links["tp"], collective_gamma(self.hw), ring, nvls)
 
@@ -73,8 +76,7 @@ class GptChunkCosts:
         """([forward], [backward]) tp collective seconds of this chunk's units, and the loss's."""
         if r not in self._tp_memo:
             R = r * self.cfg.seq_len
-            secs = lambda cost, bpe, ring: self._secs(cost, bpe, ring)  # noqa: E731
-            fwd, bwd, loss = tp_collectives(self.cfg, R, 0, self.bpe, secs)
+            fwd, bwd, loss = tp_collectives(self.cfg, R, 0, self.bpe, self._secs)
             self._tp_memo[r] = fwd[self.lo : self.hi], bwd[self.lo : self.hi], loss
         return self._tp_memo[r]
 
