@@ -19,6 +19,10 @@ ready when its backward ends, and the buckets (in backward order) are all-reduce
 on the dp stream as soon as their units are ready (on a CPU profile, host_progress: when backward
 ends), every dp rank followed through every bucket's rounds (rounds_time.py); the rank waits for the
 last one, then runs the optimizer. The step ends with the slowest rank.
+tp's collectives block: each rank's clock runs through them in order (tp_ops). Under --collectives
+tree or ps they leave the group's ranks at different times, and the next one starts from there:
+tp_group_time.py follows every rank of the group through each; the other algorithms leave them
+together (tp's shapes divide), so each rank adds its own share.
 --zero 1-3: gpt_zero_time.py (its collectives block); --pp: gpt_pipeline_time.py.
 """
 
@@ -29,6 +33,7 @@ from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .rounds_time import bucket_ends
 from .spec import dp_bucket_layers, split
+from .tp_group_time import group_ends
 from .work import MIXED_CAST_BYTES
 
 BLOCK_FWD_ELEMS, BLOCK_FWD_SCORES, BLOCK_BWD_ELEMS, BLOCK_BWD_SCORES = 50, 6, 51, 4
@@ -78,26 +83,53 @@ def clock_rates(hw, precision: str, on_node: int) -> tuple[float, float, float]:
     return rate, hw.gamma / 3 / hw.stream_share(on_node), hw.layer_overhead / hw.compute_share(on_node)
 
 
+def tp_ops(cfg, R: int, bpe: int) -> tuple[list, list, list]:
+    """The blocking tp collectives of one micro-step of R token rows, in the order they run, per unit
+    ([forward], [backward]: a list of ops each) and of the loss; an op is (kind, elements, bytes per
+    element), kind "all-reduce" (the --collectives algorithm) or --sp's and the loss's ring "all-gather"
+    and "reduce-scatter" (gpt_tp.py lists them; tensor_gpt.py's f, g and vocab_parallel.py's order)."""
+    N, L = R * cfg.hidden, cfg.blocks
+    ag, rs, ar = ("all-gather", N, bpe), ("reduce-scatter", N, bpe), ("all-reduce", N, bpe)
+    if cfg.tp == 1:
+        return [[]] * (L + 2), [[]] * (L + 2), []
+    if cfg.sp:  # f-bar, g-bar: a block's attention and MLP each gather, then scatter, both ways
+        fwd, bwd = [[rs]] + [[ag, rs, ag, rs]] * L + [[ag]], [[ag]] + [[ag, rs, ag, rs]] * L + [[rs]]
+    else:
+        fwd, bwd = [[ar]] + [[ar, ar]] * L + [[]], [[]] + [[ar, ar]] * L + [[ar]]
+    loss = [("all-gather", cfg.tp * R, loss_bpe(bpe)), ("all-reduce", 2 * R, loss_bpe(bpe))]
+    return fwd, bwd, loss
+
+
+def sp_sync_ops(cfg, bpe: int) -> list:
+    """--sp: each unit's LayerNorm gradients summed over tp after its last backward (none for the
+    embedding; 4h per block, 2h for the head's LN_f)."""
+    h = cfg.hidden
+    return [[]] + [[("all-reduce", 4 * h, bpe)]] * cfg.blocks + [[("all-reduce", 2 * h, bpe)]]
+
+
+def ops_seconds(cfg, ops: list, j: int, secs) -> float:
+    """tp rank j's own seconds of `ops` (tp_ops), each priced alone by `secs(cost, bpe, ring)`."""
+    out = 0.0
+    for kind, n, elem_bytes in ops:
+        if kind == "all-reduce":
+            out += secs(
+                ALLREDUCE[cfg.collectives](n, cfg.tp, j), elem_bytes, cfg.collectives in ("ring", "auto")
+            )
+        else:
+            ring = ring_allgather if kind == "all-gather" else ring_reduce_scatter
+            out += secs(ring(n, cfg.tp, j), elem_bytes, True)
+    return out
+
+
 def tp_collectives(cfg, R: int, j: int, bpe: int, secs) -> tuple[list, list, float]:
     """Seconds of the blocking tp collectives of tp rank j per unit ([forward], [backward]) and of the
-    loss, `secs(cost, bpe, ring)` pricing one (gpt_tp.py lists them)."""
-    t, N, L, ring = cfg.tp, R * cfg.hidden, cfg.blocks, cfg.collectives in ("ring", "auto")
-    if t == 1:
-        return [0.0] * (L + 2), [0.0] * (L + 2), 0.0
-    ar = ALLREDUCE[cfg.collectives](N, t, j)
-    ag, rs = ring_allgather(N, t, j), ring_reduce_scatter(N, t, j)
-    if cfg.sp:
-        pair = secs(ag, bpe, True) + secs(rs, bpe, True)
-        fwd = [secs(rs, bpe, True)] + [2 * pair] * L + [secs(ag, bpe, True)]
-        bwd = [secs(ag, bpe, True)] + [2 * pair] * L + [secs(rs, bpe, True)]
-    else:
-        one = secs(ar, bpe, ring)
-        fwd = [one] + [2 * one] * L + [0.0]
-        bwd = [0.0] + [2 * one] * L + [one]
-    loss = secs(ring_allgather(t * R, t, j), loss_bpe(bpe), True) + secs(
-        ALLREDUCE[cfg.collectives](2 * R, t, j), loss_bpe(bpe), ring
+    loss, `secs(cost, bpe, ring)` pricing one (tp_ops lists them)."""
+    fwd, bwd, loss = tp_ops(cfg, R, bpe)
+    return (
+        [ops_seconds(cfg, u, j, secs) for u in fwd],
+        [ops_seconds(cfg, u, j, secs) for u in bwd],
+        (ops_seconds(cfg, loss, j, secs)),
     )
-    return fwd, bwd, loss
 
 
 def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) -> dict:
@@ -115,44 +147,62 @@ def step_seconds(cfg, p: int, sizes: list[int], hw, precision: str, bpe: int) ->
             seconds(to_bytes(cost, elem_bytes), links[group], gamma, as_ring, nvls) if cost.messages else 0.0
         )
 
+    # tree and ps leave a tp group's ranks at different times: follow each rank (tp_group_time.py)
+    grouped, sync_ops = t > 1 and cfg.collectives in ("tree", "ps"), sp_sync_ops(cfg, bpe)
+
+    def own(ops, j: int) -> float:
+        return ops_seconds(cfg, ops, j, secs)
+
+    def run(ops, clocks: list) -> list:  # every tp rank's clock through ops, one after another
+        for op in ops:
+            if grouped:
+                clocks = group_ends(op, clocks, cfg.collectives, links["tp"], gamma)
+            else:
+                clocks = [c + own([op], j) for j, c in enumerate(clocks)]
+        return clocks
+
     optimizer_s = optimizer_seconds(cfg, sum(sizes), bpe, stream)
     ends, computes, comms, before_dp = [], [], [], []
     buckets, starts = dp_bucket_layers(sizes, bpe, cfg.bucket_mb), {}  # starts: each rank's buckets'
-    for rank in range(p * t):
-        d, j = divmod(rank, t)
-        # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
-        sync = [0.0] * len(sizes)
-        if cfg.sp:
-            sync = [0.0] + [secs(ALLREDUCE[cfg.collectives](4 * cfg.hidden, t, j), bpe, ring)] * cfg.blocks
-            sync.append(secs(ALLREDUCE[cfg.collectives](2 * cfg.hidden, t, j), bpe, ring))
-        clock = compute = comm = 0.0
+    for d in range(p):
+        clocks, compute, comm = [0.0] * t, 0.0, [0.0] * t
+        ready: list = [{} for _ in range(t)]
         micro = split(cfg.batch, cfg.grad_accum)
         for k, k_rows in enumerate(micro):
             R = chunk(k_rows, p, d) * cfg.seq_len
             fwd, bwd, loss = unit_seconds(cfg, R, sizes, bpe, rate, stream, overhead)
-            fwd_c, bwd_c, loss_c = tp_collectives(cfg, R, j, bpe, secs)
-            clock += sum(fwd) + sum(fwd_c) + loss + loss_c
-            backward_start, ready = clock, {}
-            last = k == len(micro) - 1
+            fwd_ops, bwd_ops, loss_ops = tp_ops(cfg, R, bpe)
+            for i in range(len(sizes)):
+                clocks = run(fwd_ops[i], [c + fwd[i] for c in clocks])
+            clocks = run(loss_ops, [c + loss for c in clocks])
+            backward_start, last = list(clocks), k == len(micro) - 1
             for i in reversed(range(len(sizes))):
-                clock += bwd[i] + bwd_c[i] + (sync[i] if last else 0.0)
-                ready[i] = clock
+                # --sp: each unit's LayerNorm gradients summed over tp right after its last backward
+                ops = bwd_ops[i] + (sync_ops[i] if cfg.sp and last else [])
+                clocks = run(ops, [c + bwd[i] for c in clocks])
+                for j in range(t):
+                    ready[j][i] = clocks[j]
             compute += sum(fwd) + loss + sum(bwd)
-            comm += sum(fwd_c) + loss_c + sum(bwd_c)
-        comm += sum(sync)
-        before_dp.append((clock, compute, comm))  # before data parallelism's traffic (zero_mesh_time.py)
-        end, starts[rank] = backward_start, []
-        if p > 1:  # the last micro-step's buckets, one after another on the dp stream
-            for layers in buckets:
-                cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, d)
-                dp_s = secs(cost, bpe, ring, "dp")
-                start = clock if (hw.host_progress or not cfg.overlap) else max(ready[i] for i in layers)
-                starts[rank].append(start)
-                end = max(end, start) + dp_s
-                comm += dp_s
-        ends.append(max(clock, end) + optimizer_s)
-        computes.append(compute + optimizer_s)
-        comms.append(comm)
+            every = [op for unit in fwd_ops + bwd_ops + [loss_ops] for op in unit]
+            comm = [c + own(every, j) for j, c in enumerate(comm)]
+        for j in range(t):
+            rank, clock = d * t + j, clocks[j]
+            comm[j] += own([op for unit in sync_ops for op in unit], j) if cfg.sp else 0.0
+            before_dp.append((clock, compute, comm[j]))  # before dp's traffic (zero_mesh_time.py)
+            end, starts[rank] = backward_start[j], []
+            if p > 1:  # the last micro-step's buckets, one after another on the dp stream
+                for layers in buckets:
+                    cost = ALLREDUCE[cfg.collectives](sum(sizes[i] for i in layers), p, d)
+                    dp_s = secs(cost, bpe, ring, "dp")
+                    start = (
+                        clock if (hw.host_progress or not cfg.overlap) else max(ready[j][i] for i in layers)
+                    )
+                    starts[rank].append(start)
+                    end = max(end, start) + dp_s
+                    comm[j] += dp_s
+            ends.append(max(clock, end) + optimizer_s)
+            computes.append(compute + optimizer_s)
+            comms.append(comm[j])
     if p > 1 and cfg.collectives != "mpi":  # every dp rank through every bucket's rounds (rounds_time.py):
         # a ps bucket queues at the server behind the last; a tree on p = 3 ends its ranks apart
         elems = [sum(sizes[i] for i in layers) for layers in buckets]
