@@ -58,15 +58,18 @@ def bucket_starts(costs: RankCosts, buckets: list, backward_start: float, r: int
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
     layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r, first)
+    kinds = getattr(costs, "kinds", None) or [""] * n_local  # gpt's chunks: f is in its compute
     for pos, (compute, f), sync in zip(
         reversed(range(n_local)), layers, reversed(costs.sp_sync or [0.0] * n_local)
     ):
         t += compute
-        if sync:  # --sp: the unit's collectives, then the sum of its row-shard gradients, then the hook
+        # --sp: the unit's collectives, then the sum of its row-shard gradients, then the hook; a resmlp
+        # block's LayerNorm gradients need its f all-reduce (tensor_resmlp.py): the hook after it
+        if sync or kinds[pos] == "block":
             t += f + sync
             ready_at[pos] = t
             continue
-        ready_at[pos] = t  # the hook fires before the layer's f all-reduce
+        ready_at[pos] = t  # an mlp layer's hook fires before its f all-reduce
         t += f
     if not costs.spec.overlap:  # --no-overlap: every bucket starts once backward is done
         ready_at = dict.fromkeys(ready_at, t)
