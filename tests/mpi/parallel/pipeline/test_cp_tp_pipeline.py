@@ -119,9 +119,11 @@ TWO_CHUNKS = [(0, 2), (2, 4)]
 FOUR_CHUNKS = [(0, 1), (1, 2), (2, 3), (3, 4)]
 CASES = [  # schedule, extra options, hardware, chunks
     ("zb-h1", ["--recompute", "selective"], "local", TWO_CHUNKS),
-    ("gpipe", ["--recompute", "full"], "dgx-h100", TWO_CHUNKS),
+    # tp's and dp x cp's all-reduces by Rabenseifner's algorithm (or MPI's own): on 2 ranks the ring's
+    # bytes, and under --clock sim ranks that leave each one together (GptChunkCosts._secs)
+    ("gpipe", ["--recompute", "full", "--collectives", "rabenseifner"], "dgx-h100", TWO_CHUNKS),
     ("zb-v", ["--sp", "--recompute", "full"], "two-per-node", FOUR_CHUNKS),
-    ("naive", ["--sp", "--recompute", "selective"], "local", TWO_CHUNKS),
+    ("naive", ["--sp", "--recompute", "selective", "--collectives", "mpi"], "local", TWO_CHUNKS),
 ]
 
 
