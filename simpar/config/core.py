@@ -110,7 +110,6 @@ def validate(cfg: RunConfig, world_size: int) -> RunConfig:
     moe_rules(cfg, RunConfig())
     rules.layout_zero(cfg)
     rules.layout_cp(cfg)
-    rules.time_tp_collectives(cfg)
     return cfg
 
 

@@ -339,29 +339,6 @@ def time_names(cfg) -> None:
     )
 
 
-def time_tp_collectives(cfg) -> None:
-    """--clock sim with tp's blocking tree or parameter-server all-reduces, which leave the group's ranks
-    at different times (the next collective starts from there): the closed form follows every tp rank
-    through them for dense --arch gpt without --pp (costmodel/tp_group_time.py, gpt_time.py); the
-    pipeline's recurrences (gpt: ~3e-3 off on tp2 x pp2) and the mlp/resmlp step (chunktime.py; ps
-    on more than 2 tp ranks, resmlp's --sp rings after a tree: ~1e-3 to 1e-1 off) still price each
-    rank's own share. --cp's are layout_cp's; --experts' moe.py's."""
-    c = cfg.collectives
-    if cfg.clock != "sim" or cfg.tp == 1 or c not in ("tree", "ps") or cfg.cp > 1 or cfg.experts:
-        return
-    require(
-        cfg.arch != "gpt" or cfg.pp == 1,
-        f"--clock sim with --arch gpt, --tp and --pp does not price tp's blocking --collectives {c} "
-        "all-reduces exactly yet (they leave the ranks apart); use ring, rabenseifner, mpi or auto",
-    )
-    require(
-        cfg.arch == "gpt" or cfg.tp == 2 or (c == "tree" and not cfg.sp),
-        f"--clock sim with --arch {cfg.arch} --tp {cfg.tp} does not price tp's blocking --collectives {c} "
-        f"all-reduces{' with --sp' if c == 'tree' else ''} exactly yet (they leave the ranks apart); "
-        "use --tp 2, or ring, rabenseifner, mpi or auto",
-    )
-
-
 MIN_WATCHDOG_S = 1.0  # a smaller --watchdog fires on healthy steps (or the first Numba call)
 
 

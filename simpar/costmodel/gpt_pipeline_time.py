@@ -35,6 +35,7 @@ from types import SimpleNamespace
 from .chunktime import collective_gamma, seconds
 from .collectives import ALLREDUCE, to_bytes
 from .gpt_time import ACCUMULATE, clock_rates, optimizer_seconds, tp_collectives, unit_seconds
+from .gpt_tp_group_pipeline import TpGroupRun
 from .order import n_chunks, stage_chunks
 from .spec import PRECISIONS, dp_bucket_layers, precision_of
 from .stages import balanced_counts
@@ -60,6 +61,9 @@ class GptChunkCosts:
             self.sp_sync = (sync + [self._secs(ar(2 * h, cfg.tp, 0), self.bpe)])[self.lo : self.hi]
         self._memo: dict = {}
         self._tp_memo: dict = {}
+        # tree and ps leave the tp ranks apart: steptime follows each (gpt_tp_group_pipeline.py)
+        grouped = cfg.tp > 1 and cfg.collectives in ("tree", "ps") and getattr(cfg, "cp", 1) == 1
+        self.tp_group = TpGroupRun(self) if grouped else None
 
     def _secs(self, cost, elem_bytes: int, as_ring: bool | None = None) -> float:
         """Seconds of one tp collective (tp rank 0's share: the shapes divide, every rank's is the same).

@@ -157,6 +157,11 @@ def sp_grad_allreduces(spec, k: int, units=None) -> list[Cost]:
     unit of `units` (default: all; under --pp the units of this stage's chunks)."""
     if not getattr(spec, "sp", False):
         return []
-    sizes = [2 * spec.widths[i] if is_block(spec, i) else n for i, n in enumerate(local_unit_sizes(spec))]
+    sizes = sp_grad_sizes(spec)
     chosen = range(spec.n_layers) if units is None else units
     return [ALLREDUCE[spec.collectives](sizes[i], spec.tp, k) for i in chosen]
+
+
+def sp_grad_sizes(spec) -> list[int]:
+    """--sp: the elements of each unit's once-a-step gradient all-reduce (module docstring)."""
+    return [2 * spec.widths[i] if is_block(spec, i) else n for i, n in enumerate(local_unit_sizes(spec))]

@@ -24,6 +24,8 @@ through ps_time.ps_bucket_ends); this file strings a dp group's buckets one afte
 
 from __future__ import annotations
 
+import numpy as np
+
 from .allreduce_ends import allreduce_ends
 
 
@@ -47,11 +49,17 @@ def ddp_steps(spec, hw, links: dict, stages_of: dict, timed: dict, starts: list)
     streams = {d: [0.0] * spec.pp for d in timed}
     for s in range(spec.pp):
         elems = timed[0]["dp_elems"][s]
-        if elems:
-            ready = [timed[d]["dp_ready"][s] for d in range(spec.dp)]
-            ends = bucket_ends(
-                spec.collectives, ready, elems, spec.prec.grad, links["dp"], collective_gamma(hw)
-            )
-            for d in timed:
-                streams[d][s] = ends[d]
+        if not elems:
+            continue
+        ready = [timed[d]["dp_ready"][s] for d in range(spec.dp)]
+        algo, rest = spec.collectives, (elems, spec.prec.grad, links["dp"], collective_gamma(hw))
+        if isinstance(ready[0][0], np.ndarray):
+            # a stage whose chunks followed every tp rank (costs.tp_group): its buckets' starts are per
+            # tp rank, and tp index j's dp group is the ranks (d, j): each group followed on its own
+            per_j = [bucket_ends(algo, [[at[j] for at in r] for r in ready], *rest) for j in range(spec.tp)]
+            ends = [np.array(e) for e in zip(*per_j)]
+        else:
+            ends = bucket_ends(algo, ready, *rest)
+        for d in timed:
+            streams[d][s] = ends[d]
     return {d: step_time(spec, hw, links, stages_of[d], 0.0, starts, streams[d]) for d in timed}

@@ -31,6 +31,11 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 * --sp (resmlp under --tp): a stage boundary carries the tp rank's rows/t; each unit's once-a-step
   gradient all-reduce over tp blocks its chunk's final backward (zero-bubble: W pass) right after
   that unit, before the unit's gradient bucket is handed to data parallelism.
+* --tp with --collectives tree or ps: a tree's or server's ranks leave each tp collective apart,
+  and each waits for its own neighbour stage's message, so such a stage's clock is one number per tp
+  rank (a NumPy array) and its chunks' steps are run by costs.tp_group (chunk_tp_group.py, gpt's
+  gpt_tp_group_pipeline.py); its buckets' starts are per tp rank too (each tp index has its own dp
+  group: rounds_time.ddp_steps), and its parts are its last rank's.
 * Gradient accumulation repeats the schedule K times; then the optimizer sweeps its parameters.
   The step ends when the slowest rank has finished (the loss all-reduce synchronises the ranks).
 * Each stage's timeline is also cut into TIMELINE_PARTS that add up to its end; the last stage to
@@ -38,6 +43,10 @@ How they add up -- the rules simpar's execution follows, written down as max-plu
 """
 
 from __future__ import annotations
+
+from functools import reduce
+
+import numpy as np
 
 from .chunktime import RankCosts
 from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the recurrence's order)
@@ -51,10 +60,25 @@ from .spec import Spec, micro_rows
 TIMELINE_PARTS = ("compute", "tp", "pp", "dp", "data", "bubble")
 
 
-def bucket_starts(costs: RankCosts, buckets: list, backward_start: float, r: int, split=False, first=False):
+def _max(a, b):
+    """The later of two times: numbers, or one per tp rank (an array) where a stage's chunks follow
+    every tp rank (costs.tp_group: --tp with tree or ps)."""
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def _at(value, i: int) -> float:
+    return float(value[i]) if isinstance(value, np.ndarray) else value
+
+
+def bucket_starts(
+    costs: RankCosts, buckets: list, backward_start: float, r: int, split=False, first=False, ready=None
+):
     """When each gradient bucket's layers are all ready: the final backward (of r rows, starting at
     backward_start; with `split` the W pass; `first`: also the step's first) runs its layers in reverse
-    and hands each one's gradients over as it finishes (--no-overlap: all once backward is done)."""
+    and hands each one's gradients over as it finishes (--no-overlap: all once backward is done).
+    `ready`: {layer position: each tp rank's ready time}, where costs.tp_group ran the backward."""
+    if ready is not None:  # the first layer is done last
+        return _starts(costs, buckets, ready, ready[0])
     n_local = costs.hi - costs.lo
     ready_at, t = {}, backward_start
     layers = [(w, 0.0) for w in costs.weight_layers(r)] if split else costs.backward_layers(r, first)
@@ -71,9 +95,15 @@ def bucket_starts(costs: RankCosts, buckets: list, backward_start: float, r: int
             continue
         ready_at[pos] = t  # an mlp layer's hook fires before its f all-reduce
         t += f
-    if not costs.spec.overlap:  # --no-overlap: every bucket starts once backward is done
-        ready_at = dict.fromkeys(ready_at, t)
-    return [max(ready_at[i] for i in layers) for layers, _ in buckets]
+    return _starts(costs, buckets, ready_at, t)
+
+
+def _starts(costs, buckets: list, ready_at: dict, done) -> list:
+    """Each bucket's start: its last layer's ready time (`done`: when backward has finished them all;
+    --no-overlap: every bucket waits for it)."""
+    if not costs.spec.overlap:
+        ready_at = dict.fromkeys(ready_at, done)
+    return [reduce(_max, (ready_at[i] for i in layers)) for layers, _ in buckets]
 
 
 def dp_end(
@@ -84,12 +114,13 @@ def dp_end(
     stream: float = 0.0,
     split=False,
     first=False,
+    ready=None,
 ):
     """When the last gradient bucket's all-reduce ends, buckets starting as the final backward
     finishes their layers (bucket_starts), one after another on the dp stream (free from `stream` on)."""
-    end = max(backward_start, stream)
-    for ready, (_, secs) in zip(bucket_starts(costs, buckets, backward_start, r, split, first), buckets):
-        end = max(end, ready) + secs
+    end = _max(backward_start, stream)
+    for at, (_, secs) in zip(bucket_starts(costs, buckets, backward_start, r, split, first, ready), buckets):
+        end = _max(end, at) + secs
     return end
 
 
@@ -124,6 +155,7 @@ def step_time(
         act_at, grad_at = {}, {}  # (chunk, m) -> arrival of its input / output gradient
         link, left = [0.0] * S, [0.0] * S  # each stage's outgoing link, and when its last send left
         final_start = [{} for _ in range(S)]  # chunk -> start of its last backward (or W pass)
+        final_ready = [{} for _ in range(S)]  # chunk -> its layers' ready times per tp rank (tp_group)
         progress = True
         while progress:
             progress = False
@@ -135,22 +167,31 @@ def step_time(
                     waits = (kind == "F" and c > 0) or (kind == "B" and c < C - 1)
                     if waits and (c, m) not in need:
                         break  # its input has not been sent yet: let the other stages move
-                    start = max(clock[s], need[(c, m)]) if waits else clock[s]
+                    start = _max(clock[s], need[(c, m)]) if waits else clock[s]
+                    first = k == 0 and M == 1  # a step with one micro-batch per stage, no accumulation
                     if kind == "F":
                         work, tp = costs.forward(r), costs.forward_tp(r)
                     elif kind == "W":
                         work, tp = costs.weight(r), 0.0
-                    else:  # a step with one micro-batch per stage and no accumulation: its first
-                        first = k == 0 and M == 1
+                    else:
                         work = costs.backward_input(r) if split else costs.backward(r, first)
                         tp = costs.backward_tp(r)
-                    if last_k and final[s].get(c) == pos[s]:
+                    is_final = last_k and final[s].get(c) == pos[s]
+                    if is_final:
                         work += sum(costs.sp_sync)
                         tp += sum(costs.sp_sync)
                     parts[s]["bubble"] += start - clock[s]  # waiting for a neighbour's array
                     parts[s]["compute"] += work - tp
-                    parts[s]["tp"] += tp
-                    clock[s] = start + work
+                    group = getattr(costs, "tp_group", None)
+                    if group is not None:  # every tp rank's end: its ops leave the ranks apart
+                        end, ready = group.step(kind, r, start, first, is_final, split)
+                        parts[s]["tp"] += end - start - (work - tp)
+                        clock[s] = end
+                        if is_final:
+                            final_ready[s][c] = ready
+                    else:
+                        parts[s]["tp"] += tp
+                        clock[s] = start + work
                     if kind == ("W" if split else "B"):  # its layers' gradients start after a recompute
                         final_start[s][c] = (start + (0.0 if split else costs.recompute(r)), m)
                     out = None
@@ -161,45 +202,50 @@ def step_time(
                     if out is not None and chunk_stage(spec.schedule, S, dest[0]) == s:
                         out[dest] = clock[s]  # the turn of the V: handed over in memory
                     elif out is not None:
-                        depart = max(clock[s], link[s])
+                        depart = _max(clock[s], link[s])
                         sent = r * row_share(spec) * width * bpe  # --sp: the tp rank's row shard
                         link[s] = left_s = depart + float(sent) * pp.beta
                         out[dest] = left_s + pp.alpha
-                        left[s] = max(left[s], left_s)
+                        left[s] = _max(left[s], left_s)
                     pos[s] += 1
                     progress = True
         for s in range(S):
             chunk_costs, d, sizes = stage_costs[s]
             if last_k:  # the buckets of each chunk's last backward of the last accumulation step
                 stream = 0.0
-                for c in sorted(final_start[s], key=lambda c: final_start[s][c][0]):
+                for c in sorted(final_start[s], key=lambda c: np.min(final_start[s][c][0])):
                     buckets = chunk_costs[c].bucket_seconds(sizes[c], d)
                     dp_elems[s] += [sum(sizes[c][i] for i in layers) for layers, _ in buckets]
                     if buckets and hw.host_progress:  # they run once the rank waits, after its schedule
-                        stream = max(stream, clock[s]) + sum(secs for _, secs in buckets)
+                        stream = _max(stream, clock[s]) + sum(secs for _, secs in buckets)
                         dp_ready[s] += [clock[s]] * len(buckets)
                     elif buckets:
                         start, m = final_start[s][c]
                         first = K == 1 and M == 1
-                        stream = dp_end(chunk_costs[c], buckets, start, rows[s][m], stream, split, first)
-                        dp_ready[s] += bucket_starts(chunk_costs[c], buckets, start, rows[s][m], split, first)
+                        r, ready = rows[s][m], final_ready[s].get(c)
+                        stream = dp_end(chunk_costs[c], buckets, start, r, stream, split, first, ready)
+                        dp_ready[s] += bucket_starts(chunk_costs[c], buckets, start, r, split, first, ready)
                 if dp_streams is not None and dp_elems[s]:
                     stream = dp_streams[s]
-                if stream:
-                    dp_exposed = max(dp_exposed, stream - clock[s])
-                    parts[s]["dp"] += max(0.0, stream - clock[s])
-                    clock[s] = max(clock[s], stream)
-            parts[s]["pp"] += max(0.0, left[s] - clock[s])  # its last sends still leaving
-            clock[s] = max(clock[s], left[s])
+                if np.max(stream) > 0:
+                    dp_exposed = _max(dp_exposed, stream - clock[s])
+                    parts[s]["dp"] += _max(0.0, stream - clock[s])
+                    clock[s] = _max(clock[s], stream)
+            parts[s]["pp"] += _max(0.0, left[s] - clock[s])  # its last sends still leaving
+            clock[s] = _max(clock[s], left[s])
     optimizer = [next(iter(stage_costs[s][0].values())).optimizer_s for s in range(S)]
     ends = [clock[s] + zero_dp_s + optimizer[s] for s in range(S)]
     for s in range(S):
         parts[s]["dp"] += zero_dp_s  # ZeRO's collectives block
         parts[s]["compute"] += optimizer[s]  # the optimizer's sweep: memory-bound compute
+    # a stage that followed its tp ranks: its parts are its last rank's (they add up to its end)
+    slowest = [int(np.argmax(e)) if isinstance(e, np.ndarray) else 0 for e in ends]
+    parts = [{k: _at(v, i) for k, v in p.items()} for p, i in zip(parts, slowest)]
+    ends = [_at(e, i) for e, i in zip(ends, slowest)]
     last = max(range(S), key=lambda s: ends[s])
     return {
         "makespan": max(ends),
-        "dp_exposed": max(0.0, dp_exposed) + zero_dp_s,
+        "dp_exposed": max(0.0, float(np.max(dp_exposed))) + zero_dp_s,
         "critical_stage": last,
         "parts": parts[last],
         "ends": ends,  # each stage's end (zero_mesh_time.py adds ZeRO-1's rings after them)

@@ -5,8 +5,9 @@ in another order), every rank's gradient bytes against the closed forms below, t
 exact, and --clock sim predict == simulate (1e-6) on cp2 and dp2 x cp2 on a GPU node (dgx-h100, where
 --collectives ring and auto are priced as NCCL runs them and the others alpha-beta: costmodel/cp_time.py)
 -- all cases in one mpiexec launch (scripts/train_layouts.py). With them, layouts whose other groups take the
-algorithm: cp x tp, cp x pp, dp 4 with ps, and tp 4 --sp with tree, dp2 x tp2 with ps (tp's blocking
-collectives followed rank by rank: costmodel/tp_group_time.py).
+algorithm: cp x tp, cp x pp, dp 4 with ps, and tp 4 --sp with tree, dp2 x tp2 with ps, tp2 x pp2 with
+either (tp's blocking collectives followed rank by rank: costmodel/tp_group_time.py, and in pipeline
+stages gpt_tp_group_pipeline.py).
 
 Closed forms: one bucket of N = P elements (P = (V + S) H + L (12 H^2 + 13 H) + 2 H + H V) summed over
 the p = dp C ranks of the dpcp group, rank r = d C + c (the world rank here), elements sent per step
@@ -66,6 +67,11 @@ def cases() -> list:
     ps = ["--collectives", "ps", *SIM]
     out.append(["tp4-sp-tree", 4, [*ARGS, "--tp", "4", "--sp", *tree]])
     out.append(["dp2xtp2-ps", 4, [*ARGS, "--dp", "2", "--tp", "2", "--bucket-mb", "0.01", *ps]])
+    # ... and inside pipeline stages, each tp rank also waiting for its own neighbour's message
+    # (costmodel/gpt_tp_group_pipeline.py): the zero-bubble W passes, --sp with recomputation
+    out.append(["tp2xpp2-tree-zbv", 4, [*ARGS, "--tp", "2", "--pp", "2", "--schedule", "zb-v", *tree]])
+    sp_full = ["--sp", "--recompute", "full", "--microbatches", "2"]
+    out.append(["tp2xpp2-sp-ps", 4, [*ARGS, "--tp", "2", "--pp", "2", *sp_full, *ps]])
     # --dp alone times its ps buckets the same way (gpt_time.py with ps_time.py)
     out.append(["dp4-ps", 4, [*ARGS, "--dp", "4", "--collectives", "ps", "--bucket-mb", "0.01", *SIM]])
     return out
@@ -105,7 +111,8 @@ def test_every_allreduce_algorithm_trains_the_serial_model_with_exact_bytes(runs
 
 
 def test_layouts_sharing_the_path_train_the_serial_model(runs):
-    for name in ("cp2xtp2-rabenseifner", "cp2xpp2-tree", "dp4-ps", "tp4-sp-tree", "dp2xtp2-ps"):
+    shared = ("cp2xtp2-rabenseifner", "cp2xpp2-tree", "dp4-ps", "tp4-sp-tree", "dp2xtp2-ps", "tp2xpp2-sp-ps")
+    for name in (*shared, "tp2xpp2-tree-zbv"):
         assert_same_model(runs[name], runs["serial"], rtol=1e-12)
         assert runs[name]["prediction_mismatches"] == [], name
 

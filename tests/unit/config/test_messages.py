@@ -169,24 +169,6 @@ CASES = [
         "--clock sim with --cp and --pp does not price --collectives ps over dp*cp = 4 > 2 ranks exactly "
         "yet (its buckets queue at the server); use ring, rabenseifner, tree, mpi or auto",
     ),
-    (  # time_tp_collectives: gpt_time.py follows tp's tree / ps ranks; the pipeline's recurrences do not
-        dict(arch="gpt", dataset="text", tp=2, pp=2, collectives="tree", clock="sim"),
-        4,
-        "--clock sim with --arch gpt, --tp and --pp does not price tp's blocking --collectives tree "
-        "all-reduces exactly yet (they leave the ranks apart); use ring, rabenseifner, mpi or auto",
-    ),
-    (  # nor does the mlp's step (chunktime.py): ps over more than 2 tp ranks, resmlp's --sp after a tree
-        dict(tp=4, collectives="ps", clock="sim"),
-        4,
-        "--clock sim with --arch mlp --tp 4 does not price tp's blocking --collectives ps all-reduces "
-        "exactly yet (they leave the ranks apart); use --tp 2, or ring, rabenseifner, mpi or auto",
-    ),
-    (
-        dict(arch="resmlp", layers=[64, 128, 128, 10], tp=4, sp=True, collectives="tree", clock="sim"),
-        4,
-        "--clock sim with --arch resmlp --tp 4 does not price tp's blocking --collectives tree all-reduces "
-        "with --sp exactly yet (they leave the ranks apart); use --tp 2, or ring, rabenseifner, mpi or auto",
-    ),
     (dict(arch="gpt", dataset="text", cp=3), 2, "world size 2 is not divisible by cp*tp*pp = 3*1*1 = 3"),
     # layout: what the world size, the batch and the widths must allow
     (dict(pp=2), 1, "world size 1 is not divisible by tp*pp = 1*2 = 2"),
