@@ -17,8 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .chunktime import RankCosts, collective_gamma
 from .resblocks import sp_grad_sizes
 from .tp_group_time import group_ends
+
+
+def tp_group_of(costs):
+    """The runner of `costs`' steps on every tp rank, or None where its tp ranks stay together. gpt's
+    chunks carry theirs (GptChunkCosts.tp_group); a RankCosts gets one under tree and ps, made here on
+    first use and kept on it (not in chunktime.py: this runner's all-reduces are allreduce_ends.py's,
+    which imports chunktime)."""
+    if not isinstance(costs, RankCosts) or hasattr(costs, "tp_group"):
+        return getattr(costs, "tp_group", None)
+    grouped = costs.spec.tp > 1 and costs.spec.collectives in ("tree", "ps")
+    costs.tp_group = RankTpGroup(costs, collective_gamma(costs.hw)) if grouped else None
+    return costs.tp_group
 
 
 class RankTpGroup:

@@ -13,7 +13,6 @@ slows when every core streams at once (Hardware.stream_share).
 
 from __future__ import annotations
 
-from .chunk_tp_group import RankTpGroup
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .resblocks import block_collectives, sp_grad_allreduces
 from .spec import Spec, dp_bucket_layers
@@ -106,9 +105,6 @@ class RankCosts:
             for c in sp_grad_allreduces(spec, self.t, range(self.lo, self.hi))
         ]
         self._memo: dict = {}  # (what, rows) -> seconds: micro-batches come in a few sizes only
-        # tree and ps leave the tp ranks apart: steptime follows each (chunk_tp_group.py)
-        grouped = spec.tp > 1 and spec.collectives in ("tree", "ps")
-        self.tp_group = RankTpGroup(self, collective_gamma(hw)) if grouped else None
 
     def _cached(self, what: str, r: int, fn):
         key = (what, r)

@@ -48,6 +48,7 @@ from functools import reduce
 
 import numpy as np
 
+from .chunk_tp_group import tp_group_of
 from .chunktime import RankCosts
 from .order import chunk_stage, stage_order  # noqa: F401  (re-exported: the recurrence's order)
 from .resblocks import row_share
@@ -182,7 +183,7 @@ def step_time(
                         tp += sum(costs.sp_sync)
                     parts[s]["bubble"] += start - clock[s]  # waiting for a neighbour's array
                     parts[s]["compute"] += work - tp
-                    group = getattr(costs, "tp_group", None)
+                    group = tp_group_of(costs)
                     if group is not None:  # every tp rank's end: its ops leave the ranks apart
                         end, ready = group.step(kind, r, start, first, is_final, split)
                         parts[s]["tp"] += end - start - (work - tp)

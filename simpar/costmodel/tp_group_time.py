@@ -18,43 +18,16 @@ rounds). Nothing here imports them. Every function maps the ranks' start times t
 is shift-equivariant (all starts + x: all ends + x), so compute that every rank of the group does
 alike may be added before or after a collective.
 
-  tree   binomial reduce to rank 0 (level d = 2^(ceil(log2 p)-1) .. 1: ranks d..2d-1 send to r - d,
-         which waits for the message, then adds n bytes x gamma), binomial broadcast from rank 0
-         (distance 1, 2, 4, ..: ranks r < distance send to r + distance). Sends take W, arrivals W + alpha.
-  ps     ps_time.ps_bucket_ends with one bucket.
+  tree   allreduce_ends.allreduce_ends, as MoE's and dp's all-reduces are followed rank by rank:
+  ps     collectives/tree.py's rounds (binomial reduce to rank 0, binomial broadcast back); the
+         server through ps_time.ps_bucket_ends with one bucket.
   ring   --sp's and the loss's all-gathers and reduce-scatters: ring_time.ring_ends (the rings ZeRO's
          step times follow round by round; on a GPU profile NCCL's protocol for the call).
 """
 
 from __future__ import annotations
 
-from .ps_time import ps_bucket_ends
 from .ring_time import ring_ends
-
-
-def tree_ends(starts: list[float], nbytes: float, link, gamma: float) -> list[float]:
-    """Each rank's end of a binomial-tree all-reduce of `nbytes` (module docstring), from its start."""
-    p, t = len(starts), list(starts)
-    wire = nbytes / link.bw
-    d = 1 << ((p - 1).bit_length() - 1)
-    while d >= 1:  # the reduce: senders d..2d-1 are done with it once their message has left
-        for me in range(min(d, p - d)):
-            arrival = t[me + d] + wire + link.alpha
-            t[me + d] += wire
-            t[me] = max(t[me], arrival) + nbytes * gamma
-        d //= 2
-    d = 1
-    while d < p:  # the broadcast: ranks < d hold the sum, each sends it d further
-        for me in range(min(d, p - d)):
-            t[me + d] = max(t[me + d], t[me] + wire + link.alpha)
-            t[me] += wire
-        d *= 2
-    return t
-
-
-def ps_ends(starts: list[float], nbytes: float, link, gamma: float) -> list[float]:
-    """Each rank's end of a parameter-server all-reduce (rank 0 the server): ps_time's one bucket."""
-    return ps_bucket_ends([[s] for s in starts], [nbytes], link, gamma)
 
 
 def group_ends(op: tuple, starts: list[float], algorithm: str, link, gamma: float) -> list[float]:
@@ -63,4 +36,6 @@ def group_ends(op: tuple, starts: list[float], algorithm: str, link, gamma: floa
     kind, n, elem_bytes = op
     if kind != "all-reduce":
         return ring_ends(kind, n, elem_bytes, starts, [0.0] * len(starts), link, gamma)
-    return {"tree": tree_ends, "ps": ps_ends}[algorithm](starts, n * elem_bytes, link, gamma)
+    from .allreduce_ends import allreduce_ends  # here: it imports chunktime, which imports this module
+
+    return allreduce_ends(algorithm, n, elem_bytes, starts, link, gamma)

@@ -15,6 +15,7 @@ import pytest
 
 from simpar.config import RunConfig
 from simpar.costmodel import hardware
+from simpar.costmodel.chunk_tp_group import tp_group_of
 from simpar.costmodel.chunktime import RankCosts
 from simpar.costmodel.rank import predict_rank
 from simpar.costmodel.spec import Shape, Spec
@@ -38,12 +39,12 @@ def test_ps_ranks_leave_the_row_layers_all_reduce_worker_by_worker(profile):
     c = costs("ps", hw)
     link = c.links["tp"]
     W = R * 128 * 4 / link.bw
-    end, _ = c.tp_group.step("F", R, 5.0, False, False, False)
+    end, _ = tp_group_of(c).step("F", R, 5.0, False, False, False)
     last = 5.0 + c.forward(R)
     assert list(end) == pytest.approx([last - link.alpha, last - 2 * W, last - W, last], rel=1e-12)
-    end, ready = c.tp_group.step("B", R, 5.0, False, True, False)
+    end, ready = tp_group_of(c).step("B", R, 5.0, False, True, False)
     assert list(end) == pytest.approx([5.0 + c.backward(R)] * 4, rel=1e-12) and sorted(ready) == [0, 1, 2]
 
 
 def test_a_ring_keeps_one_clock():
-    assert costs("ring", hardware.load("local")).tp_group is None
+    assert tp_group_of(costs("ring", hardware.load("local"))) is None

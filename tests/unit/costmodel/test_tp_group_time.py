@@ -23,9 +23,17 @@ from types import SimpleNamespace
 import pytest
 
 from simpar.costmodel.collectives import ring_reduce_scatter, tree_allreduce
-from simpar.costmodel.tp_group_time import group_ends, ps_ends, tree_ends
+from simpar.costmodel.tp_group_time import group_ends
 
 LINK = SimpleNamespace(alpha=1.0, bw=1.0, tuning=None)
+
+
+def tree_ends(starts: list, n: int, link, gamma: float) -> list:
+    return group_ends(("all-reduce", n, 1), starts, "tree", link, gamma)
+
+
+def ps_ends(starts: list, n: int, link, gamma: float) -> list:
+    return group_ends(("all-reduce", n, 1), starts, "ps", link, gamma)
 
 
 def critical_path(cost, gamma: float = 0.0) -> float:
