@@ -141,21 +141,24 @@ DDP_RANK_BY_RANK = [  # (ranks, profile, --collectives, options); pred/sim - 1 b
 ]
 
 
-@pytest.mark.parametrize("n, hardware, algorithm, extra", DDP_RANK_BY_RANK)
-def test_ddp_buckets_followed_rank_by_rank_equal_the_simulated_clock(tmp_path, n, hardware, algorithm, extra):
+def test_ddp_buckets_followed_rank_by_rank_equal_the_simulated_clock(tmp_path):
     """Data parallelism over several gradient buckets (--bucket-mb 0.01) with each --collectives
     algorithm where its ranks end apart: dp 3 (uneven chunks and rows, a part-filled node on nodes of
-    two), and the parameter server on dp 4."""
-    if hardware == "two-per-node":
-        (tmp_path / "hw.json").write_text(json.dumps(TWO_PER_NODE))
-        hardware = str(tmp_path / "hw.json")
-    path = tmp_path / "m.json"
-    args = ["train", "--dp", str(n), "--collectives", algorithm, "--bucket-mb", "0.01", "--steps", "2"]
-    ranks = n * (int(extra[extra.index("--tp") + 1]) if "--tp" in extra else 1)
-    res = run(ranks, [*args, *extra, "--clock", "sim", "--hardware", hardware, "--metrics-out", str(path)])
+    two), and the parameter server on dp 4. One launch (tests/mpi/scripts/train_layouts.py)."""
+    (tmp_path / "hw.json").write_text(json.dumps(TWO_PER_NODE))
+    profiles = {"two-per-node": str(tmp_path / "hw.json")}
+    cases = []
+    for i, (n, hardware, algorithm, extra) in enumerate(DDP_RANK_BY_RANK):
+        args = ["--dp", str(n), "--collectives", algorithm, "--bucket-mb", "0.01", "--steps", "2", *extra]
+        ranks = n * (int(extra[extra.index("--tp") + 1]) if "--tp" in extra else 1)
+        cases.append(
+            [f"case{i}", ranks, [*args, "--clock", "sim", "--hardware", profiles.get(hardware, hardware)]]
+        )
+    res = run_script(4, MPI_SCRIPTS / "train_layouts.py", [str(tmp_path), json.dumps(cases)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    m = json.loads(path.read_text())
-    assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-9)
+    for (name, _, _), case in zip(cases, DDP_RANK_BY_RANK):
+        m = json.loads((tmp_path / f"{name}.json").read_text())
+        assert m["predicted"]["time"]["step_s"] == pytest.approx(m["time"]["sim"]["step_s"], rel=1e-9), case
 
 
 def test_native_mpi_allreduce_gets_closed_form_time_and_is_marked_modeled():
