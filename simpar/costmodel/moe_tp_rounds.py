@@ -24,9 +24,8 @@ MoEWork.tp_block price the same), all-reduces of R h unless said:
 
 from __future__ import annotations
 
-from .allreduce_ends import allreduce_ends
 from .gpt_time import loss_bpe
-from .ring_time import ring_ends
+from .tp_group_time import group_ends
 
 
 def apart(cfg, T: int) -> bool:
@@ -101,10 +100,7 @@ def follow(work, now: list, group_ops) -> None:
     for first in range(0, lay.W, lay.T):
         group = range(first, first + lay.T)
         t = [now[w] for w in group]
-        for n, eb, half in group_ops(first):
-            if half:
-                t = ring_ends(half, n, eb, t, list(t), link, work.gamma)
-            else:
-                t = allreduce_ends(work.cfg.collectives, n, eb, t, link, work.gamma)
+        for n, eb, half in group_ops(first):  # dense tp's follower (tp_group_time.py), op by op
+            t = group_ends((half or "all-reduce", n, eb), t, work.cfg.collectives, link, work.gamma)
         for w, end in zip(group, t):
             now[w] = end

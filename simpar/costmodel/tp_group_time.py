@@ -18,11 +18,12 @@ rounds). Nothing here imports them. Every function maps the ranks' start times t
 is shift-equivariant (all starts + x: all ends + x), so compute that every rank of the group does
 alike may be added before or after a collective.
 
-  tree   allreduce_ends.allreduce_ends, as MoE's and dp's all-reduces are followed rank by rank:
-  ps     collectives/tree.py's rounds (binomial reduce to rank 0, binomial broadcast back); the
-         server through ps_time.ps_bucket_ends with one bucket.
-  ring   --sp's and the loss's all-gathers and reduce-scatters: ring_time.ring_ends (the rings ZeRO's
-         step times follow round by round; on a GPU profile NCCL's protocol for the call).
+  tree, ps   allreduce_ends.allreduce_ends, as dp's and MoE's all-reduces are followed rank by rank:
+             collectives/tree.py's rounds (binomial reduce to rank 0, binomial broadcast back); the
+             server through ps_time.ps_bucket_ends with one bucket.
+  ring       --sp's and the loss's all-gathers and reduce-scatters: ring_time.ring_ends (the rings
+             ZeRO's step times follow round by round; on a GPU profile NCCL's protocol for the call).
+Used by gpt_time.py, gpt_tp_group_pipeline.py, chunk_tp_group.py and MoE's moe_tp_rounds.py.
 """
 
 from __future__ import annotations
