@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--microbatches", type=int, default=4)
     g.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
     g.add_argument("--recompute", default="none", help="none | full | selective")
+    g.add_argument(
+        "--attention",
+        default="materialized",
+        help="with --arch gpt: materialized (simpar's attention.py: every s^2 score through memory) | "
+        "flash (a FlashAttention kernel: the causal half, on chip)",
+    )
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--stage-layers", default=None, help="layers per stage, e.g. 2,1,1")
     g.add_argument("--collectives", default="ring", help=" | ".join(cm.ALLREDUCE))
@@ -210,6 +216,10 @@ def plan_main(argv: list[str]) -> int:
         return show_schedule(a)
     if a.cp != 1 and a.arch != "gpt":
         raise SimparError("plan --cp splits a token sequence over ranks: use it with --arch gpt")
+    if a.attention != "materialized" and (a.arch != "gpt" or a.experts or a.ep != 1):
+        raise SimparError(
+            "plan --attention picks a dense GPT's attention kernel: use it with --arch gpt, without --experts"
+        )
     if a.arch == "gpt" and (a.experts or a.ep != 1):  # ep inside dp, a balanced router (plan_gpt_moe.py)
         from ..report.plan_gpt import shape_from_args
         from ..report.plan_gpt_moe import plan_gpt_moe_main

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
 from .gpt import plan as gpt_plan
-from .gpt import rank_record, run_result, unit_sizes
+from .gpt import rank_record, run_result, score_flops_per_step, unit_sizes
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -185,6 +185,12 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     from .hardware import group_link
 
     C, L, h, a, s = cp, shape.layers, shape.hidden, shape.heads, shape.seq
+    attention = kw.get("attention", "materialized")
+    if attention == "flash" and algo == "ulysses" and C > 1:  # its core is priced as attention.py's
+        raise ValueError(
+            "attention flash with cp's ulysses is not planned (its a/C heads are priced as "
+            "attention.py computes them, every score); the ring keeps its blocks on chip already"
+        )
     # the ring keeps each block's scores on chip (below): no memory passes over them; Ulysses runs
     # attention.py on its a/C heads, whose scores go through memory as without cp
     base = gpt_plan(shape, batch, hw, dp=dp * C, materialized_scores=algo != "ring" or C == 1, **kw)
@@ -212,9 +218,10 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     compute_s, cp_s = t["compute_s"], 0.0
     if C > 1:
         slots = K * (M + pp - 1) * layers  # a stage's layer passes per step, the 1F1B bubble's included
-        # gpt.plan's score matmuls (4 B s^2 L h a forward, 12 a step; selective adds q k^T's 2 again)
-        per_pass = {"full": 16, "selective": 14}.get(mode, 12)
-        scores = per_pass * batch * s * s * L * h / base["world"] / rate * (M + pp - 1) / M
+        # gpt.plan's score matmuls (gpt.score_flops_per_step: 12 B s^2 L h a step, 14 selective, 16
+        # full; a FlashAttention kernel's causal 7 or 9)
+        per_step = score_flops_per_step(batch, s, L, h, mode, attention)
+        scores = per_step / base["world"] / rate * (M + pp - 1) / M
         n, forwards, computes = s // C, 2 if full else 1, 1 + redo
         if algo == "ring":
             forward, backward, _ = ring_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
@@ -225,10 +232,11 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
             _, f, g = ulysses_parts(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
         compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
-    step_s = compute_s + t["memory_s"] + t["tp_s"] + t["dp_s"] + cp_s  # memory_s: gpt.plan's, per row
+    # memory_s: gpt.plan's, per row
+    step_s = compute_s + t["memory_s"] + t["tp_s"] + t["pp_s"] + t["dp_s"] + cp_s
     hw_flops, scores = base["hardware_flops_per_step"], base["attention_scores"]
-    if C > 1 and algo == "ring":  # gpt.plan's every score (12, 14 or 16 s^2 h) for the ring's blocks
-        whole = {"full": 16, "selective": 14}.get(mode, 12) * batch * s * s * L * h
+    if C > 1 and algo == "ring":  # gpt.plan's score products for the ring's blocks
+        whole = score_flops_per_step(batch, s, L, h, mode, attention)
         hw_flops += ring_score_flops(batch, s, L, h, C, mode) - whole
         scores = f"the causal blocks, (2C+1)/(4C) = {(2 * C + 1) / (4 * C):.3g} of s^2"
     return {

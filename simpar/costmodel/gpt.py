@@ -19,7 +19,9 @@ step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula
                computes all s^2 scores and masks them, Narayanan et al. 2021, sec. 5.1's count
                72 B s L h^2 (1 + s/(6h) + V/(12 L h)); with full recomputation
                96 B s L h^2 (1 + s/(6h) + V/(16 L h)) -- simpar's matmuls are exactly these. cp's ring
-               computes only its causal blocks (cp.py: ring_score_flops).
+               computes only its causal blocks (cp.py: ring_score_flops); a FlashAttention kernel
+               (`plan --attention flash`) only the causal half, its backward rebuilding the scores
+               (flash_flops_per_step).
   activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
                Models", Table 2), bytes per layer with 16-bit activations and 1-byte dropout masks:
                  no parallelism            s b h (34 + 5 a s / h)
@@ -27,6 +29,10 @@ step (global), t tensor-parallel ranks, p pipeline stages. Sources, each formula
                  tensor + sequence par.    s b h (34/t + 5 a s / (h t))
                  tp + selective recompute  s b h (10 + 24/t);  tp + sp + selective  s b h 34/t
                  full recomputation        2 s b h (the layer's input only)
+               --attention flash: no s^2 term at all, whatever the recomputation (FlashAttention, Dao et
+               al. 2022, sec. 3.1: the scores never reach memory; the backward rebuilds them from each
+               row's log-sum-exp, 4 bytes per row and head: s b h 4a/(h t)) -- the selective rows' bytes
+               without recomputing anything.
                simpar's own block has no dropout: it keeps 16 s h + a s^2 + 2 s ELEMENTS per sequence
                (LN1's xh, the attention input, q, k, v, P, the heads' output o, LN2's xh, the MLP
                input, W1's output and GELU's; each LayerNorm's 1/sigma per token). In 16-bit that is
@@ -124,16 +130,43 @@ def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "non
     return model
 
 
+ATTENTION = ("materialized", "flash")  # plan --attention: simpar's attention.py, or a FlashAttention kernel
+
+
+def score_flops_per_step(B: int, s: int, L: int, h: int, recompute: str, attention: str) -> float:
+    """The score products (q k^T and P v, forward and backward) inside the hardware's FLOPs: every
+    score, as attention.py computes them, 4 s^2 h per sequence and block forward and 8 backward (12;
+    selective recomputation 14, q k^T again; full 16, the forward again); or a FlashAttention kernel's
+    causal half (Dao 2023, FlashAttention-2; its benchmark_flash_attention.py: a causal forward of
+    4 s^2 h / 2, the backward 2.5x it: S and P rebuilt from the log-sum-exp, then dV, dP, dQ, dK), 7,
+    or 9 with full recomputation's second forward -- selective recomputation has nothing left to redo."""
+    if attention == "flash":
+        return (9 if recompute == "full" else 7) * B * s * s * L * h
+    return {"full": 16, "selective": 14}.get(recompute, 12) * B * s * s * L * h
+
+
+def flash_flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "none") -> float:
+    """The hardware's FLOPs with a FlashAttention kernel: flops_per_step's score products exchanged for
+    the kernel's (score_flops_per_step)."""
+    whole = score_flops_per_step(B, s, L, h, recompute, "materialized")
+    return (
+        flops_per_step(B, s, L, h, V, recompute)
+        - whole
+        + score_flops_per_step(B, s, L, h, recompute, "flash")
+    )
+
+
 # -- activation memory per layer -----------------------------------------------------------------------
 
 
 def korthikanti_layer_bytes(
-    s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none"
+    s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, recompute: str = "none", flash: bool = False
 ) -> float:
-    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout), bytes per layer per GPU."""
+    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout), bytes per layer per GPU;
+    `flash`: the scores never stored, each row's float32 log-sum-exp instead (module docstring)."""
     if recompute == "full":  # the table's last row: only the layer's 16-bit input, whatever t and sp
         return 2 * s * b * h
-    attention = 0 if recompute == "selective" else 5 * a * s / (h * t)
+    attention = 4 * a / (h * t) if flash else 0 if recompute == "selective" else 5 * a * s / (h * t)
     rest = 34 / t if sp else 10 + 24 / t
     return s * b * h * (rest + attention)
 
@@ -184,17 +217,23 @@ def plan(
     grad_accum: int = 1,
     collectives: str = "ring",
     materialized_scores: bool = True,
+    attention: str = "materialized",
 ) -> dict:
     """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
 
     Time: each GPU's share of the step's matmul FLOPs at the profile's rate, stretched by the pipeline
     bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); its memory-bound work (LayerNorms,
     softmax, GeLU, the loss, the optimizer: plan_passes.py), stretched alike; plus, not overlapped, tensor
-    parallelism's 4 all-reduces of b s h per layer per micro-batch (6 under full recomputation) and
-    the stage's gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each
-    priced as a run's collectives are (plan_comm.py); pipeline sends are left out (b s h per
-    boundary, small beside the rest). Activations: the first stage holds min(p, M) micro-batches of
-    its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3)."""
+    parallelism's 4 all-reduces of b s h per layer per micro-batch (6 under full recomputation), the
+    pipeline's sends of b s h each way per micro-batch (stretched by the bubble too), and the stage's
+    gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each priced as a
+    run's collectives are (plan_comm.py). Activations: the first stage holds min(p, M) micro-batches of
+    its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3).
+
+    `attention` "flash": a FlashAttention kernel in place of simpar's attention.py -- the causal half of
+    the scores computed (flash_flops_per_step), none kept (korthikanti_layer_bytes' flash) and none
+    through memory (materialized_scores off): what Megatron-LM and most trainers run today, for
+    what-ifs simpar's own run does not make."""
     from . import plan_comm, plan_passes
 
     L, h, a, s, V = shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab
@@ -207,10 +246,14 @@ def plan(
     grads = P_gpu * gb / (dp if zero >= 2 else 1)
     opt = P_gpu * kb / (dp if zero >= 1 else 1)
     in_flight = min(pp, M)
-    act_layer = korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute)
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION)}")
+    flash = attention == "flash"
+    materialized_scores = materialized_scores and not flash
+    act_layer = korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute, flash)
     activations = math.ceil(L / pp) * in_flight * act_layer * PRECISIONS[precision].act / 2
     model_flops = model_flops_per_step(batch, s, L, h, V)  # causal: the same for every layout
-    hw_flops = flops_per_step(batch, s, L, h, V, recompute)  # attention.py: every score, masked
+    hw_flops = (flash_flops_per_step if flash else flops_per_step)(batch, s, L, h, V, recompute)
     rate = hw.flop_rate(precision) * hw.compute_share(min(world, hw.devices_per_node))  # local: shared cores
     compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
     # tp's activation all-reduces and dp's gradient traffic, as a run's are priced (plan_comm.py)
@@ -226,13 +269,20 @@ def plan(
             hw, dp, tp, pp, elems, PRECISIONS[precision].act, per_micro, sp, collectives, rows
         )
     )
+    if sp:  # the stage's LayerNorm gradients, summed over tp once a step (plan_comm.sp_sync_seconds)
+        tp_s += plan_comm.sp_sync_seconds(
+            hw, dp, tp, pp, h, math.ceil(L / pp), pp == 1, PRECISIONS[precision].act, collectives
+        )
+    bubble = (M + pp - 1) / M  # pipeline sends chain through fill and drain as the passes do
+    sends = plan_comm.pp_seconds(hw, dp, tp, pp, elems, PRECISIONS[precision].act, sp)
+    pp_s = M * grad_accum * sends * bubble
     dp_s = plan_comm.dp_seconds(hw, dp, tp, pp, P_gpu, gb, pb, zero, grad_accum, collectives)
     # the memory passes between the matmuls, as the simulated clock charges simpar's run (plan_passes.py)
     memory_s = plan_passes.memory_bound_seconds(
         shape, b, hw, dp, tp, pp, sp, zero, microbatches, recompute, precision, optimizer, grad_accum,
         PRECISIONS[precision].act, P_gpu, materialized_scores,
     )  # fmt: skip
-    step_s = compute_s + memory_s + tp_s + dp_s
+    step_s = compute_s + memory_s + tp_s + pp_s + dp_s
     peak = hw.peak_rate(precision)  # the datasheet's dense peak (local: its measured rate)
     return {
         "model": shape,
@@ -246,6 +296,7 @@ def plan(
             "grad_accum": grad_accum,
             "recompute": recompute,
             "collectives": collectives,
+            "attention": attention,
         },
         "world": world,
         "params": param_count(L, h, s, V),
@@ -262,8 +313,16 @@ def plan(
         "activation_per_layer": act_layer,
         "flops_per_step": model_flops,
         "hardware_flops_per_step": hw_flops,
-        "attention_scores": "all s^2, masked",  # attention.py's; cp's ring: its causal blocks (cp.py)
-        "time": {"step_s": step_s, "compute_s": compute_s, "memory_s": memory_s, "tp_s": tp_s, "dp_s": dp_s},
+        # attention.py's; a FlashAttention kernel's; cp's ring: its causal blocks (cp.py)
+        "attention_scores": "the causal half, on chip (FlashAttention)" if flash else "all s^2, masked",
+        "time": {
+            "step_s": step_s,
+            "compute_s": compute_s,
+            "memory_s": memory_s,
+            "tp_s": tp_s,
+            "pp_s": pp_s,
+            "dp_s": dp_s,
+        },
         "mfu": model_flops / (step_s * world * peak),
         "precision": precision,
         "hardware": hw.name,

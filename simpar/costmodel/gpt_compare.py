@@ -48,7 +48,8 @@ def layout_problem(shape, batch: int, dp: int, cp: int, tp: int, pp: int, q: dic
 
 def rank_gpt_layouts(shape, batch: int, hw, world: int, limit: float | None, q: dict) -> tuple[list, int]:
     """(ranked plans, how many splits were invalid). `q`: sp, zero, microbatches, recompute, precision,
-    optimizer, grad_accum, cp_algo, collectives -- the question's knobs, the same for every candidate."""
+    optimizer, grad_accum, cp_algo, collectives, attention -- the question's knobs, the same for every
+    candidate."""
     if not world or world < 1:
         raise SimparError("--compare needs --world N (the number of GPUs to split)")
     if world > 1 << 16:
@@ -69,6 +70,7 @@ def rank_gpt_layouts(shape, batch: int, hw, world: int, limit: float | None, q: 
             optimizer=q["optimizer"],
             grad_accum=q["grad_accum"],
             collectives=q.get("collectives", "ring"),
+            attention=q.get("attention", "materialized"),
         )
         if cp > 1:
             plans.append(plan_cp(shape, batch, hw, cp, q["cp_algo"], dp=dp, **kw))

@@ -13,7 +13,10 @@ Per step, on each GPU, none of it overlapped with compute (an upper bound, as th
        under full recomputation) and, on the stage with the head, the head's one (its backward) and
        the loss's all-gather and all-reduce (as simpar's run: gpt_tp.py, gpt_time.tp_collectives).
        With --sp each all-reduce is a ring reduce-scatter plus a ring all-gather (Korthikanti et al.
-       sec. 4.2.2: the same bytes).
+       sec. 4.2.2: the same bytes), and once a step, after each unit's last backward, its LayerNorms'
+       gradients are summed over tp by --collectives (sp replicates them but each rank saw only its
+       part of the sequence: 4h a block, 2h for the head's LN_f; one all-reduce per unit, as simpar's
+       run: gpt_time.sp_sync_ops; Megatron-LM coalesces them into one, a few latencies less).
   dp   without ZeRO one all-reduce of the stage's gradients (--collectives picks the algorithm; one
        call, as one bucket: a real run's buckets add a latency each, small beside the bytes at scale);
        ZeRO-1 and -2 a ring reduce-scatter of the gradients and a ring all-gather of the updated
@@ -21,6 +24,14 @@ Per step, on each GPU, none of it overlapped with compute (an upper bound, as th
        reduce-scatter on every accumulation step and the all-gather twice on each, for the forward and
        again for the backward (sec. 5.3: 1.5x the all-reduce's bytes per step) -- as simpar's own
        --zero 3 runs (parallel/zero.py, costmodel/gpt.py's predict_run).
+
+  pp   per micro-batch on a stage, its activations sent on to the next stage and its input gradient
+       back, b s h each, point to point over the pp link (alpha + bytes x beta, as the simulated
+       clock sends them: steptime.py); under tp each rank sends 1/t of it and the receiving stage
+       all-gathers the rows over tp (Megatron-LM's scatter/gather, Narayanan et al. 2021 sec. 4.1;
+       with --sp the rows are sharded already and stay so -- simpar's own run without --sp sends all
+       b s h from every tp rank instead). Not overlapped, and stretched by 1F1B's bubble like the
+       passes: fill and drain are chains of sends too.
 
 Every collective is priced once, on the critical path its algorithm's Cost gives (collectives.py: the
 same for every rank of the group), over the group's link (hardware.group_link).
@@ -71,6 +82,30 @@ def tp_seconds(
         loss = ring_half_seconds(hw, link, tp * loss_rows, tp, wide, True)
         loss += allreduce_seconds(hw, link, coll, 2 * loss_rows, tp, wide)
     return calls * one + loss
+
+
+def sp_sync_seconds(
+    hw, dp: int, tp: int, pp: int, h: int, blocks: int, head: bool, bpe: int, coll: str
+) -> float:
+    """--sp's once-a-step LayerNorm-gradient all-reduces on a stage (the module docstring's tp line):
+    4h elements for each of its `blocks`, 2h for the head's LN_f when the stage holds it."""
+    if tp == 1:
+        return 0.0
+    link = group_link(hw, "tp", dp, tp, pp)
+    one_block = allreduce_seconds(hw, link, coll, 4 * h, tp, bpe)
+    return blocks * one_block + (allreduce_seconds(hw, link, coll, 2 * h, tp, bpe) if head else 0.0)
+
+
+def pp_seconds(hw, dp: int, tp: int, pp: int, elems: int, bpe: int, sp: bool) -> float:
+    """One micro-batch's two pipeline transfers on a stage (the module docstring's pp line): the
+    activations of `elems` = b s h elements forward and their gradient backward."""
+    if pp == 1 or elems < 1:
+        return 0.0
+    link = group_link(hw, "pp", dp, tp, pp)
+    one = link.alpha + -(-elems // tp) * bpe * link.beta
+    if tp > 1 and not sp:  # Megatron's gather of the scattered rows, inside the receiving stage
+        one += ring_half_seconds(hw, group_link(hw, "tp", dp, tp, pp), elems, tp, bpe, True)
+    return 2 * one
 
 
 def dp_seconds(hw, dp: int, tp: int, pp: int, params: int, grad_bpe: int, param_bpe: int, zero: int,

@@ -60,6 +60,13 @@ def check_layout(shape: cg.Shape, a) -> None:
         raise SimparError(f"unknown --collectives {a.collectives!r} (choose from {', '.join(ALLREDUCE)})")
     if a.precision not in ("fp32", "fp64", "mixed") or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
+    if a.attention not in cg.ATTENTION:
+        raise SimparError(f"unknown --attention {a.attention!r} (choose from {', '.join(cg.ATTENTION)})")
+    if a.attention == "flash" and a.cp_algo == "ulysses" and (a.cp > 1 or a.compare):
+        raise SimparError(
+            "--attention flash with --cp-algo ulysses is not planned yet (Ulysses' heads are priced as "
+            "simpar's attention.py computes them); the ring (--cp-algo ring) keeps its blocks on chip already"
+        )
 
 
 def _count(n: float) -> str:
@@ -77,7 +84,7 @@ def plan_gpt_main(a) -> int:
     check_layout(shape, a)
     hw = hardware.load(a.hardware)
     args = (a.tp, a.pp, a.sp, a.zero, a.microbatches, a.recompute, a.precision, a.optimizer, a.grad_accum)
-    args += (a.collectives,)
+    args += (a.collectives, a.attention)
     if a.compare:  # every dp x cp x tp x pp of --world GPUs, ranked (costmodel/gpt_compare.py)
         from ..units import parse_bytes
         from .plan_gpt_compare import print_gpt_compare
@@ -85,7 +92,7 @@ def plan_gpt_main(a) -> int:
         limit = parse_bytes(a.memory_limit) if a.memory_limit else (hw.memory_bytes or None)
         q = dict(zip(PLAN_ARGS[3:], args[2:]), cp_algo=a.cp_algo)
         return print_gpt_compare(shape, a.batch, hw, a.world, limit, q, a.json)
-    p = without = cg.plan(shape, a.batch, hw, a.dp, *args)
+    p = without = cg.plan(shape, a.batch, hw, **dict(zip(PLAN_ARGS, (a.dp, *args))))
     if a.cp > 1:  # context parallelism: costmodel/cp.py, worded by plan_cp.py
         from ..costmodel.cp import plan_cp
         from .plan_cp import check_cp
@@ -115,6 +122,7 @@ PLAN_ARGS = (
     "optimizer",
     "grad_accum",
     "collectives",
+    "attention",
 )
 
 
@@ -122,11 +130,15 @@ def _hardware_note(p: dict) -> str:
     """What the hardware's FLOPs count beyond the model's: the scores the layout's attention computes
     (attention.py: all s^2, masked; cp's ring: its causal blocks) and what recomputation adds."""
     scores = p.get("attention_scores", "all s^2, masked")
-    ring = not scores.startswith("all")
+    ring, flash = not scores.startswith("all"), p["layout"].get("attention") == "flash"
+    kept = (
+        "FlashAttention keeps its log-sum-exp" if flash and not scores.startswith("the causal blocks") else ""
+    )
+    kept = kept or "the ring keeps its log-sum-exp"
     redo = {
         "full": "full recomputation: the blocks' forward again",
         "selective": "selective recomputation: "
-        + ("the ring keeps its log-sum-exp, nothing again" if ring else "+ 2 B L s^2 h, q k^T again"),
+        + (f"{kept}, nothing again" if ring else "+ 2 B L s^2 h, q k^T again"),
     }.get(p["layout"].get("recompute", "none"))
     return f" (attention scores: {scores}" + (f"; {redo})" if redo else ")")
 
@@ -138,6 +150,7 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
     extra = (f", ZeRO-{lay['zero']}" if lay["zero"] else "") + (
         f", {lay['microbatches']} micro-batches" if lay["pp"] > 1 else ""
     )
+    extra += ", FlashAttention" if lay.get("attention") == "flash" else ""
     b = batch / (lay["dp"] * lay["microbatches"] * lay["grad_accum"])
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
     return [
@@ -157,7 +170,9 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"{p['hardware_flops_per_step']:.3e}" + _hardware_note(p),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, memory-bound "
         f"work {fmt_time(t['memory_s'])}, tp "
-        f"all-reduces {fmt_time(t['tp_s'])}, dp gradients {fmt_time(t['dp_s'])}, not overlapped; "
+        f"all-reduces {fmt_time(t['tp_s'])}, "
+        + (f"pipeline sends {fmt_time(t['pp_s'])}, " if lay["pp"] > 1 else "")
+        + f"dp gradients {fmt_time(t['dp_s'])}, not overlapped; "
         f"--collectives {lay['collectives']}"
         + (f"; cp transfers exposed {fmt_time(t['cp_s'])})" if "cp_s" in t else ")"),
         f"MFU: {p['mfu']:.1%} of the dense peak (model FLOPs / (step time x GPUs x peak); {hw.name}'s "

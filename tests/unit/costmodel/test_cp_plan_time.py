@@ -56,12 +56,12 @@ def test_the_plan_times_each_ring_hop_as_the_longer_of_its_blocks_and_its_transf
     slots = (M + pp - 1) * (L // pp)
     blocks = (2 * C + 1) * (f + g)
     plan = plan_cp(LONG, B, hw, C, "ring", **LAYOUT)
-    base = cg.plan(LONG, B, hw, dp=C, **LAYOUT)  # tp's and dp's terms are gpt.plan's, over dp x C ranks
+    base = cg.plan(LONG, B, hw, dp=C, **LAYOUT)  # tp's, pp's and dp's terms are gpt.plan's, over dp x C ranks
     time = plan["time"]
     assert time["compute_s"] == pytest.approx(non_score_compute(C, rate) + slots * blocks, rel=1e-12)
     assert time["cp_s"] == pytest.approx(slots * (forward + backward - blocks), rel=1e-12)
-    assert (time["tp_s"], time["dp_s"]) == (base["time"]["tp_s"], base["time"]["dp_s"])
-    parts = time["compute_s"] + time["memory_s"] + time["tp_s"] + time["dp_s"] + time["cp_s"]
+    assert [time[k] for k in ("tp_s", "pp_s", "dp_s")] == [base["time"][k] for k in ("tp_s", "pp_s", "dp_s")]
+    parts = time["compute_s"] + time["memory_s"] + time["tp_s"] + time["pp_s"] + time["dp_s"] + time["cp_s"]
     assert time["step_s"] == pytest.approx(parts, rel=1e-12)
     # the ring keeps each block's scores on chip: gpt.plan's memory passes without the per-score ones
     on_chip = cg.plan(LONG, B, hw, dp=C, materialized_scores=False, **LAYOUT)["time"]["memory_s"]

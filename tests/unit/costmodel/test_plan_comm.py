@@ -1,5 +1,6 @@
 """`plan --arch gpt`'s collectives (costmodel/plan_comm.py): --collectives is honoured, ZeRO's halves and
-full recomputation's extra all-reduces are counted, each priced by the algorithm's textbook cost.
+full recomputation's extra all-reduces, --sp's LayerNorm gradients and the pipeline's sends are counted,
+each priced by the algorithm's textbook cost.
 
 On `local` (no protocol table: plain alpha-beta-gamma, the reduction on the CPU) the expected seconds are
 written here from Thakur, Rabenseifner & Gropp 2005 (sec. 4) with simpar's chunking (ceil(n/p) per ring
@@ -53,6 +54,41 @@ def test_tp_all_reduces_are_priced_by_the_chosen_algorithm(algo):
     kw = dict(precision="fp32", optimizer="sgd", collectives=algo, recompute="full")
     full = cg.plan(SHAPE, batch, hw, tp=tp, **kw)  # the forward's again: blocks' f and g, the embedding's
     assert full["time"]["tp_s"] == pytest.approx((6 * SHAPE.layers + 3) * one + loss, rel=1e-12)
+
+
+@pytest.mark.parametrize("algo", ["ring", "tree", "ps"])
+def test_sp_splits_each_all_reduce_in_halves_and_sums_the_layernorm_gradients_once_a_step(algo):
+    hw, alpha, beta, gamma = local()
+    batch, tp, K, L, h = 8, 4, 2, SHAPE.layers, SHAPE.hidden
+    kw = dict(tp=tp, sp=True, grad_accum=K, precision="fp32", optimizer="sgd", collectives=algo)
+    p = cg.plan(SHAPE, batch, hw, **kw)
+    R = batch // K * SHAPE.seq  # token rows of a micro-step
+    c = math.ceil(R * h / tp) * 4
+    halves = (tp - 1) * (alpha + c * beta + c * gamma) + (tp - 1) * (alpha + c * beta)  # scatter + gather
+    loss = (tp - 1) * (alpha + R * 4 * beta) + textbook_allreduce(algo, 2 * R, tp, 4, alpha, beta, gamma)
+    # Korthikanti's sec. 4.2.2 pairs in place of every all-reduce, each micro-step; then, once a step,
+    # each block's 4h LayerNorm gradients and the final LayerNorm's 2h by --collectives
+    layernorms = L * textbook_allreduce(algo, 4 * h, tp, 4, alpha, beta, gamma)
+    layernorms += textbook_allreduce(algo, 2 * h, tp, 4, alpha, beta, gamma)
+    expected = K * ((4 * L + 2) * halves + loss) + layernorms
+    assert p["time"]["tp_s"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, True), (2, False)])
+def test_pipeline_sends_are_b_s_h_each_way_per_micro_batch_through_the_bubble(tp, sp):
+    hw, alpha, beta, gamma = local()
+    batch, pp, M, K = 16, 2, 4, 2
+    kw = dict(tp=tp, sp=sp, pp=pp, microbatches=M, grad_accum=K, precision="fp32", optimizer="sgd")
+    p = cg.plan(SHAPE, batch, hw, **kw)
+    n = batch // (M * K) * SHAPE.seq * SHAPE.hidden  # b s h activations of a micro-batch
+    # each tp rank sends its 1/t of the rows (Narayanan et al. 2021 sec. 4.1's scatter); without --sp
+    # the next stage gathers them back over tp (a ring all-gather); forward and backward, M K times,
+    # the fill and drain stretching them as the passes: (M + pp - 1) / M
+    one = alpha + math.ceil(n / tp) * 4 * beta
+    if tp > 1 and not sp:
+        one += (tp - 1) * (alpha + math.ceil(n / tp) * 4 * beta)
+    assert p["time"]["pp_s"] == pytest.approx(K * (M + pp - 1) * 2 * one, rel=1e-12)
+    assert cg.plan(SHAPE, batch, hw, **(kw | dict(pp=1)))["time"]["pp_s"] == 0
 
 
 @pytest.mark.parametrize("algo", ["ring", "tree", "ps"])

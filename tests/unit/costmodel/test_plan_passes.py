@@ -1,6 +1,9 @@
 """`plan --arch gpt` against the simulated clock's closed form where their models meet: a layout simpar
-can run, without a pipeline (the plan puts its micro-batches through an average stage and 1F1B's bubble;
-a run follows the schedule) and without --sp (the plan leaves out sp's LayerNorm-gradient all-reduces).
+can run without a pipeline (the plan puts its micro-batches through an average stage and 1F1B's bubble;
+a run follows the schedule), --sp included (its LayerNorm-gradient all-reduces once a step: plan_comm.
+sp_sync_seconds), with the collectives that keep a tp group in step (ring, auto, rabenseifner: tree
+and ps leave its ranks apart, and a run's clock follows each -- tp_group_time.py -- while the plan
+charges every collective on its critical path, 0.2-0.5% more on these tiny shapes).
 There the plan's step -- matmuls, memory-bound work (plan_passes.py), tp's and dp's collectives -- is
 the simulated step of the same model (predict_from_config: gpt_time.py, which tests/mpi/runtime/
 test_gpt_simclock.py holds equal to the clock of a real run), to rounding: one set of counts."""
@@ -23,6 +26,10 @@ LAYOUTS = [
     dict(grad_accum=2),
     dict(optimizer="adam"),
     dict(tp=2, optimizer="adam", collectives="auto"),
+    dict(tp=2, sp=True),
+    dict(tp=2, dp=2, sp=True, grad_accum=2),
+    dict(tp=4, sp=True, collectives="rabenseifner"),
+    dict(tp=2, sp=True, optimizer="adam", collectives="auto"),
 ]
 
 

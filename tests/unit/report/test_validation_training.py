@@ -8,7 +8,8 @@
 * Each prediction equals the plan written again here from its formulas: Eq. 3's FLOPs over the GPUs at
   the profile's rate, stretched by the 1F1B bubble; the memory-bound elements gpt_time.py's docstring
   lists per unit, at gamma/3 a byte, stretched alike, and Adam's sweeps; 6 tp all-reduces of s h per
-  layer and micro-batch (full recomputation) and one dp all-reduce of the stage's gradients, each
+  layer and micro-batch (full recomputation), the pipeline's sends (1/t of s h per tp rank on its NIC,
+  gathered over tp, both ways, through the bubble) and one dp all-reduce of the stage's gradients, each
   collective priced by validate's own collective path (collective_seconds, the one the nccl-tests
   points check), not by plan_comm.
 * Every point is met within its tolerance, and `simpar validate` passes with them in the main set.
@@ -78,7 +79,15 @@ def expected_step(p, hw) -> float:
     stage += 2 * h + V * h // t if pp == 1 else 0
     nodes = dp if t * pp >= 8 else dp * t * pp // 8  # the dp group's nodes (tp innermost, then pp)
     dp_s, _ = validation.collective_seconds(hw, "all-reduce", stage * 2, dp, nodes)
-    return compute + memory_bound(p, hw, stage) + tp_s + dp_s
+    pp_s = 0.0
+    if pp > 1:  # every row's stage fills its node (t x dp >= 8): each tp rank sends on its own NIC its
+        # 1/t of the s h activations (2 bytes), the next stage gathers them over NVLink; both ways, each
+        # micro-batch, through the bubble
+        assert t * dp >= hw.devices_per_node and hw.nics_per_node == hw.devices_per_node
+        gather, _ = validation.collective_seconds(hw, "all-gather", s * h * 2, t, 1)
+        send = hw.inter_alpha + s * h // t * 2 / hw.nic_bw + gather
+        pp_s = m * 2 * send * (m + pp - 1) / m
+    return compute + memory_bound(p, hw, stage) + tp_s + pp_s + dp_s
 
 
 def memory_bound(p, hw, stage: int) -> float:
