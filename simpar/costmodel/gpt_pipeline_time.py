@@ -1,6 +1,8 @@
 """The step time of `simpar train --arch gpt --pp S` (any dp, every schedule) in closed form, as the
 simulated clock charges it: steptime.py's max-plus recurrences (the schedule's order, the pipeline's
-send/recv links, DDP buckets overlapping each chunk's last backward) run over gpt's units.
+send/recv links, DDP buckets overlapping each chunk's last backward) run over gpt's units, every dp
+rank followed through every bucket's rounds (rounds_time.ddp_steps, as the MLP's pipeline: uneven
+chunks, the tree's and the parameter server's ranks that end apart).
 
 What each piece of work costs is gpt_time.py's units again (their matmuls at the FLOP rate, memory
 passes, the per-call overhead), cut into the pipeline's chunks (gpt_pipeline.py's stages); a micro-batch
@@ -37,6 +39,7 @@ from .collectives import ALLREDUCE, to_bytes
 from .gpt_time import ACCUMULATE, clock_rates, optimizer_seconds, tp_collectives, unit_seconds
 from .gpt_tp_group_pipeline import TpGroupRun
 from .order import n_chunks, stage_chunks
+from .rounds_time import ddp_steps
 from .spec import PRECISIONS, dp_bucket_layers, precision_of
 from .stages import balanced_counts
 from .steptime import step_time
@@ -175,12 +178,13 @@ def pipeline_step_seconds(cfg, p: int, sizes: list[int], hw, local: list[int] | 
     bounds = [(sum(counts[:k]), sum(counts[: k + 1])) for k in range(C)]
     spec = SimpleNamespace(
         pp=S, dp=p, tp=t, sp=cfg.sp, world=p * S * t, batch=cfg.batch, grad_accum=cfg.grad_accum,
+        collectives=cfg.collectives,
         microbatches_used=cfg.microbatches, virtual_stages=Vs, schedule=sched, overlap=cfg.overlap,
         prec=prec, widths=[cfg.seq_len * cfg.hidden] * (len(sizes) + 1),
     )  # fmt: skip
     links = {g: group_link(hw, g, p, t, S) for g in ("dp", "pp", "tp")}
     _, stream, _ = clock_rates(hw, precision_of(cfg), min(p * S * t, hw.devices_per_node))
-    best = None
+    timed, stages_of = {}, {}
     for d in range(p):
         stages = {}
         for s in range(S):
@@ -188,9 +192,10 @@ def pipeline_step_seconds(cfg, p: int, sizes: list[int], hw, local: list[int] | 
             opt_s = optimizer_seconds(cfg, sum(sum(local[slice(*bounds[c])]) for c in mine), prec.act, stream)
             costs = {c: GptChunkCosts(cfg, spec, hw, links, bounds[c], local, opt_s) for c in mine}
             stages[s] = (costs, d, {c: local[slice(*bounds[c])] for c in mine})
-        timed = step_time(spec, hw, links, stages, 0.0, [0.0] * S)
-        if best is None or timed["makespan"] > best["makespan"]:
-            best = timed
+        timed[d], stages_of[d] = step_time(spec, hw, links, stages, 0.0, [0.0] * S), stages
+    if p > 1 and cfg.collectives != "mpi":  # every dp rank through every bucket's rounds (rounds_time.py)
+        timed = ddp_steps(spec, hw, links, stages_of, timed, [0.0] * S)
+    best = max(timed.values(), key=lambda one: one["makespan"])
     parts = best["parts"]
     return {
         "step_s": best["makespan"],
