@@ -233,7 +233,8 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
         compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
     # memory_s: gpt.plan's, per row
-    step_s = compute_s + t["memory_s"] + t["tp_s"] + t["pp_s"] + t["dp_s"] + cp_s
+    # imbalance_s: gpt.plan's too -- the ring's blocks cost every stage alike, the head stays on the last
+    step_s = compute_s + t["memory_s"] + t["imbalance_s"] + t["tp_s"] + t["pp_s"] + t["dp_s"] + cp_s
     hw_flops, scores = base["hardware_flops_per_step"], base["attention_scores"]
     if C > 1 and algo == "ring":  # gpt.plan's score products for the ring's blocks
         whole = score_flops_per_step(batch, s, L, h, mode, attention)

@@ -223,7 +223,9 @@ def plan(
 
     Time: each GPU's share of the step's matmul FLOPs at the profile's rate, stretched by the pipeline
     bubble (M + p - 1)/M (1F1B, Narayanan et al. 2021 sec. 2.2); its memory-bound work (LayerNorms,
-    softmax, GeLU, the loss, the optimizer: plan_passes.py), stretched alike; plus, not overlapped, tensor
+    softmax, GeLU, the loss, the optimizer: plan_passes.py), stretched alike -- both on the average
+    stage, plus what the slowest stage adds (the last, with the head and the loss:
+    plan_passes.stage_imbalance_seconds); plus, not overlapped, tensor
     parallelism's 4 all-reduces of b s h per layer per micro-batch (6 under full recomputation), the
     pipeline's sends of b s h each way per micro-batch (stretched by the bubble too), and the stage's
     gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each priced as a
@@ -282,7 +284,15 @@ def plan(
         shape, b, hw, dp, tp, pp, sp, zero, microbatches, recompute, precision, optimizer, grad_accum,
         PRECISIONS[precision].act, P_gpu, materialized_scores,
     )  # fmt: skip
-    step_s = compute_s + memory_s + tp_s + pp_s + dp_s
+    # 1F1B runs at its slowest stage's pace: the head and the loss make the last one heavier
+    micro_gpu = dp * tp * M * grad_accum  # micro-batches a step, times the tp shards of each
+    head_s = 6 * batch * s * h * V / micro_gpu / rate  # the head's matmuls, forward and backward
+    imbalance_s = plan_passes.stage_imbalance_seconds(
+        shape, b, hw, dp, tp, pp, sp, microbatches, recompute, precision, grad_accum,
+        PRECISIONS[precision].act, (hw_flops - 6 * batch * s * h * V) / L / micro_gpu / rate, head_s,
+        materialized_scores,
+    )  # fmt: skip
+    step_s = compute_s + memory_s + imbalance_s + tp_s + pp_s + dp_s
     peak = hw.peak_rate(precision)  # the datasheet's dense peak (local: its measured rate)
     return {
         "model": shape,
@@ -319,6 +329,7 @@ def plan(
             "step_s": step_s,
             "compute_s": compute_s,
             "memory_s": memory_s,
+            "imbalance_s": imbalance_s,
             "tp_s": tp_s,
             "pp_s": pp_s,
             "dp_s": dp_s,

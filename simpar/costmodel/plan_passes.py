@@ -52,3 +52,40 @@ def memory_bound_seconds(
     passes_s = per_micro / pp * M * grad_accum * (M + pp - 1) / M
     updated = rank_params / (dp if zero >= 1 else 1)
     return passes_s + optimizer_seconds(cfg, updated, bpe, stream)
+
+
+def stage_imbalance_seconds(
+    shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, microbatches: int, recompute: str,
+    precision: str, grad_accum: int, bpe: int, block_s: float, head_s: float, scores: bool = True,
+) -> float:  # fmt: skip
+    """What 1F1B's slowest stage adds to the average stage's step (gpt.plan prices the average):
+    with per-micro-batch work w_s on stage s (its blocks' matmuls and memory passes; the first stage's
+    embedding; the last stage's head, loss and their passes), the pipeline's step is about
+    sum_s w_s + (M - 1) max_s w_s -- fill and drain pass every stage once, the steady state runs at the
+    slowest one's pace (Narayanan et al. 2021, sec. 2.2, with unequal stages) -- against the average's
+    mean(w) (M + p - 1): K (M - 1) (max w - mean w) more. The L blocks are split evenly, the first
+    L mod p stages taking one more (Megatron-LM's layers per stage); `block_s` and `head_s` are one
+    block's and the head's matmul seconds per micro-batch on one GPU."""
+    M = microbatches if pp > 1 else 1
+    if pp == 1 or M == 1:
+        return 0.0
+    L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
+    cfg = SimpleNamespace(
+        hidden=h, heads=shape.heads if scores else 0, seq_len=s, vocab=V, tp=tp, sp=sp, blocks=L,
+        optimizer="sgd", momentum=True, kernels="numpy",
+    )  # fmt: skip
+    _, stream, overhead = clock_rates(hw, precision, min(dp * tp * pp, hw.devices_per_node))
+    block = 12 * h * h // tp + 7 * h // tp + 6 * h
+    sizes = [V * h // tp + s * h] + [block] * L + [2 * h + V * h // tp]
+    fwd, bwd, loss_s = unit_seconds(cfg, max(1, round(b * s)), sizes, bpe, math.inf, stream, overhead)
+    twice = 2 if recompute == "full" else 1
+    passes = [f * twice + g for f, g in zip(fwd, bwd)]
+    work, first = [], 1
+    for stage in range(pp):
+        n = L // pp + (1 if stage < L % pp else 0)
+        w = sum(passes[first : first + n]) + n * block_s
+        w += passes[0] if stage == 0 else 0.0
+        w += passes[-1] + loss_s + head_s if stage == pp - 1 else 0.0
+        work.append(w)
+        first += n
+    return grad_accum * (M - 1) * (max(work) - sum(work) / pp)

@@ -169,7 +169,9 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
         f"2021 sec. 5.1, the causal half of the scores as Megatron-LM counts them); the hardware does "
         f"{p['hardware_flops_per_step']:.3e}" + _hardware_note(p),
         f"step time: {fmt_time(t['step_s'])} (compute incl. bubble {fmt_time(t['compute_s'])}, memory-bound "
-        f"work {fmt_time(t['memory_s'])}, tp "
+        f"work {fmt_time(t['memory_s'])}, "
+        + (f"slowest stage +{fmt_time(t['imbalance_s'])}, " if lay["pp"] > 1 else "")
+        + "tp "
         f"all-reduces {fmt_time(t['tp_s'])}, "
         + (f"pipeline sends {fmt_time(t['pp_s'])}, " if lay["pp"] > 1 else "")
         + f"dp gradients {fmt_time(t['dp_s'])}, not overlapped; "

@@ -9,9 +9,10 @@
   the profile's rate, stretched by the 1F1B bubble; the memory-bound elements gpt_time.py's docstring
   lists per unit, at gamma/3 a byte, stretched alike, and Adam's sweeps; 6 tp all-reduces of s h per
   layer and micro-batch (full recomputation), the pipeline's sends (1/t of s h per tp rank on its NIC,
-  gathered over tp, both ways, through the bubble) and one dp all-reduce of the stage's gradients, each
-  collective priced by validate's own collective path (collective_seconds, the one the nccl-tests
-  points check), not by plan_comm.
+  gathered over tp, both ways, through the bubble), what the slowest stage adds to the average one
+  (the last, with the head and the loss: (m - 1) (max - mean) of the stages' work) and one dp
+  all-reduce of the stage's gradients, each collective priced by validate's own collective path
+  (collective_seconds, the one the nccl-tests points check), not by plan_comm.
 * Every point is met within its tolerance, and `simpar validate` passes with them in the main set.
 """
 
@@ -87,7 +88,32 @@ def expected_step(p, hw) -> float:
         gather, _ = validation.collective_seconds(hw, "all-gather", s * h * 2, t, 1)
         send = hw.inter_alpha + s * h // t * 2 / hw.nic_bw + gather
         pp_s = m * 2 * send * (m + pp - 1) / m
-    return compute + memory_bound(p, hw, stage) + tp_s + pp_s + dp_s
+    return compute + memory_bound(p, hw, stage) + slowest_stage(p, hw) + tp_s + pp_s + dp_s
+
+
+def slowest_stage(p, hw) -> float:
+    """1F1B at its slowest stage's pace: (m - 1) (max w - mean w), w a stage's work per micro-batch --
+    its blocks (L/p, the first L mod p stages one more) with their matmuls and passes, the first stage's
+    embedding, the last's head (6 s h V / t FLOPs) and loss (memory_bound's per-unit counts)."""
+    L, h, a, s, V, t, pp, n = (
+        p[k] for k in ("layers", "hidden", "heads", "seq", "vocab", "tp", "pp", "gpus")
+    )
+    if pp == 1:
+        return 0.0
+    R, byte, B, over, rate = s, hw.gamma / 3, p["batch"], hw.layer_overhead, hw.flop_rate("mixed")
+    m = B // (n // (t * pp))
+    eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    block_params = 12 * h * h // t + 7 * h // t + 6 * h
+    block_fwd = 26 * R * h + 24 * R * h // t + 6 * R * (a // t) * s
+    block_bwd = 26 * R * h + 25 * R * h // t + 4 * R * (a // t) * s + 3 * block_params
+    block = (2 * block_fwd + block_bwd) * 2 * byte + 2 * over + (eq3 - 6 * B * s * h * V) / L / (B * t) / rate
+    embed = (2 * 3 * R * h + 4 * R * h) * 2 * byte + 2 * over
+    head = (2 * 8 * R * h + 10 * R * h + 3 * (2 * h + V * h // t)) * 2 * byte + 2 * over
+    head += 6 * R * (V // t) * 4 * byte + 6 * s * h * V / t / rate  # the loss, the head's matmuls
+    work = [(L // pp + (1 if i < L % pp else 0)) * block for i in range(pp)]
+    work[0] += embed
+    work[-1] += head
+    return (m - 1) * (max(work) - sum(work) / pp)
 
 
 def memory_bound(p, hw, stage: int) -> float:
