@@ -207,6 +207,25 @@ def spec_from_args(a) -> cm.Spec:
     return cm.check(spec)  # --stage-layers: one count per stage (per chunk if interleaved), as train
 
 
+# options of `simpar plan` that a dense GPT's plan has no use for: given, they are refused, not ignored
+NOT_FOR_GPT = {
+    "the MLP's plan takes them": (
+        "layers", "params", "width", "depth", "stage_layers", "bucket_mb", "no_overlap", "data_source",
+        "kernels", "momentum", "sweep", "out",
+    ),
+    "they need --experts": ("top_k", "capacity_factor", "alltoall", "imbalance"),
+}  # fmt: skip
+
+
+def check_unused_by_gpt(a) -> None:
+    parser = build_parser()
+    for why, names in NOT_FOR_GPT.items():
+        given = [name for name in names if getattr(a, name) != parser.get_default(name)]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise SimparError(f"plan --arch gpt does not use {flags} ({why})")
+
+
 # -- the main command -------------------------------------------------------------------------------------
 
 
@@ -228,6 +247,7 @@ def plan_main(argv: list[str]) -> int:
     if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt.py), one layout
         from ..report.plan_gpt import plan_gpt_main
 
+        check_unused_by_gpt(a)
         return plan_gpt_main(a)
     spec = spec_from_args(a)
     hw = hardware.load(a.hardware)

@@ -217,11 +217,11 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     t = base["time"]
     compute_s, cp_s = t["compute_s"], 0.0
     if C > 1:
-        slots = K * (M + pp - 1) * layers  # a stage's layer passes per step, the 1F1B bubble's included
+        slots = K * M * base["bubble_stretch"] * layers  # a stage's layer passes a step, the bubble's too
         # gpt.plan's score matmuls (gpt.score_flops_per_step: 12 B s^2 L h a step, 14 selective, 16
         # full; a FlashAttention kernel's causal 7 or 9)
         per_step = score_flops_per_step(batch, s, L, h, mode, attention)
-        scores = per_step / base["world"] / rate * (M + pp - 1) / M
+        scores = per_step / base["world"] / rate * base["bubble_stretch"]
         n, forwards, computes = s // C, 2 if full else 1, 1 + redo
         if algo == "ring":
             forward, backward, _ = ring_seconds(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)

@@ -130,7 +130,12 @@ def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "non
     return model
 
 
-ATTENTION = ("materialized", "flash")  # plan --attention: simpar's attention.py, or a FlashAttention kernel
+ATTENTION = ("materialized", "flash")
+PLANNED_SCHEDULES = (
+    "1f1b",
+    "gpipe",
+    "interleaved",
+)  # plan --schedule with --arch gpt  # plan --attention: simpar's attention.py, or a FlashAttention kernel
 
 
 def score_flops_per_step(B: int, s: int, L: int, h: int, recompute: str, attention: str) -> float:
@@ -218,6 +223,8 @@ def plan(
     collectives: str = "ring",
     materialized_scores: bool = True,
     attention: str = "materialized",
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
 ) -> dict:
     """Memory per GPU, FLOPs per step, step time and MFU of `shape` on dp x tp x pp GPUs of `hw`.
 
@@ -231,6 +238,11 @@ def plan(
     gradient traffic over dp (an all-reduce by `collectives`, or ZeRO's halves), each priced as a
     run's collectives are (plan_comm.py). Activations: the first stage holds min(p, M) micro-batches of
     its ceil(L/p) layers under 1F1B (Korthikanti et al. 2022, sec. 4.2.3).
+
+    `schedule` (pp > 1): 1f1b; gpipe, the same bubble with all M micro-batches' activations in flight
+    (Huang et al. 2019); interleaved with v = `virtual_stages` chunks a GPU, the bubble (p - 1)/(v M)
+    and v times the sends (Narayanan et al. 2021, sec. 2.2.2), the first stage holding
+    1 + (p - 1)/(p v) times 1F1B's activations (Korthikanti et al. 2022, sec. 4.2.3).
 
     `attention` "flash": a FlashAttention kernel in place of simpar's attention.py -- the causal half of
     the scores computed (flash_flops_per_step), none kept (korthikanti_layer_bytes' flash) and none
@@ -247,7 +259,10 @@ def plan(
     weights = P_gpu * pb / (dp if zero >= 3 else 1)
     grads = P_gpu * gb / (dp if zero >= 2 else 1)
     opt = P_gpu * kb / (dp if zero >= 1 else 1)
-    in_flight = min(pp, M)
+    if pp > 1 and schedule not in PLANNED_SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: one of {', '.join(PLANNED_SCHEDULES)}")
+    v = virtual_stages if schedule == "interleaved" and pp > 1 else 1
+    in_flight = M if schedule == "gpipe" else min(pp, M) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION)}")
     flash = attention == "flash"
@@ -257,7 +272,8 @@ def plan(
     model_flops = model_flops_per_step(batch, s, L, h, V)  # causal: the same for every layout
     hw_flops = (flash_flops_per_step if flash else flops_per_step)(batch, s, L, h, V, recompute)
     rate = hw.flop_rate(precision) * hw.compute_share(min(world, hw.devices_per_node))  # local: shared cores
-    compute_s = hw_flops / world / rate * (M + pp - 1) / M  # the 1F1B bubble stretches each pass
+    stretch = (v * M + pp - 1) / (v * M)  # the bubble: (M + p - 1)/M, interleaved (p - 1)/(v M) over 1
+    compute_s = hw_flops / world / rate * stretch  # the bubble stretches each pass
     # tp's activation all-reduces and dp's gradient traffic, as a run's are priced (plan_comm.py)
     # per micro-batch on the first stage: its blocks' f and g, the embedding's (twice under full
     # recomputation); with pp 1 the head's and the loss's too (plan_comm.py's docstring)
@@ -275,14 +291,14 @@ def plan(
         tp_s += plan_comm.sp_sync_seconds(
             hw, dp, tp, pp, h, math.ceil(L / pp), pp == 1, PRECISIONS[precision].act, collectives
         )
-    bubble = (M + pp - 1) / M  # pipeline sends chain through fill and drain as the passes do
-    sends = plan_comm.pp_seconds(hw, dp, tp, pp, elems, PRECISIONS[precision].act, sp)
-    pp_s = M * grad_accum * sends * bubble
+    # pipeline sends chain through fill and drain as the passes do; interleaved: v boundaries a stage
+    sends = v * plan_comm.pp_seconds(hw, dp, tp, pp, elems, PRECISIONS[precision].act, sp)
+    pp_s = M * grad_accum * sends * stretch
     dp_s = plan_comm.dp_seconds(hw, dp, tp, pp, P_gpu, gb, pb, zero, grad_accum, collectives)
     # the memory passes between the matmuls, as the simulated clock charges simpar's run (plan_passes.py)
     memory_s = plan_passes.memory_bound_seconds(
         shape, b, hw, dp, tp, pp, sp, zero, microbatches, recompute, precision, optimizer, grad_accum,
-        PRECISIONS[precision].act, P_gpu, materialized_scores,
+        PRECISIONS[precision].act, P_gpu, materialized_scores, stretch,
     )  # fmt: skip
     # 1F1B runs at its slowest stage's pace: the head and the loss make the last one heavier
     micro_gpu = dp * tp * M * grad_accum  # micro-batches a step, times the tp shards of each
@@ -307,7 +323,10 @@ def plan(
             "recompute": recompute,
             "collectives": collectives,
             "attention": attention,
+            "schedule": schedule if pp > 1 else "none",
+            "virtual_stages": v,
         },
+        "bubble_stretch": stretch,
         "world": world,
         "params": param_count(L, h, s, V),
         "params_tied": param_count(L, h, s, V, tied=True),

@@ -12,6 +12,7 @@ candidate (sp only where tp > 1, zero only without tp and pp, as `plan` and `tra
 from __future__ import annotations
 
 from ..config import SimparError
+from ..config.pipeline import schedule_problem
 from .cp import plan_cp
 from .gpt import plan as gpt_plan
 
@@ -43,6 +44,9 @@ def layout_problem(shape, batch: int, dp: int, cp: int, tp: int, pp: int, q: dic
         return "the batch does not split into whole sequences"
     if q["zero"] and (tp > 1 or pp > 1):
         return "ZeRO with tp or pp"
+    sched = q.get("schedule", "1f1b")
+    if pp > 1 and schedule_problem(sched, pp, M, q.get("virtual_stages", 1), shape.layers):
+        return f"--schedule {sched} cannot cut this model or batch over pp"
     return None
 
 
@@ -71,6 +75,8 @@ def rank_gpt_layouts(shape, batch: int, hw, world: int, limit: float | None, q: 
             grad_accum=q["grad_accum"],
             collectives=q.get("collectives", "ring"),
             attention=q.get("attention", "materialized"),
+            schedule=q.get("schedule", "1f1b"),
+            virtual_stages=q.get("virtual_stages", 1),
         )
         if cp > 1:
             plans.append(plan_cp(shape, batch, hw, cp, q["cp_algo"], dp=dp, **kw))

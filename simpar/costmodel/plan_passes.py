@@ -29,13 +29,14 @@ from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 def memory_bound_seconds(
     shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, zero: int, microbatches: int,
     recompute: str, precision: str, optimizer: str, grad_accum: int, bpe: int, rank_params: int,
-    scores: bool = True,
+    scores: bool = True, stretch: float | None = None,
 ) -> float:  # fmt: skip
     """Seconds of memory passes and calls in one step on one GPU (module docstring); b: sequences per
     micro-batch, bpe: bytes per activation, rank_params: the parameters of this GPU's stage shard.
     `scores`: the attention's a s^2 scores go through memory (simpar's attention.py, Megatron-LM's
     softmax kernels); False where they stay on chip (cp's ring, blockwise like FlashAttention: cp.py)
-    -- unit_seconds then gets no heads, which leaves exactly its per-score terms out."""
+    -- unit_seconds then gets no heads, which leaves exactly its per-score terms out. `stretch`: the
+    schedule's bubble, (M + pp - 1)/M (1F1B) unless given."""
     L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
     cfg = SimpleNamespace(
         hidden=h, heads=shape.heads if scores else 0, seq_len=s, vocab=V, tp=tp, sp=sp, blocks=L,
@@ -49,7 +50,8 @@ def memory_bound_seconds(
     fwd, bwd, loss_s = unit_seconds(cfg, R, sizes, bpe, math.inf, stream, overhead)
     per_micro = sum(fwd) * (2 if recompute == "full" else 1) + loss_s + sum(bwd)
     M = microbatches if pp > 1 else 1
-    passes_s = per_micro / pp * M * grad_accum * (M + pp - 1) / M
+    stretch = (M + pp - 1) / M if stretch is None else stretch  # the schedule's bubble (gpt.plan)
+    passes_s = per_micro / pp * M * grad_accum * stretch
     updated = rank_params / (dp if zero >= 1 else 1)
     return passes_s + optimizer_seconds(cfg, updated, bpe, stream)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..config import SimparError
+from ..config.pipeline import schedule_problem
 from ..costmodel import gpt as cg
 from ..costmodel import hardware
 from ..costmodel.collectives import ALLREDUCE
@@ -60,6 +61,14 @@ def check_layout(shape: cg.Shape, a) -> None:
         raise SimparError(f"unknown --collectives {a.collectives!r} (choose from {', '.join(ALLREDUCE)})")
     if a.precision not in ("fp32", "fp64", "mixed") or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
+    if a.pp > 1 and a.schedule not in cg.PLANNED_SCHEDULES:
+        raise SimparError(
+            f"plan --arch gpt plans --schedule {', '.join(cg.PLANNED_SCHEDULES)}, not {a.schedule!r} "
+            "(train --arch gpt --clock sim times every schedule simpar runs)"
+        )
+    problem = schedule_problem(a.schedule, a.pp, a.microbatches, a.virtual_stages, shape.layers)
+    if problem and not a.compare:  # --compare: each candidate's pp is checked (gpt_compare.py)
+        raise SimparError(problem)
     if a.attention not in cg.ATTENTION:
         raise SimparError(f"unknown --attention {a.attention!r} (choose from {', '.join(cg.ATTENTION)})")
     if a.attention == "flash" and a.cp_algo == "ulysses" and (a.cp > 1 or a.compare):
@@ -84,7 +93,7 @@ def plan_gpt_main(a) -> int:
     check_layout(shape, a)
     hw = hardware.load(a.hardware)
     args = (a.tp, a.pp, a.sp, a.zero, a.microbatches, a.recompute, a.precision, a.optimizer, a.grad_accum)
-    args += (a.collectives, a.attention)
+    args += (a.collectives, a.attention, a.schedule, a.virtual_stages)
     if a.compare:  # every dp x cp x tp x pp of --world GPUs, ranked (costmodel/gpt_compare.py)
         from ..units import parse_bytes
         from .plan_gpt_compare import print_gpt_compare
@@ -123,6 +132,8 @@ PLAN_ARGS = (
     "grad_accum",
     "collectives",
     "attention",
+    "schedule",
+    "virtual_stages",
 )
 
 
@@ -150,6 +161,11 @@ def format_gpt_plan(p: dict, shape: cg.Shape, batch: int, hw) -> list[str]:
     extra = (f", ZeRO-{lay['zero']}" if lay["zero"] else "") + (
         f", {lay['microbatches']} micro-batches" if lay["pp"] > 1 else ""
     )
+    if lay["pp"] > 1:
+        v = lay.get("virtual_stages", 1)
+        extra += {"gpipe": ", GPipe", "interleaved": f", interleaved 1F1B ({v} chunks a GPU)"}.get(
+            lay.get("schedule"), ", 1F1B"
+        )
     extra += ", FlashAttention" if lay.get("attention") == "flash" else ""
     b = batch / (lay["dp"] * lay["microbatches"] * lay["grad_accum"])
     limit = f" of {fmt_si(hw.memory_bytes)}" if hw.memory_bytes else ""
