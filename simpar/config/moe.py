@@ -76,15 +76,12 @@ def expert_rules(cfg) -> None:
         # (every mesh of dp/ep, cp, tp and pp is: pipeline/context_expert_stage.py runs all of them at once).
         # --clock sim: costmodel/gpt_moe_time.py prices every mesh and --collectives algorithm (each
         # all-reduce followed rank by rank: allreduce_ends.py, tp's moe_tp_rounds.py), with its pipeline
-        # and ZeRO extensions; not yet cp's row shards (--sp) on pipeline stages (8 ranks and more: never
-        # measured; gpt_moe_time.sim_priced)
-        sim = cfg.clock == "sim"
+        # and ZeRO extensions (cp's row shards on pipeline stages too: tests/mpi/runtime/test_moe_simclock.py)
         later = [
             name
             for name, on in (
                 # expert_zero.py shards over dp (x cp) and edp (x cp), expert_zero_tp.py with --tp (x cp)
                 ("--zero with --pp", cfg.zero > 0 and cfg.pp > 1),
-                ("--clock sim with --sp, --cp and --pp", sim and cfg.sp and cfg.cp > 1 and cfg.pp > 1),
             )
             if on
         ]

@@ -39,7 +39,6 @@ from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .gpt import rank_record
 from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops, param_counts
-from .gpt_moe_time import sim_priced
 from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -145,7 +144,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
     compute_s = moe(max(chunk(cfg.batch, D, d) for d in range(D))) / C / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_time.py)
+    if hw is not None:  # as --clock sim charges it (gpt_moe_time.py)
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

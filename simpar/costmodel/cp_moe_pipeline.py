@@ -34,8 +34,8 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
   activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
                cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
                the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
-  time         where gpt_moe_time.sim_priced: gpt_moe_pipeline_time.py (as --clock sim charges it);
-               else rough: the busiest stage's FLOPs / C (--recompute: plus
+  time         on a hardware profile gpt_moe_pipeline_time.py (as --clock sim charges it), --sp's
+               row shards too; without one rough: the busiest stage's FLOPs / C (--recompute: plus
                the forward again, or selective's q k^T, as gpt_moe_pipeline.py) stretched by the
                bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.
 """
@@ -53,7 +53,6 @@ from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
 from .gpt_moe_pipeline import (
     TOKEN_BYTES,
     block_kept_elems,
-    sim_priced,
     stage_bounds,
     tp_chunk_ops,
     unit_params,
@@ -206,7 +205,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
+    if hw is not None:  # as --clock sim charges it (gpt_moe_pipeline_time.py)
         from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
 
         timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)

@@ -28,7 +28,7 @@ k, v, output, two 1/sigma) + the scores (ring: a R/T log-sum-exps in the wide ty
 + the MoE part R h + (kept rows) h + 9 h (received rows) + R E; the head 2 R h + R. --sp: the LayerNorms'
 xh and 1/sigma on R/T rows (the attention's input and the MoE part on every row, gathered).
 Time: as --clock sim charges it (gpt_moe_time.py with each cp group's hops, --sp's collectives on the
-b_d n rows: gpt_moe_time.sim_priced); otherwise rough, as gpt_moe_tp.py's: FLOPs / (C T) plus each op's
+b_d n rows); without a hardware profile rough, as gpt_moe_tp.py's: FLOPs / (C T) plus each op's
 messages and bytes at the tp link.
 """
 
@@ -41,7 +41,6 @@ from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import micro_kept
 from .gpt import rank_record
 from .gpt_moe import model_states, moe_run_result, moe_step_flops
-from .gpt_moe_time import sim_priced
 from .gpt_moe_tp import dense_shard
 from .gpt_tp import micro_step_ops
 from .moe import EpAlltoalls
@@ -157,7 +156,7 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg):  # as --clock sim charges it
+    if hw is not None:  # as --clock sim charges it
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

@@ -29,9 +29,9 @@ end of the fullest micro-step's forward, per rank (elements, model dtype; tokens
   experts received from its group.
 Time: the step as --clock sim charges it, every rank followed through every all-to-all round and
 every all-reduce (any --collectives: allreduce_ends.py) (gpt_moe_time.py); exact from the run's
-routing, balanced without. Where gpt_moe_time.sim_priced is False (not on dp x ep): a rough estimate,
-the dense model's matmul FLOPs with the MLP's counted K times plus the router's, and each collective
-at the dp link's alpha, beta.
+routing, balanced without. Without a hardware profile: a rough estimate, the dense model's matmul
+FLOPs with the MLP's counted K times plus the router's, and each collective at the dp link's alpha,
+beta.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from functools import partial
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import flops_per_step, run_result
-from .gpt_moe_time import sim_priced
 from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -193,7 +192,7 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
     compute_s = moe_flops(rows) / rate if rate else 0.0
     per_step_comm = comm_s / max(steps, 1)
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_time.py)
+    if hw is not None:  # as --clock sim charges it (gpt_moe_time.py)
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

@@ -30,8 +30,8 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                zb-v hold a micro-batch's bytes from its forward to its W pass
   precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
                vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
-  time         where gpt_moe_time.sim_priced: as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
-               through the schedule); otherwise a rough estimate: the busiest stage's FLOPs
+  time         on a hardware profile, as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
+               through the schedule); without one a rough estimate: the busiest stage's FLOPs
                (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
                (M + S - 1) / M (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the
                dp link's alpha, beta.
@@ -44,7 +44,6 @@ from functools import partial
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import rank_record
 from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
-from .gpt_moe_time import sim_priced
 from .moe import EpAlltoalls, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -233,7 +232,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     per_step_comm = comm_s / max(steps, 1)
     total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg):  # as --clock sim charges it (gpt_moe_pipeline_time.py)
+    if hw is not None:  # as --clock sim charges it (gpt_moe_pipeline_time.py)
         from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
 
         timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)

@@ -46,14 +46,6 @@ EXPERT_FWD_ELEMS, EXPERT_BWD_ELEMS, ACCUMULATE = 18, 17, 3
 PACK_ELEMS, COMBINE_ELEMS, GATE_GRAD_ELEMS, SCATTER_ELEMS = 2, 3, 4, 3
 
 
-def sim_priced(cfg) -> bool:
-    """Whether this closed form (gpt_moe_pipeline_time.py's and gpt_moe_zero_time.py's with it) is the
-    step --clock sim charges: every layout and --collectives but --sp with --cp on pipeline stages (8
-    ranks and more, never measured); config/moe.py refuses --clock sim there, and the callers estimate
-    it roughly."""
-    return not (cfg.sp and getattr(cfg, "cp", 1) > 1 and cfg.pp > 1)
-
-
 class Layout:
     """World rank w = offset + (d C + c) T + k (--cp and --tp not together; offset: a pipeline stage's
     first rank): its coordinates, its ep, cp, tp and gradient groups (dense: dp x cp at one tp index;

@@ -20,11 +20,11 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
       4 bytes each under --precision mixed-*); the head 2 n h + n; --sp: the LayerNorms' xh and
       1/sigma on n/T rows (the rest as without). Under mixed-*: 2-byte activations and messages, but
       the loss's vocab-ce-max and vocab-ce-sums in float32 (gpt_tp.py)
-  time where gpt_moe_time.sim_priced (every --collectives): as --clock sim charges it
+  time on a hardware profile (every --collectives): as --clock sim charges it
       (gpt_moe_time.py: the tp collectives blocking, --sp's gathers and LayerNorm sums too, each tp
       group followed where they leave its ranks apart (moe_tp_rounds.py), every rank through every
-      all-to-all round and gradient all-reduce); otherwise rough: matmul FLOPs / T plus each op at
-      its link.
+      all-to-all round and gradient all-reduce; with --cp: cp_moe_tp.py); otherwise rough: matmul
+      FLOPs / T plus each op at its link.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from functools import partial
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import rank_record
 from .gpt_moe import kept_per_micro_step, model_states, moe_run_result, moe_step_flops
-from .gpt_moe_time import sim_priced
 from .gpt_tp import micro_step_ops
 from .moe import EpAlltoalls
 from .spec import PRECISIONS, precision_of, split
@@ -129,7 +128,7 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
     per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
     timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and sim_priced(cfg) and cfg.cp == 1:  # as --clock sim charges it
+    if hw is not None and cfg.cp == 1:  # as --clock sim charges it
         from .gpt_moe_time import moe_step_seconds
 
         timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)

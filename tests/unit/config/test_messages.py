@@ -266,11 +266,6 @@ CASES = [
         1,
         UNSUPPORTED + "--arch resmlp, --precision mixed-fp16",
     ),
-    (  # cp's row shards on pipeline stages: 8 ranks at least, never measured under sim
-        dict(arch="gpt", dataset="copy", experts=2, cp=2, tp=2, sp=True, pp=2, clock="sim"),
-        8,
-        GPT_MOE + "--clock sim with --sp, --cp and --pp",
-    ),
     (  # pipeline stages' experts are not sharded (expert_zero.py, expert_zero_tp.py: no --pp)
         dict(arch="gpt", dataset="copy", experts=2, dp=2, pp=2, zero=1, clock="sim"),
         4,

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from simpar.config import RunConfig
-from simpar.costmodel import gpt_moe_pipeline, predict_from_config
+from simpar.costmodel import predict_from_config
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
-from simpar.costmodel.spec import precision_of
 from simpar.run.data import feeder_splits
 
 H, A, S, V, E, K = 16, 2, 8, 17, 4, 2
@@ -229,21 +228,3 @@ def test_sp_stages_send_row_shards_and_recompute_repeats_the_forward_gathers(rec
             want["activation/vocab-ce-sums"] = 2 * 2 * R * 8
             want["model/sp-grad-allreduce"] = (4 * H + 2 * H) * 8
         assert {k: v for k, v in by_op.items() if k != "model/grad-allreduce"} == want, r
-
-
-def test_recompute_adds_its_flops_to_the_rough_compute_time(monkeypatch):
-    """--recompute full runs the forward again: 4/3 of the step's matmul FLOPs; selective adds each
-    block's q k^T, 2 s^2 h a sequence, for the busiest dp rank's 4 sequences and L = 2 blocks, spread
-    over S = 2 stages at the hardware's rate and stretched by the bubble (M + S - 1) / M = 3/2."""
-    # the rough estimate (a layout gpt_moe_time.sim_priced leaves out, where --clock sim is refused;
-    # every other is priced as the clock charges it: gpt_moe_pipeline_time.py)
-    monkeypatch.setattr(gpt_moe_pipeline, "sim_priced", lambda cfg: False)
-    layout = dict(pp=2, dp=2, ep=2, microbatches=2, schedule="1f1b")
-    compute = {}
-    for mode in ("none", "full", "selective"):
-        cfg = RunConfig(**SHAPE, blocks=2, batch=8, capacity_factor=2.0, recompute=mode, **layout)
-        compute[mode] = predict_from_config(cfg, 4, steps=1, hw=LOCAL_DEFAULTS)["time"]["compute_s"]
-    assert compute["full"] == pytest.approx(compute["none"] * 4 / 3)
-    rate = LOCAL_DEFAULTS.flop_rate(precision_of(cfg))
-    qk = 2 * S * S * H * 2 * 4 / 2 / rate * 3 / 2
-    assert compute["selective"] - compute["none"] == pytest.approx(qk)

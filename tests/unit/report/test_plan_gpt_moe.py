@@ -55,8 +55,8 @@ def test_memory_flops_and_alltoall_bytes(P, D, precision, bpe):
 
 
 def test_what_it_does_not_plan_is_one_line():
-    with pytest.raises(SimparError, match="--clock sim with --sp, --cp and --pp"):  # --sp reaches the rules
-        ask("--experts", "4", "--tp", "2", "--sp", "--cp", "2", "--pp", "2")
+    with pytest.raises(SimparError, match="--zero with --pp"):  # train's own rules reach the plan
+        ask("--experts", "4", "--dp", "2", "--zero", "1", "--pp", "2")
     with pytest.raises(SimparError, match="--tp 3"):  # train's own rules: whole heads per tp rank
         ask("--experts", "4", "--tp", "3")
     with pytest.raises(SimparError, match="--ep 3 must divide --dp 4"):
