@@ -16,6 +16,9 @@ def add_tour_arguments(tour: argparse.ArgumentParser) -> None:
     tour.set_defaults(dtype="float64")  # so "same model as serial" can be checked to 1e-10
     tour.add_argument("--quick", action="store_true", help="fewer steps (for CI)")
     tour.add_argument("--out", default="simpar-out", help="folder for the metrics and plots")
+    tour.add_argument(
+        "--no-plots", action="store_true", help="write the metrics only (the plots take seconds to draw)"
+    )
 
 
 # Under --clock sim the tour trains a model on which parallelism can pay off on a cluster: on an
@@ -40,4 +43,4 @@ def tour_command(args: argparse.Namespace) -> int:
             setattr(cfg, key, value)
         if cfg.steps is None and cfg.epochs is None:
             cfg.steps = 2 if args.quick else 3
-    return tour_main(cfg, quick=args.quick, out_dir=args.out)
+    return tour_main(cfg, quick=args.quick, out_dir=args.out, plots=not args.no_plots)

@@ -117,7 +117,7 @@ def trains(base: RunConfig, overrides: dict) -> bool:
     return True
 
 
-def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out") -> int:
+def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out", plots: bool = True) -> int:
     from mpi4py import MPI
 
     from .loop import run_training
@@ -178,8 +178,9 @@ def tour_main(base: RunConfig, quick: bool = False, out_dir: str = "simpar-out")
         if round_s is not None:
             alpha = hardware.load(base.hardware).intra_alpha
             print(oversubscription_note(size, cores, round_s, gap_per_round_s(results), alpha))
-        _plots(results, out_dir)
-        print(f"\nmetrics and plots in {out_dir}/")
+        if plots:
+            _plots(results, out_dir)
+        print(f"\nmetrics {'and plots ' if plots else ''}in {out_dir}/")
         if size == 1:
             print(
                 "one rank shows only the serial reference: run `mpiexec -n 4 python -m mpi4py -m simpar` "

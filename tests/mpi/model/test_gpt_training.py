@@ -146,7 +146,11 @@ def test_tour_shows_the_built_layouts_equal_with_exact_bytes(tmp_path):
     """`tour --arch gpt` offers the layouts validate accepts (serial, dp, ZeRO 1-3, pp2 with gpipe and
     1f1b, cp on 2 ranks), each equal to serial, bytes = prediction exactly; tp is left out, not failed: V = 17
     does not split over 2 ranks (test_gpt_tp.py tours a vocabulary that does)."""
-    res = run_mpi(2, ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)], timeout=300)
+    res = run_mpi(
+        2,
+        ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path), "--no-plots"],
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [
         line.split() for line in res.stdout.splitlines() if line.split()[:1] and line.split()[-1] == "exact"

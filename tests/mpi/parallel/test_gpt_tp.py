@@ -151,7 +151,7 @@ def test_tour_lists_the_tensor_parallel_layouts_equal_with_exact_bytes(tmp_path)
     dp2 x cp2 and with --zero 1, cp2 x tp2, cp2 x pp2, cp4 with Ulysses: test_context*.py) to the
     data-parallel and pipeline layouts, each equal to serial (the tour fails otherwise) with every rank's
     bytes = the cost model's. The issue-24 done-when, as a test."""
-    args = ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path)]
+    args = ["tour", *SHAPE, "--batch", str(B), "--steps", "2", "--out", str(tmp_path), "--no-plots"]
     res = run_mpi(4, args, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [

@@ -21,9 +21,11 @@ from tests.unit.run.test_tour import RESMLP_TOUR
 def test_resmlp_bf16_tour_trains_every_layout_it_offers(tmp_path):
     out = tmp_path / "tour"
     args = ["tour", "--quick", "--arch", "resmlp", "--precision", "mixed-bf16", "--steps", "2"]
-    res = run(4, [*args, "--out", str(out)], timeout=240)
+    res = run(4, [*args, "--out", str(out), "--no-plots"], timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"simpar tour: {len(RESMLP_TOUR)} layouts" in res.stdout
+    # --no-plots: the metrics, no figure (test_tour_moe.py checks the figures)
+    assert not list(out.glob("*.png")) and f"metrics in {out}/" in res.stdout
     # 4 ranks on fewer cores: the wall-clock table says why its pred err misses (run/oversubscribed.py)
     assert ("(pred err n/a*: 4 ranks on" in res.stdout) == ((os.cpu_count() or 1) < 4), res.stdout[-2000:]
     metrics = {name: json.loads((out / f"{name}.json").read_text()) for name in RESMLP_TOUR}

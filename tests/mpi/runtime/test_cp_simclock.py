@@ -29,7 +29,11 @@ CP_LAYOUTS = {"cp2", "cp4", "dp2xcp2", "cp2xtp2", "cp4-ulysses"}
 
 def test_predict_equals_simulate_when_the_ring_hides_its_transfers(tmp_path):
     out = tmp_path / "tour"
-    res = run(4, ["tour", *LONG, "--clock", "sim", "--hardware", "local", "--out", str(out)], timeout=600)
+    res = run(
+        4,
+        ["tour", *LONG, "--clock", "sim", "--hardware", "local", "--out", str(out), "--no-plots"],
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert CP_LAYOUTS <= {p.stem for p in out.glob("*.json")}
     for name in sorted(CP_LAYOUTS):

@@ -54,7 +54,7 @@ def assert_agrees(m: dict, what) -> None:
 )
 def test_predict_equals_simulate_on_every_gpt_tour_layout(tmp_path, hardware, precision):
     out = tmp_path / "tour"
-    args = ["tour", *SHAPE, "--clock", "sim", "--hardware", hardware_option(tmp_path, hardware)]
+    args = ["tour", *SHAPE, "--clock", "sim", "--hardware", hardware_option(tmp_path, hardware), "--no-plots"]
     res = run(4, [*args, "--precision", precision, "--out", str(out)], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     names = {p.stem for p in out.glob("*.json")} - {"trace"}

@@ -95,6 +95,7 @@ def test_predict_equals_simulate_on_every_tour_layout(tmp_path, hardware, layers
             "2",
             "--out",
             str(out),
+            "--no-plots",
         ],
         timeout=240,
     )
