@@ -14,7 +14,7 @@ from simpar.config import RunConfig
 from simpar.config.sections import SECTIONS
 
 # What `tour` adds of its own (not run options), and what argparse adds.
-TOUR_OWN = {"--quick", "--out"}
+TOUR_OWN = {"--quick", "--out", "--no-plots"}
 HELP = {"-h", "--help"}
 
 
