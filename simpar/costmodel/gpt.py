@@ -130,12 +130,10 @@ def flops_per_step(B: int, s: int, L: int, h: int, V: int, recompute: str = "non
     return model
 
 
+# plan --attention: simpar's attention.py, or a FlashAttention kernel
 ATTENTION = ("materialized", "flash")
-PLANNED_SCHEDULES = (
-    "1f1b",
-    "gpipe",
-    "interleaved",
-)  # plan --schedule with --arch gpt  # plan --attention: simpar's attention.py, or a FlashAttention kernel
+# plan --schedule with --arch gpt
+PLANNED_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 def score_flops_per_step(B: int, s: int, L: int, h: int, recompute: str, attention: str) -> float:

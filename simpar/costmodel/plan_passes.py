@@ -26,32 +26,41 @@ from types import SimpleNamespace
 from .gpt_time import clock_rates, optimizer_seconds, unit_seconds
 
 
-def memory_bound_seconds(
-    shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, zero: int, microbatches: int,
-    recompute: str, precision: str, optimizer: str, grad_accum: int, bpe: int, rank_params: int,
-    scores: bool = True, stretch: float | None = None,
-) -> float:  # fmt: skip
-    """Seconds of memory passes and calls in one step on one GPU (module docstring); b: sequences per
-    micro-batch, bpe: bytes per activation, rank_params: the parameters of this GPU's stage shard.
-    `scores`: the attention's a s^2 scores go through memory (simpar's attention.py, Megatron-LM's
-    softmax kernels); False where they stay on chip (cp's ring, blockwise like FlashAttention: cp.py)
-    -- unit_seconds then gets no heads, which leaves exactly its per-score terms out. `stretch`: the
-    schedule's bubble, (M + pp - 1)/M (1F1B) unless given."""
+def unit_passes(shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, precision: str, bpe: int,
+                recompute: str, scores: bool = True, optimizer: str = "sgd"):  # fmt: skip
+    """Each unit's memory passes and calls per micro-batch on one GPU (the embedding, the L blocks, the
+    head: the forward twice under full recomputation, and the backward), the loss's, and the config and
+    stream rate they were priced with -- gpt_time.unit_seconds at an infinite FLOP rate. b: sequences
+    per micro-batch, bpe: bytes per activation. `scores`: the attention's a s^2 scores go through
+    memory (simpar's attention.py, Megatron-LM's softmax kernels); False where they stay on chip (cp's
+    ring, blockwise like FlashAttention: cp.py) -- unit_seconds then gets no heads, which leaves
+    exactly its per-score terms out."""
     L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
     cfg = SimpleNamespace(
         hidden=h, heads=shape.heads if scores else 0, seq_len=s, vocab=V, tp=tp, sp=sp, blocks=L,
         optimizer=optimizer, momentum=True, kernels="numpy",
     )  # fmt: skip
-    world = dp * tp * pp
-    _, stream, overhead = clock_rates(hw, precision, min(world, hw.devices_per_node))
+    _, stream, overhead = clock_rates(hw, precision, min(dp * tp * pp, hw.devices_per_node))
     block = 12 * h * h // tp + 7 * h // tp + 6 * h  # one tp rank's share of a block (gpt.stage_params)
     sizes = [V * h // tp + s * h] + [block] * L + [2 * h + V * h // tp]
-    R = max(1, round(b * s))
-    fwd, bwd, loss_s = unit_seconds(cfg, R, sizes, bpe, math.inf, stream, overhead)
-    per_micro = sum(fwd) * (2 if recompute == "full" else 1) + loss_s + sum(bwd)
+    fwd, bwd, loss_s = unit_seconds(cfg, max(1, round(b * s)), sizes, bpe, math.inf, stream, overhead)
+    twice = 2 if recompute == "full" else 1
+    return [f * twice + g for f, g in zip(fwd, bwd)], loss_s, cfg, stream
+
+
+def memory_bound_seconds(
+    shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, zero: int, microbatches: int,
+    recompute: str, precision: str, optimizer: str, grad_accum: int, bpe: int, rank_params: int,
+    scores: bool = True, stretch: float | None = None,
+) -> float:  # fmt: skip
+    """Seconds of memory passes and calls in one step on one GPU (module docstring; unit_passes says
+    what b, bpe and `scores` are); rank_params: the parameters of this GPU's stage shard. `stretch`:
+    the schedule's bubble, (M + pp - 1)/M (1F1B) unless given."""
+    passes, loss_s, cfg, stream = unit_passes(shape, b, hw, dp, tp, pp, sp, precision, bpe, recompute,
+                                              scores, optimizer)  # fmt: skip
     M = microbatches if pp > 1 else 1
     stretch = (M + pp - 1) / M if stretch is None else stretch  # the schedule's bubble (gpt.plan)
-    passes_s = per_micro / pp * M * grad_accum * stretch
+    passes_s = (sum(passes) + loss_s) / pp * M * grad_accum * stretch
     updated = rank_params / (dp if zero >= 1 else 1)
     return passes_s + optimizer_seconds(cfg, updated, bpe, stream)
 
@@ -71,17 +80,8 @@ def stage_imbalance_seconds(
     M = microbatches if pp > 1 else 1
     if pp == 1 or M == 1:
         return 0.0
-    L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
-    cfg = SimpleNamespace(
-        hidden=h, heads=shape.heads if scores else 0, seq_len=s, vocab=V, tp=tp, sp=sp, blocks=L,
-        optimizer="sgd", momentum=True, kernels="numpy",
-    )  # fmt: skip
-    _, stream, overhead = clock_rates(hw, precision, min(dp * tp * pp, hw.devices_per_node))
-    block = 12 * h * h // tp + 7 * h // tp + 6 * h
-    sizes = [V * h // tp + s * h] + [block] * L + [2 * h + V * h // tp]
-    fwd, bwd, loss_s = unit_seconds(cfg, max(1, round(b * s)), sizes, bpe, math.inf, stream, overhead)
-    twice = 2 if recompute == "full" else 1
-    passes = [f * twice + g for f, g in zip(fwd, bwd)]
+    L = shape.layers
+    passes, loss_s, _, _ = unit_passes(shape, b, hw, dp, tp, pp, sp, precision, bpe, recompute, scores)
     work, first = [], 1
     for stage in range(pp):
         n = L // pp + (1 if stage < L % pp else 0)

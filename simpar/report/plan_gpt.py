@@ -139,13 +139,12 @@ PLAN_ARGS = (
 
 def _hardware_note(p: dict) -> str:
     """What the hardware's FLOPs count beyond the model's: the scores the layout's attention computes
-    (attention.py: all s^2, masked; cp's ring: its causal blocks) and what recomputation adds."""
+    (attention.py: all s^2, masked; cp's ring: its causal blocks; a FlashAttention kernel: the causal
+    half) and what recomputation adds."""
     scores = p.get("attention_scores", "all s^2, masked")
-    ring, flash = not scores.startswith("all"), p["layout"].get("attention") == "flash"
-    kept = (
-        "FlashAttention keeps its log-sum-exp" if flash and not scores.startswith("the causal blocks") else ""
-    )
-    kept = kept or "the ring keeps its log-sum-exp"
+    ring = not scores.startswith("all")  # cp's ring's causal blocks, or a FlashAttention kernel's half
+    flash = p["layout"].get("attention") == "flash" and not scores.startswith("the causal blocks")
+    kept = "FlashAttention keeps its log-sum-exp" if flash else "the ring keeps its log-sum-exp"
     redo = {
         "full": "full recomputation: the blocks' forward again",
         "selective": "selective recomputation: "
