@@ -244,7 +244,7 @@ def plan_main(argv: list[str]) -> int:
         from ..report.plan_gpt_moe import plan_gpt_moe_main
 
         return plan_gpt_moe_main(a, shape_from_args(a))
-    if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt.py), one layout
+    if a.arch == "gpt":  # a transformer's closed forms (costmodel/gpt_plan.py), one layout
         from ..report.plan_gpt import plan_gpt_main
 
         check_unused_by_gpt(a)

@@ -26,8 +26,9 @@ The plan divides Korthikanti et al.'s (2022, Table 2) per-layer activations by C
 from __future__ import annotations
 
 from .collectives import ALLREDUCE, Cost, to_bytes
-from .gpt import plan as gpt_plan
-from .gpt import rank_record, run_result, score_flops_per_step, unit_sizes
+from .gpt import rank_record, run_result, unit_sizes
+from .gpt_plan import plan as gpt_plan
+from .gpt_plan import score_flops_per_step
 from .spec import PRECISIONS, chunk, dp_buckets, precision_of, split
 
 CP_ALGOS_PLANNED = ("ring", "ulysses")
@@ -153,9 +154,9 @@ def predict_cp_run(cfg, world_size: int, steps: int, hw) -> dict:
 
 
 def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **kw) -> dict:
-    """gpt.plan for dp x cp x tp x pp GPUs, plus the cp traffic, its attention timed hop by hop.
+    """gpt_plan.plan for dp x cp x tp x pp GPUs, plus the cp traffic, its attention timed hop by hop.
 
-    gpt.plan run with dp x C ranks sharing the batch is already right for everything but the
+    gpt_plan.plan run with dp x C ranks sharing the batch is already right for everything but the
     attention: a cp rank holds b = B/(dp M K) sequences of s/C tokens, and Korthikanti's per-layer
     bytes for s tokens of b/C sequences (every term linear in b) equal those for s/C tokens of b
     sequences with the s^2 term divided by C -- the activations of the layout without cp, / C. The
@@ -165,9 +166,9 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
 
     The attention is priced as the simulated clock prices simpar's (cp_time.py, on the cp group's
     link: C ranks, stride tp; h/t wide, a/t heads under tp), at the plan's matmul rate (the ring
-    keeps a block's scores on chip, as FlashAttention does, so gpt.plan charges no memory passes
+    keeps a block's scores on chip, as FlashAttention does, so gpt_plan.plan charges no memory passes
     over them -- its per-token ones stand; Ulysses' a/C heads over s tokens pass through memory as
-    attention.py's do, the same count as without cp): gpt.plan's score
+    attention.py's do, the same count as without cp): gpt_plan.plan's score
     products, Narayanan's s/(6h) term (12 B s^2 L h FLOPs, 16 under full recomputation), leave its
     compute, and each layer of a stage adds per micro-batch
       ring      forward  sum_{t<C-1} max(k_t f, w + alpha) + 2 f, backward likewise (cp_time.py's table):
@@ -178,9 +179,9 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     compute_s keeps the blocks' compute, cp_s the transfer time left exposed; cp_wire_s is the
     traffic's whole time on the link (bytes x beta + messages x alpha): cp_s never exceeds it
     stretched by the bubble, (M + pp - 1)/M. The hardware's FLOPs follow the time: the ring's are
-    gpt.plan's less its score products plus ring_score_flops (its causal blocks); Ulysses computes
-    every score of its heads and masks them, as attention.py, so gpt.plan's stand. Model FLOPs, and
-    so MFU's numerator, are gpt.plan's causal count whatever the layout."""
+    gpt_plan.plan's less its score products plus ring_score_flops (its causal blocks); Ulysses computes
+    every score of its heads and masks them, as attention.py, so gpt_plan.plan's stand. Model FLOPs, and
+    so MFU's numerator, are gpt_plan.plan's causal count whatever the layout."""
     from .cp_time import ring_parts, ring_seconds, ulysses_parts, ulysses_seconds
     from .hardware import group_link
 
@@ -201,7 +202,7 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     precision, mode = kw.get("precision", "mixed"), kw.get("recompute", "none")
     full = mode == "full"
     # full: the forward runs again in backward. selective: Ulysses rebuilds P from its local q and k
-    # (q k^T, half its forward, as gpt.plan counts for attention without cp); the plan keeps the ring's
+    # (q k^T, half its forward, as gpt_plan.plan counts for attention without cp); the plan keeps the ring's
     # log-sum-exp (a n per sequence, as FlashAttention-style kernels do), so the ring runs once -- while
     # simpar's own --cp --pp run drops it and re-runs the ring (parallel/pipeline/context_stage.py)
     redo = 1.0 if mode == "full" else 0.5 if mode == "selective" and algo == "ulysses" else 0.0
@@ -218,7 +219,7 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
     compute_s, cp_s = t["compute_s"], 0.0
     if C > 1:
         slots = K * M * base["bubble_stretch"] * layers  # a stage's layer passes a step, the bubble's too
-        # gpt.plan's score matmuls (gpt.score_flops_per_step: 12 B s^2 L h a step, 14 selective, 16
+        # gpt_plan.plan's score matmuls (gpt_plan.score_flops_per_step: 12 B s^2 L h a step, 14 selective, 16
         # full; a FlashAttention kernel's causal 7 or 9)
         per_step = score_flops_per_step(batch, s, L, h, mode, attention)
         scores = per_step / base["world"] / rate * base["bubble_stretch"]
@@ -232,11 +233,11 @@ def plan_cp(shape, batch: int, hw, cp: int, algo: str = "ring", dp: int = 1, **k
             _, f, g = ulysses_parts(b, n, h // tp, a // tp, C, bpe, rate, 0.0, link)
         compute_s += slots * (computes * f + g) - scores
         cp_s = slots * (forwards * (forward - f) + backward - g)
-    # memory_s: gpt.plan's, per row
-    # imbalance_s: gpt.plan's too -- the ring's blocks cost every stage alike, the head stays on the last
+    # memory_s: gpt_plan.plan's, per row
+    # imbalance_s: gpt_plan.plan's too -- the ring's blocks cost every stage alike, the head stays on the last
     step_s = compute_s + t["memory_s"] + t["imbalance_s"] + t["tp_s"] + t["pp_s"] + t["dp_s"] + cp_s
     hw_flops, scores = base["hardware_flops_per_step"], base["attention_scores"]
-    if C > 1 and algo == "ring":  # gpt.plan's score products for the ring's blocks
+    if C > 1 and algo == "ring":  # gpt_plan.plan's score products for the ring's blocks
         whole = score_flops_per_step(batch, s, L, h, mode, attention)
         hw_flops += ring_score_flops(batch, s, L, h, C, mode) - whole
         scores = f"the causal blocks, (2C+1)/(4C) = {(2 * C + 1) / (4 * C):.3g} of s^2"

@@ -1,5 +1,5 @@
 """Which transformer layout, and why: every way to split N GPUs into dp x cp x tp x pp for a gpt shape,
-planned (gpt.plan, and cp.plan_cp for cp > 1) and ranked -- layouts that fit the memory limit first,
+planned (gpt_plan.plan, and cp.plan_cp for cp > 1) and ranked -- layouts that fit the memory limit first,
 then by step time. `simpar plan --arch gpt --compare --world N` prints it (report/plan_gpt_compare.py).
 
 A candidate is kept when the shape allows it as `plan` would: tp divides the heads, pp is at most the
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..config import SimparError
 from ..config.pipeline import schedule_problem
 from .cp import plan_cp
-from .gpt import plan as gpt_plan
+from .gpt_plan import plan as gpt_plan
 
 
 def gpt_factorizations(world: int) -> list[tuple[int, int, int, int]]:

@@ -1,4 +1,4 @@
-"""The collectives of `simpar plan --arch gpt` (gpt.plan, cp.plan_cp, --compare): tensor parallelism's
+"""The collectives of `simpar plan --arch gpt` (gpt_plan.plan, cp.plan_cp, --compare): tensor parallelism's
 activation all-reduces and data parallelism's gradient traffic, priced as the closed form prices a
 run's (chunktime.op_time: on GPU profiles NCCL's protocols, NVLink SHARP under --collectives auto,
 the reduction inside the copy; alpha-beta-gamma for the other algorithms and on `local`).

@@ -1,4 +1,4 @@
-"""The memory-bound work of `simpar plan --arch gpt` (gpt.plan): what a GPU does besides its matmuls --
+"""The memory-bound work of `simpar plan --arch gpt` (gpt_plan.plan): what a GPU does besides its matmuls --
 LayerNorms, residual adds, GeLU, the scale-mask-softmax over every layer's a s^2 scores, the loss over
 b s V logits, accumulating gradients, the optimizer's sweeps -- at the profile's memory bandwidth, plus
 a call overhead per unit.
@@ -41,7 +41,7 @@ def unit_passes(shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, precis
         optimizer=optimizer, momentum=True, kernels="numpy",
     )  # fmt: skip
     _, stream, overhead = clock_rates(hw, precision, min(dp * tp * pp, hw.devices_per_node))
-    block = 12 * h * h // tp + 7 * h // tp + 6 * h  # one tp rank's share of a block (gpt.stage_params)
+    block = 12 * h * h // tp + 7 * h // tp + 6 * h  # one tp rank's share of a block (gpt_plan.stage_params)
     sizes = [V * h // tp + s * h] + [block] * L + [2 * h + V * h // tp]
     fwd, bwd, loss_s = unit_seconds(cfg, max(1, round(b * s)), sizes, bpe, math.inf, stream, overhead)
     twice = 2 if recompute == "full" else 1
@@ -59,7 +59,7 @@ def memory_bound_seconds(
     passes, loss_s, cfg, stream = unit_passes(shape, b, hw, dp, tp, pp, sp, precision, bpe, recompute,
                                               scores, optimizer)  # fmt: skip
     M = microbatches if pp > 1 else 1
-    stretch = (M + pp - 1) / M if stretch is None else stretch  # the schedule's bubble (gpt.plan)
+    stretch = (M + pp - 1) / M if stretch is None else stretch  # the schedule's bubble (gpt_plan.plan)
     passes_s = (sum(passes) + loss_s) / pp * M * grad_accum * stretch
     updated = rank_params / (dp if zero >= 1 else 1)
     return passes_s + optimizer_seconds(cfg, updated, bpe, stream)
@@ -69,7 +69,7 @@ def stage_imbalance_seconds(
     shape, b: float, hw, dp: int, tp: int, pp: int, sp: bool, microbatches: int, recompute: str,
     precision: str, grad_accum: int, bpe: int, block_s: float, head_s: float, scores: bool = True,
 ) -> float:  # fmt: skip
-    """What 1F1B's slowest stage adds to the average stage's step (gpt.plan prices the average):
+    """What 1F1B's slowest stage adds to the average stage's step (gpt_plan.plan prices the average):
     with per-micro-batch work w_s on stage s (its blocks' matmuls and memory passes; the first stage's
     embedding; the last stage's head, loss and their passes), the pipeline's step is about
     sum_s w_s + (M - 1) max_s w_s -- fill and drain pass every stage once, the steady state runs at the

@@ -32,7 +32,7 @@ def check_cp(shape, cp: int, algo: str) -> None:
 
 
 def cp_lines(p: dict, without: dict) -> list[str]:
-    """The cp layout against the same dp x tp x pp without it (`without`: gpt.plan's answer), and
+    """The cp layout against the same dp x tp x pp without it (`without`: gpt_plan.plan's answer), and
     for the ring with C <= 8 the picture of who computes which block."""
     lay, mem, mem0, t = p["layout"], p["memory_per_gpu"], without["memory_per_gpu"], p["time"]
     C, op = lay["cp"], "cp-kv" if lay["cp_algo"] == "ring" else "cp-alltoall"

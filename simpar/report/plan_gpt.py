@@ -3,7 +3,8 @@
     python -m simpar plan --arch gpt --model gpt3-175b --dp 8 --tp 8 --pp 16 --batch 1536 \
         --microbatches 96 --sp --recompute selective --precision mixed --optimizer adam --hardware ib-cluster
 
-The numbers are costmodel/gpt.py's closed forms; this file only checks the question and words the answer.
+The numbers are costmodel/gpt_plan.py's (from gpt.py's formulas); this file only checks the question
+and words the answer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from ..config import SimparError
 from ..config.pipeline import schedule_problem
 from ..costmodel import gpt as cg
+from ..costmodel import gpt_plan as gp
 from ..costmodel import hardware
 from ..costmodel.collectives import ALLREDUCE
 from ..units import fmt_si, fmt_time
@@ -61,16 +63,16 @@ def check_layout(shape: cg.Shape, a) -> None:
         raise SimparError(f"unknown --collectives {a.collectives!r} (choose from {', '.join(ALLREDUCE)})")
     if a.precision not in ("fp32", "fp64", "mixed") or a.optimizer not in ("sgd", "adam"):
         raise SimparError("plan --arch gpt: --precision fp32|fp64|mixed, --optimizer sgd|adam")
-    if a.pp > 1 and a.schedule not in cg.PLANNED_SCHEDULES:
+    if a.pp > 1 and a.schedule not in gp.PLANNED_SCHEDULES:
         raise SimparError(
-            f"plan --arch gpt plans --schedule {', '.join(cg.PLANNED_SCHEDULES)}, not {a.schedule!r} "
+            f"plan --arch gpt plans --schedule {', '.join(gp.PLANNED_SCHEDULES)}, not {a.schedule!r} "
             "(train --arch gpt --clock sim times every schedule simpar runs)"
         )
     problem = schedule_problem(a.schedule, a.pp, a.microbatches, a.virtual_stages, shape.layers)
     if problem and not a.compare:  # --compare: each candidate's pp is checked (gpt_compare.py)
         raise SimparError(problem)
-    if a.attention not in cg.ATTENTION:
-        raise SimparError(f"unknown --attention {a.attention!r} (choose from {', '.join(cg.ATTENTION)})")
+    if a.attention not in gp.ATTENTION:
+        raise SimparError(f"unknown --attention {a.attention!r} (choose from {', '.join(gp.ATTENTION)})")
     if a.attention == "flash" and a.cp_algo == "ulysses" and (a.cp > 1 or a.compare):
         raise SimparError(
             "--attention flash with --cp-algo ulysses is not planned yet (Ulysses' heads are priced as "
@@ -101,7 +103,7 @@ def plan_gpt_main(a) -> int:
         limit = parse_bytes(a.memory_limit) if a.memory_limit else (hw.memory_bytes or None)
         q = dict(zip(PLAN_ARGS[3:], args[2:]), cp_algo=a.cp_algo)
         return print_gpt_compare(shape, a.batch, hw, a.world, limit, q, a.json)
-    p = without = cg.plan(shape, a.batch, hw, **dict(zip(PLAN_ARGS, (a.dp, *args))))
+    p = without = gp.plan(shape, a.batch, hw, **dict(zip(PLAN_ARGS, (a.dp, *args))))
     if a.cp > 1:  # context parallelism: costmodel/cp.py, worded by plan_cp.py
         from ..costmodel.cp import plan_cp
         from .plan_cp import check_cp

@@ -1,5 +1,5 @@
 """The `gpt-step` points of `simpar validate`: a published end-to-end training run of a GPT against the
-step time `simpar plan --arch gpt` predicts for it (costmodel/gpt.py's plan, its collectives priced
+step time `simpar plan --arch gpt` predicts for it (costmodel/gpt_plan.py, its collectives priced
 by plan_comm.py).
 
 A point names the model (layers, hidden, heads, seq, vocab), the layout (gpus, tp, pp; dp is
@@ -19,14 +19,14 @@ Quantity `time` gives the plan's step_s itself, for a source (or your run) that 
 
 from __future__ import annotations
 
-from ..costmodel import gpt
+from ..costmodel import gpt, gpt_plan
 from ..errors import SimparError
 
 INTS = ("layers", "hidden", "heads", "seq", "vocab", "tp", "pp", "batch", "microbatch")
 
 
 def layout(point: dict) -> dict:
-    """gpt.plan's layout keywords for a point: dp, tp, pp and the micro-batches (see the docstring)."""
+    """gpt_plan.plan's layout keywords for a point: dp, tp, pp and the micro-batches (see the docstring)."""
     gpus, tp, pp, batch = point["gpus"], point["tp"] or 1, point["pp"] or 1, point["batch"]
     mb = point["microbatch"] or 1
     if gpus < 1 or gpus % (tp * pp):
@@ -49,7 +49,9 @@ def step_values(point: dict, hw) -> tuple[dict, str]:
     shape = gpt.Shape(point["layers"], point["hidden"], point["heads"], point["seq"], point["vocab"])
     kw = layout(point)
     recompute = point.get("recompute") or "full"
-    plan = gpt.plan(shape, point["batch"], hw, recompute=recompute, precision="mixed", optimizer="adam", **kw)
+    plan = gpt_plan.plan(
+        shape, point["batch"], hw, recompute=recompute, precision="mixed", optimizer="adam", **kw
+    )
     step = plan["time"]["step_s"]
     flops = gpt.flops_per_step(point["batch"], shape.seq, shape.layers, shape.hidden, shape.vocab, recompute)
     how = f"plan dp{kw['dp']} tp{kw['tp']} pp{kw['pp']} m{kw.get('microbatches', kw.get('grad_accum'))}"

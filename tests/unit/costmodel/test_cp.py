@@ -19,6 +19,7 @@ import pytest
 from simpar.cli.plan import plan_main
 from simpar.config import SimparError
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware
 from simpar.costmodel.cp import cp_activation_bytes, cp_kv_elems, plan_cp, ring_block_map
 from simpar.model.ring_attention import block_relation
@@ -41,7 +42,7 @@ def test_long_sequence_plan_activations_fall_as_one_over_C(C):
     mem = plan["memory_per_gpu"]
     assert mem["activations"] == pytest.approx(activations(C), rel=1e-12)
     states = mem["params"] + mem["grads"] + mem["optimizer"]
-    assert states == 16 * cg.stage_params(shape, t, p)  # mixed Adam: 2 + 2 + 12 bytes, not split by cp
+    assert states == 16 * gp.stage_params(shape, t, p)  # mixed Adam: 2 + 2 + 12 bytes, not split by cp
     assert mem["total"] == pytest.approx(states + activations(1) / C, rel=1e-12)
     assert plan["world"] == C * t * p and plan["layout"]["cp"] == C
     # cp traffic per GPU per step (ring), per layer and micro-batch of b = 1 sequence, n = s/C, h/t wide:

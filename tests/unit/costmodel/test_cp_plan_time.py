@@ -24,6 +24,7 @@ import pytest
 
 from simpar.config import RunConfig
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware, predict_from_config
 from simpar.costmodel.cp import plan_cp
 from simpar.costmodel.hardware import Hardware, group_link
@@ -56,7 +57,7 @@ def test_the_plan_times_each_ring_hop_as_the_longer_of_its_blocks_and_its_transf
     slots = (M + pp - 1) * (L // pp)
     blocks = (2 * C + 1) * (f + g)
     plan = plan_cp(LONG, B, hw, C, "ring", **LAYOUT)
-    base = cg.plan(LONG, B, hw, dp=C, **LAYOUT)  # tp's, pp's and dp's terms are gpt.plan's, over dp x C ranks
+    base = gp.plan(LONG, B, hw, dp=C, **LAYOUT)  # tp's, pp's and dp's terms are gpt.plan's, over dp x C ranks
     time = plan["time"]
     assert time["compute_s"] == pytest.approx(non_score_compute(C, rate) + slots * blocks, rel=1e-12)
     assert time["cp_s"] == pytest.approx(slots * (forward + backward - blocks), rel=1e-12)
@@ -67,7 +68,7 @@ def test_the_plan_times_each_ring_hop_as_the_longer_of_its_blocks_and_its_transf
     parts = time["compute_s"] + time["memory_s"] + sum(time[k] for k in same) + time["cp_s"]
     assert time["step_s"] == pytest.approx(parts, rel=1e-12)
     # the ring keeps each block's scores on chip: gpt.plan's memory passes without the per-score ones
-    on_chip = cg.plan(LONG, B, hw, dp=C, materialized_scores=False, **LAYOUT)["time"]["memory_s"]
+    on_chip = gp.plan(LONG, B, hw, dp=C, materialized_scores=False, **LAYOUT)["time"]["memory_s"]
     assert time["memory_s"] == on_chip < base["time"]["memory_s"]
     # every hop here waits for its transfer (the cp group leaves the node: h/t = 1536 is too narrow
     # for a block to outlast its K/V), yet less than the whole traffic's time, bubble-stretched
@@ -118,7 +119,7 @@ def test_ulysses_keeps_the_score_compute_and_blocks_on_its_all_to_alls():
     link = group_link(hw, "dp", C, t, 1)
     A = (C - 1) * (link.alpha + 1 * (s // C) * (h // t) // C * 2 / link.bw)
     plan = plan_cp(LONG, B, hw, C, "ulysses", **LAYOUT)
-    base = cg.plan(LONG, B, hw, dp=C, **LAYOUT)
+    base = gp.plan(LONG, B, hw, dp=C, **LAYOUT)
     assert plan["time"]["compute_s"] == pytest.approx(base["time"]["compute_s"], rel=1e-12)
     assert plan["time"]["cp_s"] == pytest.approx((M + pp - 1) * (L // pp) * 8 * A, rel=1e-12)
 

@@ -17,6 +17,7 @@ import pytest
 
 from simpar.cli import main
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware
 
 GPT3 = dict(L=96, h=12288, a=96, s=2048, V=50257)  # Brown et al. 2020, Table 2.1
@@ -106,7 +107,7 @@ def test_simpars_block_is_korthikantis_without_dropout():
 def test_plan_memory_flops_and_mfu():
     shape = cg.PRESETS["gpt3-175b"]
     hw = hardware.load("ib-cluster")
-    p = cg.plan(shape, 1536, hw, dp=8, tp=8, pp=16, sp=True, zero=1, microbatches=96, recompute="selective")
+    p = gp.plan(shape, 1536, hw, dp=8, tp=8, pp=16, sp=True, zero=1, microbatches=96, recompute="selective")
     L, h, s, V = shape.layers, shape.hidden, shape.seq, shape.vocab
     block = 12 * h * h // 8 + 7 * h // 8 + 6 * h  # per tp rank: sharded matrices, replicated LN and biases
     P_gpu = 6 * block + V * h // 8 + s * h  # first stage: 96/16 blocks, vocab-parallel embedding, positions
@@ -125,7 +126,7 @@ def test_plan_memory_flops_and_mfu():
     assert p["mfu"] == pytest.approx(flops / (p["time"]["step_s"] * 1024 * peak), rel=1e-12)
     assert 0 < p["mfu"] < 794.5 / 989.4  # below the achievable share of the peak (the MAMF table's)
     # one GPU, no sharding: (2 + 2 + 12) bytes per parameter of the whole (untied) model
-    one = cg.plan(cg.PRESETS["gpt2-1.5b"], 1, hw)
+    one = gp.plan(cg.PRESETS["gpt2-1.5b"], 1, hw)
     P = cg.param_count(48, 1600, 1024, 50257)
     assert one["params_per_gpu"] == P
     assert (

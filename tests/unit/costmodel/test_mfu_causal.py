@@ -19,8 +19,8 @@ from simpar.config import RunConfig
 from simpar.costmodel import hardware, predict_from_config
 from simpar.costmodel.cp import plan_cp, ring_block_map, ring_score_flops
 from simpar.costmodel.gpt import PRESETS, Shape, flops_per_step, model_flops_per_step
-from simpar.costmodel.gpt import plan as gpt_plan
 from simpar.costmodel.gpt_compare import rank_gpt_layouts
+from simpar.costmodel.gpt_plan import plan as gpt_plan
 from simpar.costmodel.hardware import LOCAL_DEFAULTS
 
 

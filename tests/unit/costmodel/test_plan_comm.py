@@ -14,6 +14,7 @@ import math
 import pytest
 
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware
 
 SHAPE = cg.Shape(4, 256, 8, 128, 1000, "a small test shape")
@@ -43,7 +44,7 @@ def textbook_allreduce(algo: str, n: int, p: int, bpe: int, alpha: float, beta: 
 def test_tp_all_reduces_are_priced_by_the_chosen_algorithm(algo):
     hw, alpha, beta, gamma = local()
     batch, tp = 8, 4
-    p = cg.plan(SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo)
+    p = gp.plan(SHAPE, batch, hw, tp=tp, precision="fp32", optimizer="sgd", collectives=algo)
     R = batch * SHAPE.seq  # token rows of the one micro-batch (no dp)
     one = textbook_allreduce(algo, R * SHAPE.hidden, tp, 4, alpha, beta, gamma)  # b s h activations
     # the loss: an all-gather of t R numbers (a ring: p - 1 steps of R, nothing reduced), an all-reduce of 2R
@@ -52,7 +53,7 @@ def test_tp_all_reduces_are_priced_by_the_chosen_algorithm(algo):
     assert p["time"]["tp_s"] == pytest.approx((4 * SHAPE.layers + 2) * one + loss, rel=1e-12)
     assert p["time"]["dp_s"] == 0
     kw = dict(precision="fp32", optimizer="sgd", collectives=algo, recompute="full")
-    full = cg.plan(SHAPE, batch, hw, tp=tp, **kw)  # the forward's again: blocks' f and g, the embedding's
+    full = gp.plan(SHAPE, batch, hw, tp=tp, **kw)  # the forward's again: blocks' f and g, the embedding's
     assert full["time"]["tp_s"] == pytest.approx((6 * SHAPE.layers + 3) * one + loss, rel=1e-12)
 
 
@@ -61,7 +62,7 @@ def test_sp_splits_each_all_reduce_in_halves_and_sums_the_layernorm_gradients_on
     hw, alpha, beta, gamma = local()
     batch, tp, K, L, h = 8, 4, 2, SHAPE.layers, SHAPE.hidden
     kw = dict(tp=tp, sp=True, grad_accum=K, precision="fp32", optimizer="sgd", collectives=algo)
-    p = cg.plan(SHAPE, batch, hw, **kw)
+    p = gp.plan(SHAPE, batch, hw, **kw)
     R = batch // K * SHAPE.seq  # token rows of a micro-step
     c = math.ceil(R * h / tp) * 4
     halves = (tp - 1) * (alpha + c * beta + c * gamma) + (tp - 1) * (alpha + c * beta)  # scatter + gather
@@ -79,7 +80,7 @@ def test_pipeline_sends_are_b_s_h_each_way_per_micro_batch_through_the_bubble(tp
     hw, alpha, beta, gamma = local()
     batch, pp, M, K = 16, 2, 4, 2
     kw = dict(tp=tp, sp=sp, pp=pp, microbatches=M, grad_accum=K, precision="fp32", optimizer="sgd")
-    p = cg.plan(SHAPE, batch, hw, **kw)
+    p = gp.plan(SHAPE, batch, hw, **kw)
     n = batch // (M * K) * SHAPE.seq * SHAPE.hidden  # b s h activations of a micro-batch
     # each tp rank sends its 1/t of the rows (Narayanan et al. 2021 sec. 4.1's scatter); without --sp
     # the next stage gathers them back over tp (a ring all-gather); forward and backward, M K times,
@@ -88,13 +89,13 @@ def test_pipeline_sends_are_b_s_h_each_way_per_micro_batch_through_the_bubble(tp
     if tp > 1 and not sp:
         one += (tp - 1) * (alpha + math.ceil(n / tp) * 4 * beta)
     assert p["time"]["pp_s"] == pytest.approx(K * (M + pp - 1) * 2 * one, rel=1e-12)
-    assert cg.plan(SHAPE, batch, hw, **(kw | dict(pp=1)))["time"]["pp_s"] == 0
+    assert gp.plan(SHAPE, batch, hw, **(kw | dict(pp=1)))["time"]["pp_s"] == 0
 
 
 @pytest.mark.parametrize("algo", ["ring", "tree", "ps"])
 def test_dp_gradients_are_priced_by_the_chosen_algorithm(algo):
     hw, alpha, beta, gamma = local()
-    p = cg.plan(SHAPE, 8, hw, dp=4, precision="fp32", optimizer="sgd", collectives=algo)
+    p = gp.plan(SHAPE, 8, hw, dp=4, precision="fp32", optimizer="sgd", collectives=algo)
     P = p["params_per_gpu"]
     expected = textbook_allreduce(algo, P, 4, 4, alpha, beta, gamma)
     assert p["time"]["dp_s"] == pytest.approx(expected, rel=1e-12)
@@ -104,20 +105,20 @@ def test_dp_gradients_are_priced_by_the_chosen_algorithm(algo):
 def test_zero_moves_ring_halves_and_zero3_gathers_twice_per_accumulation_step():
     hw, alpha, beta, gamma = local()
     dp, K = 4, 3
-    P = cg.plan(SHAPE, 24, hw, dp=dp, precision="mixed", optimizer="adam")["params_per_gpu"]
+    P = gp.plan(SHAPE, 24, hw, dp=dp, precision="mixed", optimizer="adam")["params_per_gpu"]
     c = math.ceil(P / dp) * 2  # mixed: 2-byte gradients and 2-byte parameters
     scatter = (dp - 1) * (alpha + c * beta + c * gamma)
     gather = (dp - 1) * (alpha + c * beta)
     for zero, expected in ((1, scatter + gather), (2, scatter + gather), (3, K * (scatter + 2 * gather))):
         # ZeRO's halves are rings whatever --collectives says (as in a run: chunktime.RING_HALVES)
-        p = cg.plan(SHAPE, 24, hw, dp=dp, zero=zero, grad_accum=K, collectives="tree")
+        p = gp.plan(SHAPE, 24, hw, dp=dp, zero=zero, grad_accum=K, collectives="tree")
         assert p["time"]["dp_s"] == pytest.approx(expected, rel=1e-12), zero
 
 
 def test_gpu_profiles_order_the_algorithms_as_their_critical_paths_do():
     hw = hardware.load("dgx-h100")
     big = cg.PRESETS["gpt2-1.5b"]
-    t = {a: cg.plan(big, 64, hw, dp=8, collectives=a)["time"]["dp_s"] for a in ("ring", "auto", "tree", "ps")}
+    t = {a: gp.plan(big, 64, hw, dp=8, collectives=a)["time"]["dp_s"] for a in ("ring", "auto", "tree", "ps")}
     # one node of 8: auto may take NVLink SHARP (faster than the ring for GiB-scale buffers); the tree
     # sends the whole buffer log2(8) = 3 times each way, the server 7 times each way
     assert t["auto"] < t["ring"] < t["tree"] < t["ps"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware
 from simpar.costmodel.cp import plan_cp
 from tests.unit.costmodel.test_gpt import plan as plan_command
@@ -29,7 +30,7 @@ def flash_attention_flops(b: int, s: int, h: int, recompute: str) -> float:
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_the_hardware_flops_hold_the_kernels_causal_half(recompute):
     L, h, s, V = SHAPE.layers, SHAPE.hidden, SHAPE.seq, SHAPE.vocab
-    p = cg.plan(SHAPE, B, hardware.load("dgx-h100"), dp=8, recompute=recompute, attention="flash")
+    p = gp.plan(SHAPE, B, hardware.load("dgx-h100"), dp=8, recompute=recompute, attention="flash")
     # every matmul but the scores, as Narayanan et al. 2021's Eq. 3 counts them, the scores the kernel's
     gemms = (96 if recompute == "full" else 72) * B * s * L * h * h
     head = (96 * B * s * L * h * h * V / (16 * L * h)) if recompute == "full" else 72 * B * s * h * V / 12
@@ -43,11 +44,11 @@ def test_the_hardware_flops_hold_the_kernels_causal_half(recompute):
 def test_no_score_is_kept_only_each_rows_log_sum_exp(t, sp):
     s, h, a = SHAPE.seq, SHAPE.hidden, SHAPE.heads
     b = 1
-    flash = cg.plan(SHAPE, B, hardware.load("dgx-h100"), dp=B, tp=t, sp=sp, attention="flash")
+    flash = gp.plan(SHAPE, B, hardware.load("dgx-h100"), dp=B, tp=t, sp=sp, attention="flash")
     rest = 34 / t if sp else 10 + 24 / t  # Korthikanti's Table 2 without its 5 a s / (h t) term
     expected = s * b * h * rest + 4 * s * b * a / t  # + float32 log-sum-exp per row and head
     assert flash["activation_per_layer"] == pytest.approx(expected, rel=1e-12)
-    full = cg.plan(
+    full = gp.plan(
         SHAPE, B, hardware.load("dgx-h100"), dp=B, tp=t, sp=sp, attention="flash", recompute="full"
     )
     assert full["activation_per_layer"] == 2 * s * b * h  # only the layer's input, as without the kernel
@@ -56,10 +57,10 @@ def test_no_score_is_kept_only_each_rows_log_sum_exp(t, sp):
 def test_the_scores_skip_memory_and_the_step_is_shorter():
     hw = hardware.load("dgx-h100")
     kw = dict(dp=2, tp=4, pp=2, sp=True, microbatches=8, recompute="selective", precision="mixed")
-    flash = cg.plan(SHAPE, B, hw, attention="flash", **kw)
-    kept_off = cg.plan(SHAPE, B, hw, materialized_scores=False, **kw)
+    flash = gp.plan(SHAPE, B, hw, attention="flash", **kw)
+    kept_off = gp.plan(SHAPE, B, hw, materialized_scores=False, **kw)
     assert flash["time"]["memory_s"] == kept_off["time"]["memory_s"]  # no pass over the a s^2 scores
-    plain = cg.plan(SHAPE, B, hw, **kw)
+    plain = gp.plan(SHAPE, B, hw, **kw)
     assert flash["time"]["memory_s"] < plain["time"]["memory_s"]
     assert flash["time"]["compute_s"] < plain["time"]["compute_s"]  # the causal half, no q k^T again
     for k in ("tp_s", "pp_s", "dp_s"):

@@ -14,6 +14,7 @@ import pytest
 
 from simpar.config import RunConfig
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware, predict_from_config
 
 TINY = dict(blocks=2, hidden=32, heads=4, vocab=16, seq_len=16, batch=8)
@@ -44,14 +45,14 @@ def test_the_plan_is_the_simulated_step_of_a_layout_simpar_runs(hardware_name, l
     sim = predict_from_config(cfg, world, steps=1, hw=hw)["time"]["step_s"]
     shape = cg.Shape(TINY["blocks"], TINY["hidden"], TINY["heads"], TINY["seq_len"], TINY["vocab"])
     kw = {k: v for k, v in layout.items() if k != "optimizer"}
-    plan = cg.plan(shape, TINY["batch"], hw, precision="fp32", optimizer=layout.get("optimizer", "sgd"), **kw)
+    plan = gp.plan(shape, TINY["batch"], hw, precision="fp32", optimizer=layout.get("optimizer", "sgd"), **kw)
     assert plan["time"]["step_s"] == pytest.approx(sim, rel=1e-12)
 
 
 def test_the_ring_keeps_its_scores_on_chip_and_long_sequences_pay_for_materialized_ones():
     hw = hardware.load("dgx-h100")
     long = cg.Shape(4, 1024, 16, 32768, 50257)
-    on, off = (cg.plan(long, 8, hw, dp=8, materialized_scores=m)["time"]["memory_s"] for m in (True, False))
+    on, off = (gp.plan(long, 8, hw, dp=8, materialized_scores=m)["time"]["memory_s"] for m in (True, False))
     # the softmax's 6 + 4 passes over a s^2 scores a layer, forward and backward, 2 bytes each
     scores = 4 * (6 + 4) * 1 * 32768 * 16 * 32768 * 2 * hw.gamma / 3
     assert on - off == pytest.approx(scores, rel=1e-9)

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from simpar.costmodel import gpt as cg
+from simpar.costmodel import gpt_plan as gp
 from simpar.costmodel import hardware
 from simpar.costmodel.gpt_compare import rank_gpt_layouts
 from tests.unit.costmodel.test_gpt import plan as plan_command
@@ -21,7 +22,7 @@ LAYOUT = dict(dp=8, tp=8, pp=16, microbatches=96, sp=True, recompute="selective"
 
 
 def planned(**kw):
-    return cg.plan(SHAPE, 1536, hardware.load("ib-cluster"), **(LAYOUT | kw))
+    return gp.plan(SHAPE, 1536, hardware.load("ib-cluster"), **(LAYOUT | kw))
 
 
 def test_gpipe_keeps_every_micro_batch_in_flight_at_1f1bs_time():
