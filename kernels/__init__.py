@@ -101,30 +101,16 @@ def load(name: str):
     return _BACKENDS[name]
 
 
-AUTO_MAX_MACS = 1 << 14  # see choose_auto
-
-
-def choose_auto(widths, batch, dtype) -> str:
-    """The backend `--kernels auto` picks: "numba" for tiny layers, "numpy" for everything else.
-
-    The rule: use "numba" when every layer does at most 16384 (2**14) multiply-adds per call, i.e.
-    batch * fan_in * fan_out <= 16384 for each consecutive pair in `widths` (with `batch` the rows
-    one kernel call sees: the rank's micro-batch); otherwise use "numpy".
-
-    Why: at that size a layer takes only microseconds and the cost is dominated by calls, not
-    arithmetic. The Numba backend then does the whole forward (matmul, bias, activation) in one
-    call and the whole backward in one more, where NumPy makes several: 1.3-1.8x faster. Above it
-    the Numba backend uses OpenBLAS for the GEMMs and Numba only for the fused epilogues (bias +
-    activation in one sweep; act' + bias gradient in one sweep): still 1.0-1.3x faster per call at
-    batch 64-256, widths 128-1024, but a layer's time is then mostly the same OpenBLAS GEMM, so
-    the saving is a few percent of a step -- not enough to be worth loading Numba for (a one-off
-    ~0.5 s per process; ~20 s the very first time, when the kernels are compiled and cached).
-    Measured on an AMD EPYC (Zen 3) core, one thread per rank, for float32 and float64 alike;
-    `dtype` is accepted so that a dtype-specific threshold can be added without changing callers.
-    Never "cuda": a GPU is only used when asked for. Cheap: no measurement, no Numba import.
-    """
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        return "numpy"
-    widths = [int(w) for w in widths]
-    macs = [int(batch) * a * b for a, b in zip(widths[:-1], widths[1:])]
-    return "numba" if macs and max(macs) <= AUTO_MAX_MACS else "numpy"
+# What `--kernels auto` runs on a CPU: NumPy's (OpenBLAS) kernels, whatever the shapes. Never "cuda":
+# a GPU is used only when asked for. Numba's kernels are there to read and to ask for (--kernels numba),
+# not chosen by default, because at no size did they repay their start-up (measured 2026-12-08 on this
+# 2-core machine, one thread per rank, `train --steps 3000`, medians of the steps):
+#   - loading them costs every process 0.7-1 s (importing Numba ~0.5 s, its compiler's set-up ~0.4 s,
+#     ~45 ms a kernel from the on-disk cache; about 20 s the very first time, compiling): a 4-rank
+#     tiny run took 2.4-2.5 s with them against 0.65-0.75 s with NumPy;
+#   - on the tiny layers they were once chosen for (<= 16,384 multiply-adds a call) a whole training
+#     step gains 1 us in 92 (MLP 8-32-32-4, 16 rows; benchmarks/hot_path.py: 5 us of the bare model
+#     step), so they pay back after 140,000-700,000 steps; a tiny GPT's step is 16 % slower with them
+#     (2 blocks, h = 16, s = 8: 1.12 ms against 0.97); above that size the GEMMs are OpenBLAS's either
+#     way and the fused epilogues save a few percent (kernels/cpu.py).
+AUTO = "numpy"

@@ -51,7 +51,7 @@ The fused linear layer is therefore, honestly, "GEMM + fused epilogue" (the cuBL
 
 Measured single-threaded against NumPy's unfused layer (kernels.NumpyKernels): forward and
 backward 1.0-1.3x at batch 64-256, widths 128-1024 (relu, gelu; float32, float64), 1.3-1.8x on
-tiny layers. kernels.choose_auto encodes when that repays loading the kernels.
+tiny layers. Not enough to repay loading them, so `--kernels auto` runs NumPy's (kernels.AUTO says why).
 
 All kernels take and return one float dtype (float32 or float64) and never promote.
 """

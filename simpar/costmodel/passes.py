@@ -18,8 +18,8 @@ the two equal for every backend, optimizer and momentum. Why the counts differ:
          on the host, so numpy's counts. Host <-> device copies are not counted: a GPU profile models
          tensors that stay on the device, as a real framework keeps them.
 
-`auto` (a question asked without a run: plan, the tour's table) is answered for the reference,
-numpy; a run predicts with the backend it resolved (train.py). GELU's extra NumPy temporaries are
+`auto` is numpy's, as a run resolves it (kernels.AUTO); a run predicts with the backend it resolved
+(train.py). GELU's extra NumPy temporaries are
 not counted (relu and tanh: 2 per pass as above).
 """
 

@@ -40,21 +40,12 @@ def init_mpi():
 
 
 def select_kernels(cfg: RunConfig, world: Communicator) -> str:
-    """--kernels, or for `auto` kernels.choose_auto's rule applied to the shapes ONE kernel call sees
-    on this layout: the rank's micro-batch rows and its tensor-parallel share of the hidden widths.
-    The backend goes into the run's runtime (the layers, optimizers and collectives' reduce-add
-    take it from there), not into the process: another run in this process may choose another."""
+    """--kernels (`auto`: kernels.AUTO, NumPy's, and why). The backend goes into the run's runtime (the
+    layers, optimizers and collectives' reduce-add take it from there), not into the process: another
+    run in this process may choose another."""
     import kernels
 
-    name = cfg.kernels
-    if name == "auto":
-        splits = cfg.dp * cfg.grad_accum * (cfg.microbatches if cfg.pp > 1 else 1)
-        rows = -(-cfg.batch // splits)
-        if cfg.arch == "gpt":  # its matmuls: h -> h (q, k, v, o), h -> 4h -> h, h -> V, over rows x s tokens
-            widths, rows = [cfg.hidden, 4 * cfg.hidden, cfg.hidden, cfg.vocab], rows * cfg.seq_len
-        else:
-            widths = [cfg.layers[0]] + [w // cfg.tp for w in cfg.layers[1:-1]] + [cfg.layers[-1]]
-        name = kernels.choose_auto(widths, rows, cfg.dtype)  # mixed: the float32 compute under HalfKernels
+    name = kernels.AUTO if cfg.kernels == "auto" else cfg.kernels
     if name == "cuda":
         from numba import cuda
 
