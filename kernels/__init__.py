@@ -103,14 +103,14 @@ def load(name: str):
 
 # What `--kernels auto` runs on a CPU: NumPy's (OpenBLAS) kernels, whatever the shapes. Never "cuda":
 # a GPU is used only when asked for. Numba's kernels are there to read and to ask for (--kernels numba),
-# not chosen by default, because at no size did they repay their start-up (measured 2026-12-08 on this
-# 2-core machine, one thread per rank, `train --steps 3000`, medians of the steps):
-#   - loading them costs every process 0.7-1 s (importing Numba ~0.5 s, its compiler's set-up ~0.4 s,
-#     ~45 ms a kernel from the on-disk cache; about 20 s the very first time, compiling): a 4-rank
-#     tiny run took 2.4-2.5 s with them against 0.65-0.75 s with NumPy;
-#   - on the tiny layers they were once chosen for (<= 16,384 multiply-adds a call) a whole training
-#     step gains 1 us in 92 (MLP 8-32-32-4, 16 rows; benchmarks/hot_path.py: 5 us of the bare model
-#     step), so they pay back after 140,000-700,000 steps; a tiny GPT's step is 16 % slower with them
-#     (2 blocks, h = 16, s = 8: 1.12 ms against 0.97); above that size the GEMMs are OpenBLAS's either
-#     way and the fused epilogues save a few percent (kernels/cpu.py).
+# not chosen by default, because at no size did they repay their start-up. Measured on this 2-core
+# machine, one thread per process (`python benchmarks/auto_kernels.py`, 2026-12-08, medians of 5):
+#   - start: a 1-step run takes 0.53-0.60 s longer with them (importing Numba, its compiler's set-up,
+#     each kernel from the on-disk cache; about 20 s the very first time, compiling), in every
+#     process of a job: a 4-rank tiny run took 2.4-2.5 s against 0.65-0.75 s with NumPy's;
+#   - step, on the tiny layers where one fused call stands in for NumPy's several (<= 16,384
+#     multiply-adds a call, where auto chose them before): MLP 8-32-32-4 on 16 rows 0.986x NumPy's
+#     (repaid after ~400,000 steps); a GPT of 2 blocks, h = 16, 1.16-1.29x slower (never repaid).
+#     Above that size the GEMMs are OpenBLAS's either way and the fused epilogues save a few percent
+#     of a step (docs/performance.md): not enough either.
 AUTO = "numpy"
