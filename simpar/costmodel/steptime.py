@@ -145,7 +145,8 @@ def step_time(
     for s in range(S):
         parts[s]["data"] = starts[s]  # --data-source root: idle until rank 0's rows have arrived
     step_rows = [micro_rows(spec, stage_costs[s][1]) for s in range(S)]  # once, not once per micro-step
-    # row_share's denominator: int / int is correctly rounded, as float(Fraction) is, and 40x cheaper
+    # row_share's denominator: int / int is correctly rounded, as float(Fraction) is, so the floats are
+    # the same without Fraction arithmetic in the innermost loop
     row_parts = row_share(spec).denominator
     for k in range(K):
         last_k = k == K - 1
