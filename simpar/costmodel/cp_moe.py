@@ -27,18 +27,15 @@ Memory: (M + L E/P (8h^2 + 5h)) x bytes for params, grads and optimizer state; a
 gpt_moe.py's with n = b_d s/C tokens, the attention's kept scores those of cp.py (ring: the a s/C
 log-sum-exp per sequence in the wide type; Ulysses: a s x s/C per sequence). Time (ring: --cp
 with --experts runs no other): as --clock sim charges it, gpt_moe_time.py with each cp group's hops
-(cp_hop_time.py); otherwise rough, the MoE FLOPs over D C ranks at the profile's rate plus every op's
-bytes at the dp link's alpha, beta.
+(cp_hop_time.py).
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .gpt import rank_record
-from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops, param_counts
+from .gpt_moe import capacity, model_states, moe_run_result, param_counts
 from .moe import EpAlltoalls, kept_in_row_order
 from .spec import PRECISIONS, precision_of, split
 
@@ -93,7 +90,7 @@ def activation_bytes(cfg, blocks: list, d: int, c: int, k: int, D: int, bpe: int
 
 
 def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like the metrics."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like the metrics."""
     C, P, h, L = cfg.cp, cfg.ep, cfg.hidden, cfg.blocks
     D = cfg.dp if cfg.dp is not None else world_size // C
     prec = PRECISIONS[precision_of(cfg)]
@@ -103,12 +100,7 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
     dense, experts = param_counts(cfg)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
     cp_op = "cp-kv" if cfg.cp_algo == "ring" else "cp-alltoall"
-    link = None
-    if hw is not None:
-        from .hardware import group_link
-
-        link = group_link(hw, "dp", D * C, 1, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     alltoalls = EpAlltoalls(cfg.experts, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(D * C):
         d, c = divmod(r, C)
@@ -130,25 +122,15 @@ def predict_cp_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | Non
         edp = (D // P) * C
         expert_cost = ALLREDUCE[cfg.collectives](experts, edp, (d // P) * C + c)
         add(model, "expert-grad-allreduce", to_bytes(expert_cost, prec.grad, steps))
-        if link is not None:
-            wire = sum(x.sent for x in (*model.values(), *activation.values()))
-            msgs = sum(x.messages for x in (*model.values(), *activation.values()))
-            comm_s = max(comm_s, wire * link.beta + msgs * link.alpha)
         coords = {"pp": 0, "dp": d, "cp": c, "tp": 0}
         ranks.append(rank_record(r, coords, model=model, activation=activation))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, c, k, D, bpe) for k, blocks in micro)
         memory.append(model_states(n, prec, opt_bpp, peak))
-    moe = partial(moe_step_flops, cfg)
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe(max(chunk(cfg.batch, D, d) for d in range(D))) / C / rate if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None:  # as --clock sim charges it (gpt_moe_time.py)
-        from .gpt_moe_time import moe_step_seconds
+    from .gpt_moe_time import moe_step_seconds  # as --clock sim charges it
 
-        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg,
         hw,

@@ -34,22 +34,18 @@ them, and cp rank c of each sequence n/b = s/C tokens (chunks c and 2C-1-c of 2C
   activations  per micro-step and chunk, gpt_moe_pipeline.py's per-unit bytes for n tokens, the scores
                cp.py's: Ulysses P of a/(C T) heads over the sequence, a s n / T (as serial's for n tokens);
                the ring only its log-sum-exp, a n / T in the wide type; alive as the schedule's order says
-  time         on a hardware profile gpt_moe_pipeline_time.py (as --clock sim charges it), --sp's
-               row shards too; without one rough: the busiest stage's FLOPs / C (--recompute: plus
-               the forward again, or selective's q k^T, as gpt_moe_pipeline.py) stretched by the
-               bubble (M + S - 1) / M, every op's rounds at the dp link's alpha and beta; / T with --tp.
+  time         on the hardware profile gpt_moe_pipeline_time.py (as --clock sim charges it), --sp's
+               row shards too.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import kept_by_rank
 from .cp_pipeline import cp_recompute_kv
 from .gpt import rank_record
-from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import capacity, model_states, moe_run_result
 from .gpt_moe_pipeline import (
     TOKEN_BYTES,
     block_kept_elems,
@@ -87,7 +83,7 @@ def cp_block_kept_bytes(cfg, kept, n: int, d: int, bpe: int) -> float:
 
 
 def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like predict_run."""
     S, M, G, C, T = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.cp, cfg.tp
     h, s, E = cfg.hidden, cfg.seq_len, cfg.experts
     Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
@@ -104,12 +100,7 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
     # or Ulysses' P of a/(C T) heads over s x s (a s n / T): cp_pipeline.cp_unit_softmax_bytes over tp
     a, n_seq = cfg.heads, s // C
     softmax_bytes = a * n_seq // T * wide_bytes(bpe) if algo == "ring" else a * s * n_seq // T * bpe
-    link = None
-    if hw is not None:
-        from .hardware import group_link
-
-        link = group_link(hw, "dp", D * C, 1, 1)
-    ranks, memory, comm_s, K = [], [], 0.0, len(bounds)
+    ranks, memory, K = [], [], len(bounds)
 
     def blocks(k: int) -> list[int]:
         return [u for u in range(*bounds[k]) if 0 < u <= cfg.blocks]
@@ -161,9 +152,6 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 ln = 4 * h if 0 < u <= cfg.blocks else 2 * h if u == cfg.blocks + 1 else 0
                 if ln:
                     add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](ln, T, t), prec.grad, steps)
-        if link is not None:
-            every = list(act.values()) + list(model.values())
-            comm_s = max(comm_s, sum(x.rounds * link.alpha + x.round_elems * link.beta for x in every))
         ranks.append(rank_record(r, {"pp": st, "dp": d, "cp": c, "tp": t}, model=model, activation=act))
 
         def held(i: int, b: int, k: int) -> float:
@@ -195,21 +183,11 @@ def predict_cp_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: d
                 extra = lambda m, k, p=p, b=b: held(p + m, b[m], k) - size(m, k)  # noqa: E731
             peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(model_states(n_params, prec, opt_bpp, peak))
-    L, moe_flops = cfg.blocks, partial(moe_step_flops, cfg)
+    total = E * (8 * h * h + 5 * h) * cfg.blocks + sum(part for part, _ in unit_params(cfg))
+    from .gpt_moe_pipeline_time import moe_pipeline_step_seconds  # as --clock sim charges it
 
-    rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
-    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
-    compute_s = work / (S * C * T) / rate * (M + S - 1) / M if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
-    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None:  # as --clock sim charges it (gpt_moe_pipeline_time.py)
-        from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
-
-        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg,
         hw,

@@ -28,19 +28,16 @@ k, v, output, two 1/sigma) + the scores (ring: a R/T log-sum-exps in the wide ty
 + the MoE part R h + (kept rows) h + 9 h (received rows) + R E; the head 2 R h + R. --sp: the LayerNorms'
 xh and 1/sigma on R/T rows (the attention's input and the MoE part on every row, gathered).
 Time: as --clock sim charges it (gpt_moe_time.py with each cp group's hops, --sp's collectives on the
-b_d n rows); without a hardware profile rough, as gpt_moe_tp.py's: FLOPs / (C T) plus each op's
-messages and bytes at the tp link.
+b_d n rows).
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .cp import cp_kv_bytes, cp_messages, wide_bytes
 from .cp_moe import micro_kept
 from .gpt import rank_record
-from .gpt_moe import model_states, moe_run_result, moe_step_flops
+from .gpt_moe import model_states, moe_run_result
 from .gpt_moe_tp import dense_shard
 from .gpt_tp import micro_step_ops
 from .moe import EpAlltoalls
@@ -99,7 +96,7 @@ def rank_ops(cfg, micro: list, D: int, d: int, c: int, k: int, bpe: int, alltoal
 
 
 def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like the metrics."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like the metrics."""
     L, h, s, V, E, C, T, P = (
         cfg.blocks,
         cfg.hidden,
@@ -117,12 +114,7 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
     steps = len(micro) // cfg.grad_accum if routing is not None else steps
     dense, experts = dense_shard(cfg), L * (E // P) * (8 * h * h + 5 * h)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
-    link = None
-    if hw is not None:
-        from .hardware import group_link
-
-        link = group_link(hw, "tp", D * C, T, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     alltoalls = EpAlltoalls(cfg.experts, P, cfg.hidden, cfg.alltoall)  # each (matrix, rank) once
     for w in range(D * C * T):
         g, k = divmod(w, T)  # g: this rank's place in its dpcp group, d C + c
@@ -139,28 +131,15 @@ def predict_cp_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | 
         for n in [4 * h] * L + [2 * h] if cfg.sp else ():  # LayerNorms' row-shard gradients, per unit
             cost = to_bytes(ALLREDUCE[cfg.collectives](n, T, k), prec.grad, steps)
             model["sp-grad-allreduce"] = model.get("sp-grad-allreduce", Cost()) + cost
-        if link is not None:
-            wire = sum(x.sent for x in act.values())
-            msgs = sum(x.messages for x in act.values())
-            comm_s = max(comm_s, wire * link.beta + msgs * link.alpha)
         ranks.append(rank_record(w, {"pp": 0, "dp": d, "cp": c, "tp": k}, model=model, activation=act))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, c, kk, D, bpe) for kk, blocks in micro)
         memory.append(model_states(n, prec, opt_bpp, peak))
-
-    moe_flops = partial(moe_step_flops, cfg)
-
-    rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / (C * T) / rate if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None:  # as --clock sim charges it
-        from .gpt_moe_time import moe_step_seconds
+    from .gpt_moe_time import moe_step_seconds  # as --clock sim charges it
 
-        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg, hw, steps, ranks, memory, total, timing, routing, split(cfg.batch, cfg.grad_accum)[0] * s
     )

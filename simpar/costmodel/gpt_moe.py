@@ -29,15 +29,12 @@ end of the fullest micro-step's forward, per rank (elements, model dtype; tokens
   experts received from its group.
 Time: the step as --clock sim charges it, every rank followed through every all-to-all round and
 every all-reduce (any --collectives: allreduce_ends.py) (gpt_moe_time.py); exact from the run's
-routing, balanced without. Without a hardware profile: a rough estimate, the dense model's matmul
-FLOPs with the MLP's counted K times plus the router's, and each collective at the dp link's alpha,
-beta.
+routing, balanced without.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import flops_per_step, run_result
@@ -134,7 +131,7 @@ def moe_run_result(cfg, hw, steps, ranks, memory, total, timing, routing, tokens
 
 
 def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like predict_run."""
     D, P, h = (cfg.dp if cfg.dp is not None else world_size), cfg.ep, cfg.hidden
     prec = PRECISIONS[precision_of(cfg)]
     bpe = prec.act
@@ -142,12 +139,7 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
     steps = len(micro) // cfg.grad_accum if routing is not None else steps
     dense, experts = param_counts(cfg)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
-    link = None
-    if hw is not None and D > 1:
-        from .hardware import group_link
-
-        link = group_link(hw, "dp", D, 1, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     alltoalls = EpAlltoalls(cfg.experts, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for d in range(D):
         ops: dict[str, Cost] = {}
@@ -169,8 +161,6 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
         for op, c in ops.items():
             sent[cat(op)] += c.sent
             messages[cat(op)] += c.messages
-        if link is not None:
-            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in ops.values()))
         ranks.append(
             {
                 "rank": d,
@@ -186,17 +176,10 @@ def predict_gpt_moe_run(cfg, world_size: int, steps: int, hw, routing: dict | No
         peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
         memory.append(model_states(n, prec, opt_bpp, peak))
     s = cfg.seq_len
-    moe_flops = partial(moe_step_flops, cfg)
-    rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / rate if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None:  # as --clock sim charges it (gpt_moe_time.py)
-        from .gpt_moe_time import moe_step_seconds
+    from .gpt_moe_time import moe_step_seconds  # as --clock sim charges it
 
-        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg,
         hw,

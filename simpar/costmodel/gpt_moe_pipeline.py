@@ -30,20 +30,15 @@ form: parallel/pipeline/expert_stage.py's bytes and memory written again, not im
                zb-v hold a micro-batch's bytes from its forward to its W pass
   precision    --precision mixed-*: bpe 2; the router's probabilities and (with --tp) the loss's
                vocab-ce-max and vocab-ce-sums in float32, as parallel/expert_stage.py keeps and sends them
-  time         on a hardware profile, as --clock sim charges it (gpt_moe_pipeline_time.py, every rank
-               through the schedule); without one a rough estimate: the busiest stage's FLOPs
-               (--recompute: plus the forward again, or selective's q k^T) stretched by the bubble
-               (M + S - 1) / M (zb-h1, zb-v's smaller bubble not modelled), each op's messages at the
-               dp link's alpha, beta.
+  time         on the hardware profile, as --clock sim charges it (gpt_moe_pipeline_time.py, every
+               rank through the schedule).
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 from .collectives import ALLREDUCE, Cost, chunk, ring_allgather, ring_reduce_scatter, to_bytes
 from .gpt import rank_record
-from .gpt_moe import capacity, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import capacity, model_states, moe_run_result
 from .moe import EpAlltoalls, kept_in_row_order
 from .order import chunk_stage, n_chunks, peak_alive, stage_chunks
 from .spec import PRECISIONS, precision_of, split
@@ -126,7 +121,7 @@ def tp_chunk_ops(cfg, lo: int, hi: int, R: int, k: int) -> list[tuple[str, Cost,
 
 
 def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like predict_run."""
     S, M, G, h, s, E = cfg.pp, cfg.microbatches, cfg.grad_accum, cfg.hidden, cfg.seq_len, cfg.experts
     Vs = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
     T = cfg.tp
@@ -138,12 +133,7 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
     seqs = split(cfg.batch, G * M)
     bounds, units = stage_bounds(cfg), unit_params(cfg, T)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
-    link = None
-    if hw is not None and D > 1:
-        from .hardware import group_link
-
-        link = group_link(hw, "dp", D, 1, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     C = len(bounds)
     alltoalls = EpAlltoalls(E, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(world_size):
@@ -188,9 +178,6 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 n = 4 * h if 0 < u <= cfg.blocks else 2 * h if u == cfg.blocks + 1 else 0
                 if n:
                     add(model, "sp-grad-allreduce", ALLREDUCE[cfg.collectives](n, T, k), prec.grad, steps)
-        if link is not None:
-            every = list(act.values()) + list(model.values())
-            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in every))
         ranks.append(rank_record(r, {"pp": st, "dp": d, "tp": k}, model=model, activation=act))
 
         def held(i: int, b: int, c: int) -> float:
@@ -222,21 +209,11 @@ def predict_gpt_moe_pipeline_run(cfg, world_size: int, steps: int, hw, routing: 
                 extra = lambda m, c, p=p, b=b: held(p + m, b[m], c) - size(m, c)  # noqa: E731
             peak = max(peak, peak_alive(cfg.schedule, S, M, st, Vs, size, extra))
         memory.append(model_states(n_params, prec, opt_bpp, peak))
-    L, moe_flops = cfg.blocks, partial(moe_step_flops, cfg)
+    total = E * (8 * h * h + 5 * h) * cfg.blocks + sum(part for part, _ in unit_params(cfg))
+    from .gpt_moe_pipeline_time import moe_pipeline_step_seconds  # as --clock sim charges it
 
-    rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    work = moe_flops(rows)  # --recompute: the forward again (a third of it), or q k^T: 2 s^2 h a block
-    work += {"full": work / 3, "selective": 2 * s * s * h * L * rows}.get(cfg.recompute, 0)
-    compute_s = work / (S * T) / rate * (M + S - 1) / M if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
-    total = E * (8 * h * h + 5 * h) * L + sum(part for part, _ in unit_params(cfg))
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None:  # as --clock sim charges it (gpt_moe_pipeline_time.py)
-        from .gpt_moe_pipeline_time import moe_pipeline_step_seconds
-
-        timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_pipeline_step_seconds(cfg, D, hw, micro, bpe, prec.grad, bounds, units)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg,
         hw,

@@ -23,17 +23,14 @@ parallel/expert_tensor_gpt.py written again, not imported. World rank d T + k (d
   time on a hardware profile (every --collectives): as --clock sim charges it
       (gpt_moe_time.py: the tp collectives blocking, --sp's gathers and LayerNorm sums too, each tp
       group followed where they leave its ranks apart (moe_tp_rounds.py), every rank through every
-      all-to-all round and gradient all-reduce; with --cp: cp_moe_tp.py); otherwise rough: matmul
-      FLOPs / T plus each op at its link.
+      all-to-all round and gradient all-reduce; with --cp: cp_moe_tp.py).
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 from .collectives import ALLREDUCE, Cost, chunk, to_bytes
 from .gpt import rank_record
-from .gpt_moe import kept_per_micro_step, model_states, moe_run_result, moe_step_flops
+from .gpt_moe import kept_per_micro_step, model_states, moe_run_result
 from .gpt_tp import micro_step_ops
 from .moe import EpAlltoalls
 from .spec import PRECISIONS, precision_of, split
@@ -66,7 +63,7 @@ def activation_bytes(cfg, kept_blocks: list, d: int, k: int, D: int, bpe: int) -
 
 
 def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict | None = None) -> dict:
-    """Per-rank bytes (totals over `steps`), memory and a rough step time, keyed like predict_run."""
+    """Per-rank bytes (totals over `steps`), memory and the step time on `hw`, keyed like predict_run."""
     L, h, s, V, E, T = cfg.blocks, cfg.hidden, cfg.seq_len, cfg.vocab, cfg.experts, cfg.tp
     D, P = (cfg.dp if cfg.dp is not None else world_size // T), cfg.ep
     prec = PRECISIONS[precision_of(cfg)]
@@ -75,12 +72,7 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
     steps = len(micro) // cfg.grad_accum if routing is not None else steps
     dense, experts = dense_shard(cfg), L * (E // P) * (8 * h * h + 5 * h)
     opt_bpp = prec.optimizer[(cfg.optimizer, bool(cfg.momentum))]
-    link = None
-    if hw is not None:
-        from .hardware import group_link
-
-        link = group_link(hw, "tp", D, T, 1)
-    ranks, memory, comm_s = [], [], 0.0
+    ranks, memory = [], []
     alltoalls = EpAlltoalls(E, P, h, cfg.alltoall)  # each (matrix, rank) once: moe.py
     for r in range(world_size):
         d, j = divmod(r, T)
@@ -113,26 +105,15 @@ def predict_gpt_moe_tp_run(cfg, world_size: int, steps: int, hw, routing: dict |
             prec.grad,
             steps,
         )
-        if link is not None:
-            comm_s = max(comm_s, sum(c.rounds * link.alpha + c.round_elems * link.beta for c in act.values()))
         ranks.append(rank_record(r, {"pp": 0, "dp": d, "tp": j}, model=model, activation=act))
         n = dense + experts
         peak = max(activation_bytes(cfg, blocks, d, k, D, bpe) for k, blocks in micro)
         memory.append(model_states(n, prec, opt_bpp, peak))
-
-    moe_flops = partial(moe_step_flops, cfg)
-
-    rows = max(chunk(cfg.batch, D, d) for d in range(D))
-    rate = hw.flop_rate(precision_of(cfg)) if hw is not None else 0.0
-    compute_s = moe_flops(rows) / T / rate if rate else 0.0
-    per_step_comm = comm_s / max(steps, 1)
     total = (V + s) * h + L * (4 * h * h + 8 * h + h * E + E * (8 * h * h + 5 * h)) + 2 * h + h * V
-    timing = (compute_s + per_step_comm, compute_s, per_step_comm)
-    if hw is not None and cfg.cp == 1:  # as --clock sim charges it
-        from .gpt_moe_time import moe_step_seconds
+    from .gpt_moe_time import moe_step_seconds  # as --clock sim charges it
 
-        timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
-        timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
+    timed = moe_step_seconds(cfg, D, hw, micro, (dense, experts), bpe, prec.grad)
+    timing = (timed["step_s"], timed["compute_s"], timed["comm_s"])
     return moe_run_result(
         cfg, hw, steps, ranks, memory, total, timing, routing, split(cfg.batch, cfg.grad_accum)[0] * s
     )
