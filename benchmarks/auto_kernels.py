@@ -2,10 +2,11 @@
 
     python benchmarks/auto_kernels.py [--repeats 5] [--steps 3000]
 
-For two tiny models, the sizes where one fused Numba call stands in for several NumPy ones (an MLP
-8-32-32-4 on 16 rows: 16,384 multiply-adds a call at most; a GPT of 2 blocks, h = 16, s = 8, 8
-sequences), runs `python -m simpar train` on one rank with `--kernels numpy` and `--kernels numba`
-in turns, `--repeats` times each, and reports medians of:
+For two tiny models at the sizes the old `auto` rule gave Numba (at most 16,384 multiply-adds a
+kernel call, where one fused Numba call stands in for several NumPy ones): an MLP 8-32-32-4 on 16
+rows, and a GPT of 2 blocks, h = 16, s = 8 on 2 sequences (16 token rows x 16 x 64), it runs
+`python -m simpar train` on one rank with `--kernels numpy` and `--kernels numba` in turns,
+`--repeats` times each, and reports medians of:
 
   start   the wall time of a whole 1-step run (Python, the imports, Numba's import and its kernels
           loaded from the on-disk cache, the step, the metrics file): what choosing Numba adds to
@@ -14,7 +15,7 @@ in turns, `--repeats` times each, and reports medians of:
 
 and from them the steps after which Numba's saving a step repays its start: (start_numba -
 start_numpy) / (step_numpy - step_numba), "never" where Numba's step is not faster. NumPy is the
-peer measured in the same run. One compute thread per process. kernels.AUTO quotes a run of this.
+peer measured in the same run. One compute thread per process. kernels.AUTO quotes runs of this.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from simpar.units import THREAD_VARS  # noqa: E402  (pure Python: NumPy is not l
 
 MODELS = {
     "MLP 8-32-32-4, 16 rows": ["--layers", "8,32,32,4", "--dataset", "synthetic", "--batch", "16"],
-    "GPT 2 blocks, h 16, s 8": [
+    "GPT 2 blocks, h 16, s 8, 2 sequences": [
         *("--arch", "gpt", "--n-layers", "2", "--hidden", "16", "--heads", "4", "--seq-len", "8"),
-        *("--vocab", "16", "--dataset", "copy", "--samples", "64", "--batch", "8"),
+        *("--vocab", "16", "--dataset", "copy", "--samples", "64", "--batch", "2"),
     ],
 }
 BACKENDS = ("numpy", "numba")
@@ -59,7 +60,8 @@ def main() -> None:
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "m.json")
-        train(MODELS["MLP 8-32-32-4, 16 rows"], 1, "numba", out)  # compile and cache once, untimed
+        for args in MODELS.values():  # compile and cache once, untimed
+            train(args, 1, "numba", out)
         for name, args in MODELS.items():
             start = {b: [] for b in BACKENDS}
             step = {b: [] for b in BACKENDS}

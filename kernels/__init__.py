@@ -103,14 +103,14 @@ def load(name: str):
 
 # What `--kernels auto` runs on a CPU: NumPy's (OpenBLAS) kernels, whatever the shapes. Never "cuda":
 # a GPU is used only when asked for. Numba's kernels are there to read and to ask for (--kernels numba),
-# not chosen by default, because at no size did they repay their start-up. Measured on this 2-core
-# machine, one thread per process (`python benchmarks/auto_kernels.py`, 2026-12-08, medians of 5):
-#   - start: a 1-step run takes 0.53-0.60 s longer with them (importing Numba, its compiler's set-up,
-#     each kernel from the on-disk cache; about 20 s the very first time, compiling), in every
-#     process of a job: a 4-rank tiny run took 2.4-2.5 s against 0.65-0.75 s with NumPy's;
-#   - step, on the tiny layers where one fused call stands in for NumPy's several (<= 16,384
-#     multiply-adds a call, where auto chose them before): MLP 8-32-32-4 on 16 rows 0.986x NumPy's
-#     (repaid after ~400,000 steps); a GPT of 2 blocks, h = 16, 1.16-1.29x slower (never repaid).
-#     Above that size the GEMMs are OpenBLAS's either way and the fused epilogues save a few percent
-#     of a step (docs/performance.md): not enough either.
+# not chosen by default, because they did not repay their start-up at the sizes the old rule gave them
+# (<= 16,384 multiply-adds a kernel call, where one fused call stands in for NumPy's several). Measured
+# by `python benchmarks/auto_kernels.py` (one rank, one thread, NumPy the peer in the same run;
+# three runs on this 2-core machine, 2026-12-08):
+#   - start: every process of a run takes 0.53-0.60 s longer with them (importing Numba, its
+#     compiler's set-up, each kernel from the on-disk cache; about 20 s the very first time);
+#   - step: an MLP 8-32-32-4 on 16 rows 0.98-1.26x NumPy's step (at best repaid after ~360,000
+#     steps); a GPT of 2 blocks, h = 16, on 16 token rows 1.07-1.10x (slower: never repaid).
+# Above that size the GEMMs are OpenBLAS's either way and the fused epilogues save a few percent of a
+# step (docs/performance.md): not enough either.
 AUTO = "numpy"

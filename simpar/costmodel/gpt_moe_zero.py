@@ -26,8 +26,8 @@ U = max_i (n_i + m_i) one unit whole, W = sum_i (n_i + m_i) everything it would 
   params     stage 1/2: W;  stage 3: S + U            (parameter bytes)
   grads      stage 1: W;  stage 2: S + U, or S + W with --grad-accum > 1;  stage 3: S + U
   optimizer  K_opt S (K_opt: spec.PRECISIONS' optimizer bytes per parameter, masters included)
-Time (with a hardware profile): gpt_moe_zero_time.py's step as the simulated clock charges it, every
-rank through every all-to-all round and ZeRO ring.
+Time: gpt_moe_zero_time.py's step as the simulated clock charges it, every rank through every
+all-to-all round and ZeRO ring.
 """
 
 from __future__ import annotations
@@ -136,11 +136,10 @@ def predict_gpt_moe_zero_run(cfg, world_size: int, steps: int, hw, routing: dict
     memory = out["memory"]["ranks"]
     out["memory"]["max"] = {k: max(m[k] for m in memory) for k in memory[0]}
     out["layout"] = layout_name(cfg)
-    if hw is not None and "step_s" in out.get("time", {}):  # as --clock sim charges it
-        step = _sim_step(cfg, D, C, hw, routing, steps, prec.act)
-        out["time"] = dict(
-            out["time"],
-            **step,
-            samples_per_s=cfg.batch / step["step_s"] if step["step_s"] > 0 else float("inf"),
-        )
+    step = _sim_step(cfg, D, C, hw, routing, steps, prec.act)  # as --clock sim charges it
+    out["time"] = dict(
+        out["time"],
+        **step,
+        samples_per_s=cfg.batch / step["step_s"] if step["step_s"] > 0 else float("inf"),
+    )
     return out

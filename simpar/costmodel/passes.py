@@ -19,8 +19,8 @@ the two equal for every backend, optimizer and momentum. Why the counts differ:
          tensors that stay on the device, as a real framework keeps them.
 
 `auto` is numpy's, as a run resolves it (kernels.AUTO); a run predicts with the backend it resolved
-(train.py). GELU's extra NumPy temporaries are
-not counted (relu and tanh: 2 per pass as above).
+(report/postrun.py). GELU's extra NumPy temporaries are not counted (relu and tanh: 2 per pass as
+above).
 """
 
 from __future__ import annotations

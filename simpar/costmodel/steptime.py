@@ -145,9 +145,11 @@ def step_time(
     for s in range(S):
         parts[s]["data"] = starts[s]  # --data-source root: idle until rank 0's rows have arrived
     step_rows = [micro_rows(spec, stage_costs[s][1]) for s in range(S)]  # once, not once per micro-step
-    # row_share's denominator: int / int is correctly rounded, as float(Fraction) is, so the floats are
-    # the same without Fraction arithmetic in the innermost loop
-    row_parts = row_share(spec).denominator
+    # row_share is 1 / row_parts (1 or the tp size); int / int is correctly rounded, as float(Fraction)
+    # is, so the floats are the same without Fraction arithmetic in the innermost loop
+    share = row_share(spec)
+    assert share.numerator == 1, share
+    row_parts = share.denominator
     for k in range(K):
         last_k = k == K - 1
         rows = [step_rows[s][k] for s in range(S)]

@@ -60,10 +60,10 @@ def select_kernels(cfg: RunConfig, world: Communicator) -> str:
 
         backend = HalfKernels(backend, cfg.compute_dtype())
     world.runtime.kernels = backend  # the `dst += src` inside every reducing collective, too
-    if name == "numba" and not (cfg.clock == "sim" and cfg.compute == "model"):
-        # Load (or compile, the very first time) every kernel of the run's compute dtype now, so that
-        # step 1's wall time is not 0.4-8 s long. A simulated clock that models compute reads no wall
-        # time, so there each kernel loads when first called instead (0.8 s less per rank to start).
+    if name == "numba":
+        # Load (or compile, the very first time: about 20 s) every kernel of the run's compute dtype
+        # now, so that neither step 1's wall time nor the watchdog's first step includes it (the other
+        # dtype's kernels load if a collective ever calls them).
         from kernels import cpu
 
         cpu.warm_up([np.float32 if cfg.mixed else np.dtype(cfg.dtype)])
