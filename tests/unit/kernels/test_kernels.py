@@ -205,12 +205,6 @@ def test_load_numba_through_the_package():
         assert callable(getattr(backend, name))
 
 
-def test_auto_is_numpy():
-    """`--kernels auto` runs NumPy's kernels at every size (kernels.AUTO says why; the MPI tier's
-    end-to-end test checks a run's metrics say so on layers where auto once chose Numba's)."""
-    assert kernels.load(kernels.AUTO) is kernels.NumpyKernels
-
-
 def test_bench_matmul_breakdown_prints_each_part(capsys):
     """`bench matmul --breakdown` replays the GEMM's packing and micro-kernel calls alone (no timed
     assertion: what it measures is printed, not judged)."""
